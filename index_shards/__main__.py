@@ -1,0 +1,68 @@
+"""``python -m index_shards serve --dir SHARD_DIR --host 127.0.0.1 --port 0``
+
+Loads one shard directory (refusing it if its checksums do not match) and serves it. With
+``--port 0`` the server picks a free port and reports it: a ``SHARDRAG_READY {json}`` line on
+stdout and, with ``--port-file``, a JSON file. Environment: ``SHARDRAG_SHARD_DIR``,
+``SHARDRAG_HOST``, ``SHARDRAG_PORT``, ``SHARDRAG_DEVICE``; flags override.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from retrieval.errors import ShardragError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m index_shards", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve one shard directory over HTTP")
+    serve.add_argument("--dir", default=os.environ.get("SHARDRAG_SHARD_DIR"),
+                       help="shard directory (holds manifest.json) [env SHARDRAG_SHARD_DIR]")
+    serve.add_argument("--host", default=os.environ.get("SHARDRAG_HOST", "127.0.0.1"),
+                       help="address to bind (default 127.0.0.1) [env SHARDRAG_HOST]")
+    serve.add_argument("--port", type=int, default=int(os.environ.get("SHARDRAG_PORT", "0")),
+                       help="port to bind; 0 picks a free one (default 0) [env SHARDRAG_PORT]")
+    serve.add_argument("--port-file", help="write {url, port, pid} here once serving")
+    serve.add_argument("--device", choices=("auto", "cpu", "gpu"), default=os.environ.get("SHARDRAG_DEVICE", "auto"),
+                       help="where FAISS searches; auto = GPU when FAISS reports one (default auto)")
+    serve.add_argument("--faiss-threads", type=int, default=1, help="OpenMP threads for FAISS (default 1)")
+    serve.add_argument("--max-k", type=int, default=1000, help="largest k accepted (default 1000)")
+    serve.add_argument("--max-batch", type=int, default=1024, help="most vectors per search request (default 1024)")
+    serve.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.dir:
+        print("error: --dir is required (or set SHARDRAG_SHARD_DIR)", file=sys.stderr)
+        return 2
+    import faiss
+
+    from index_shards.server import ShardServerConfig, create_app
+    from index_shards.shard import Shard
+    from retrieval.serve import serve_app
+
+    faiss.omp_set_num_threads(max(1, args.faiss_threads))
+    try:
+        shard = Shard.load(args.dir, device=args.device)
+    except ShardragError as exc:
+        print(f"error: cannot serve {args.dir}: {exc.message}", file=sys.stderr)
+        return 3
+    config = ShardServerConfig(max_k=args.max_k, max_batch=args.max_batch, faiss_threads=args.faiss_threads)
+    serve_app(
+        create_app(shard, config), host=args.host, port=args.port, port_file=args.port_file,
+        name=f"shard-{shard.manifest.shard_id}", log_level=args.log_level,
+        extra_ready=lambda: {"shard_id": shard.manifest.shard_id, "version": shard.version_id},
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Build a collection version: vectors → partitions → per-shard FAISS index + doc store +
+manifest, staged in a hidden directory, fsynced, and published by one rename.
+
+A crash at any point leaves either the previous state or a ``.staging-*`` directory that is
+never served (no collection manifest at the version path) and is removed by the next build.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from retrieval.encoders import Encoder, encode_documents
+from retrieval.errors import BuildError, ConfigError
+from retrieval.types import Document, EmbeddingVersion
+
+from index_shards.atomic import fsync_dir, fsync_tree
+from index_shards.docstore import write_docstore
+from index_shards.faiss_index import build_index, metric_code, write_index
+from index_shards.ids import doc_int_ids
+from index_shards.layout import DOCSTORE_FILE, INDEX_FILE, collection_dir, shard_dir
+from index_shards.manifest import (
+    SHARD_MANIFEST,
+    CollectionManifest,
+    FileEntry,
+    ShardManifest,
+    sha256_file,
+)
+from index_shards.partition import make_partitioner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class BuildConfig:
+    collection: str
+    num_shards: int = 2  # slices of the index, one shard server (group of replicas) each
+    partitioner: str = "hash"  # "hash" (balanced) or "kmeans" (regions, enables top_m routing)
+    factory: str = "Flat"  # any FAISS index-factory string: "Flat", "HNSW32", "IVF256,Flat", ...
+    metric: str = "ip"  # "ip" (cosine on normalised vectors) or "l2"
+    overwrite: bool = False  # replace an existing version directory of the same id
+
+    def validate(self) -> None:
+        if not self.collection or "/" in self.collection or self.collection.startswith("."):
+            raise ConfigError(f"invalid collection name {self.collection!r}", field="collection")
+        if self.num_shards < 1:
+            raise ConfigError(f"num_shards must be ≥ 1, got {self.num_shards}", field="num_shards")
+        metric_code(self.metric)
+        make_partitioner(self.partitioner)
+
+
+def build_collection(
+    root: str | Path,
+    documents: Sequence[Document],
+    vectors: np.ndarray,
+    version: EmbeddingVersion,
+    config: BuildConfig,
+    *,
+    show_progress: bool = True,
+) -> CollectionManifest:
+    """Publish ``documents`` with their ``vectors`` as version ``version.id`` of the collection."""
+    from tqdm.auto import tqdm
+
+    config.validate()
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if vectors.ndim != 2 or vectors.shape[0] != len(documents):
+        raise BuildError(f"{len(documents)} documents but vectors of shape {vectors.shape}")
+    if vectors.shape[1] != version.dim:
+        raise BuildError(f"vectors have {vectors.shape[1]} dims, embedding version {version.id} has {version.dim}")
+    if not np.isfinite(vectors).all():
+        raise BuildError("vectors hold NaN or infinity")
+    int_ids = doc_int_ids(d.doc_id for d in documents)
+    partition = make_partitioner(config.partitioner).partition(int_ids, vectors, config.num_shards)
+
+    base = collection_dir(root, config.collection)
+    base.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(base)
+    target = base / version.id
+    if target.exists() and not config.overwrite:
+        raise BuildError(f"{target} already exists; pass overwrite to replace it", field="version")
+    staging = base / f".staging-{version.id}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        shard_manifests = []
+        for shard_id in tqdm(range(config.num_shards), desc="building shards", unit="shard", disable=not show_progress):
+            members = np.flatnonzero(partition.assignment == shard_id)
+            centroid = partition.centroids[shard_id] if partition.centroids is not None else None
+            manifest = _build_shard(
+                shard_dir(staging, shard_id), shard_id, config, version,
+                [documents[i] for i in members], vectors[members], int_ids[members], centroid,
+            )
+            shard_manifests.append(manifest)
+        collection = CollectionManifest(
+            collection=config.collection,
+            embedding_version=version,
+            num_shards=config.num_shards,
+            partitioner=config.partitioner,
+            factory=config.factory,
+            metric=config.metric,
+            count=len(documents),
+            shard_manifest_sha256=tuple(
+                sha256_file(shard_dir(staging, m.shard_id) / SHARD_MANIFEST) for m in shard_manifests
+            ),
+        )
+        collection.write(staging)  # last: its presence marks the version complete
+        fsync_tree(staging)
+        _publish(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    logger.info("published %s (%d docs, %d shards)", target, len(documents), config.num_shards)
+    return collection
+
+
+def _build_shard(
+    directory: Path,
+    shard_id: int,
+    config: BuildConfig,
+    version: EmbeddingVersion,
+    documents: list[Document],
+    vectors: np.ndarray,
+    int_ids: np.ndarray,
+    centroid: np.ndarray | None,
+) -> ShardManifest:
+    directory.mkdir(parents=True)
+    try:
+        index = build_index(vectors, int_ids, config.factory, config.metric)
+    except BuildError as exc:
+        raise BuildError(f"shard {shard_id}: {exc.message}", shard=shard_id) from exc
+    write_index(index, directory / INDEX_FILE)
+    write_docstore(directory / DOCSTORE_FILE, int_ids.tolist(), documents)
+    manifest = ShardManifest(
+        collection=config.collection,
+        shard_id=shard_id,
+        num_shards=config.num_shards,
+        embedding_version=version,
+        metric=config.metric,
+        factory=config.factory,
+        count=len(documents),
+        partitioner=config.partitioner,
+        centroid=tuple(float(x) for x in centroid) if centroid is not None else None,
+        files={name: FileEntry.of(directory / name) for name in (INDEX_FILE, DOCSTORE_FILE)},
+    )
+    manifest.write(directory)
+    return manifest
+
+
+def _publish(staging: Path, target: Path) -> None:
+    if target.exists():
+        # Versions are immutable; an explicit overwrite swaps directories. Between the two
+        # renames the version is briefly absent (never half-written).
+        trash = target.parent / f".trash-{target.name}-{uuid.uuid4().hex[:8]}"
+        target.rename(trash)
+        staging.rename(target)
+        fsync_dir(target.parent)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        staging.rename(target)
+        fsync_dir(target.parent)
+
+
+def _remove_stale_staging(base: Path, older_than_s: float = 3600.0) -> None:
+    """Leftovers of crashed builds (hidden, never served) older than an hour."""
+    now = time.time()
+    for child in base.iterdir():
+        if child.name.startswith((".staging-", ".trash-")) and now - child.stat().st_mtime > older_than_s:
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def encode_and_build(
+    root: str | Path,
+    documents: Sequence[Document],
+    encoder: Encoder,
+    config: BuildConfig,
+    *,
+    show_progress: bool = True,
+) -> CollectionManifest:
+    """Encode ``documents`` with ``encoder`` (BEIR document layout) and build the collection."""
+    if not documents:
+        raise BuildError("the corpus has no documents", field="corpus")
+    config.validate()
+    vectors = encode_documents(encoder, documents, show_progress=show_progress)
+    return build_collection(root, documents, vectors, encoder.version, config, show_progress=show_progress)

@@ -1,0 +1,59 @@
+"""Where collections live on disk.
+
+    <root>/<collection>/<embedding version id>/collection.json
+                                              /shard-<i>/manifest.json, index.faiss, docs.sqlite
+
+A version directory appears by one rename, after every shard and ``collection.json`` are
+written and fsynced; staging directories start with a dot and are never listed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from retrieval.errors import ManifestMissing, NotFound
+
+from index_shards.manifest import COLLECTION_MANIFEST, CollectionManifest, read_collection_manifest
+
+INDEX_FILE = "index.faiss"
+DOCSTORE_FILE = "docs.sqlite"
+
+
+def collection_dir(root: str | Path, collection: str) -> Path:
+    return Path(root) / collection
+
+
+def version_dir(root: str | Path, collection: str, version_id: str) -> Path:
+    return collection_dir(root, collection) / version_id
+
+
+def shard_dir(version_directory: str | Path, shard_id: int) -> Path:
+    return Path(version_directory) / f"shard-{shard_id}"
+
+
+def list_versions(root: str | Path, collection: str) -> list[CollectionManifest]:
+    """Complete versions of a collection (those with a collection manifest), oldest first."""
+    base = collection_dir(root, collection)
+    if not base.is_dir():
+        return []
+    manifests = []
+    for child in base.iterdir():
+        if child.name.startswith(".") or not (child / COLLECTION_MANIFEST).is_file():
+            continue
+        manifests.append(read_collection_manifest(child))
+    return sorted(manifests, key=lambda m: m.created_at)
+
+
+def resolve_version(root: str | Path, collection: str, version_id: str | None = None) -> tuple[Path, CollectionManifest]:
+    """The directory and manifest of ``version_id`` (default: the newest complete version)."""
+    if version_id is None:
+        versions = list_versions(root, collection)
+        if not versions:
+            raise NotFound(f"collection {collection!r} has no complete version under {Path(root)}", field="collection")
+        version_id = versions[-1].embedding_version.id
+    directory = version_dir(root, collection, version_id)
+    if not directory.is_dir():
+        raise NotFound(f"collection {collection!r} has no version {version_id!r} under {Path(root)}", field="version")
+    if not (directory / COLLECTION_MANIFEST).is_file():
+        raise ManifestMissing(f"{directory} has no {COLLECTION_MANIFEST}: the version is incomplete and is not served")
+    return directory, read_collection_manifest(directory)

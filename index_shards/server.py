@@ -1,0 +1,115 @@
+"""The shard server: one FastAPI app serving one shard directory.
+
+    POST /v1/search   body: n × dim little-endian float32; query: k, version, nprobe, ef_search, with_text
+    GET  /v1/info     versions held, count, dim, factory, centroid
+    GET  /healthz     liveness + the version served
+    GET  /metrics     Prometheus
+
+Searches run inline on the event loop: FAISS uses one OpenMP thread per server by default, and
+on a small machine several shard processes share the cores, so a thread hop buys nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Annotated
+
+import orjson
+from fastapi import FastAPI, Query, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from retrieval.errors import InvalidRequest, VersionConflict
+from retrieval.serve import install_error_handlers, read_limited_body
+from retrieval.wire import decode_vectors
+
+from index_shards.metrics import ShardMetrics
+from index_shards.shard import Shard
+
+logger = logging.getLogger(__name__)
+
+VERSION_HEADER = "x-shardrag-version"
+
+
+@dataclass(slots=True, frozen=True)
+class ShardServerConfig:
+    max_k: int = 1000  # largest k a search may ask for
+    max_batch: int = 1024  # most query vectors in one search request
+    max_body_bytes: int = 16 * 1024 * 1024  # larger bodies get 413 before they are read
+    faiss_threads: int = 1  # OpenMP threads for FAISS; several shard processes share the cores
+
+
+def _json(payload: object, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json")
+
+
+def create_app(shard: Shard, config: ShardServerConfig | None = None) -> FastAPI:
+    config = config or ShardServerConfig()
+    metrics = ShardMetrics.create(shard.manifest.shard_id)
+    metrics.documents.labels(shard=str(shard.manifest.shard_id)).set(shard.manifest.count)
+    started_at = time.time()
+    info = shard.info()
+    version_id = shard.version_id
+    dim = shard.manifest.dim
+
+    app = FastAPI(
+        title=f"shardrag shard {shard.manifest.shard_id} of {shard.manifest.collection}",
+        description="One slice of a shardrag collection. Query vectors travel as little-endian float32.",
+        version="1",
+    )
+    install_error_handlers(app)
+
+    @app.post(
+        "/v1/search",
+        summary="Top-k search for a batch of query vectors",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                "description": "n × dim little-endian float32 values, row-major",
+            }
+        },
+    )
+    async def search(
+        request: Request,
+        k: Annotated[int, Query(description="hits per query")] = 10,
+        version: Annotated[str | None, Query(description="embedding version the vectors belong to")] = None,
+        nprobe: Annotated[int | None, Query(ge=1, le=65536, description="IVF lists to visit")] = None,
+        ef_search: Annotated[int | None, Query(ge=1, le=65536, description="HNSW search breadth")] = None,
+        with_text: Annotated[bool, Query(description="return titles and texts")] = True,
+    ) -> Response:
+        if k < 1 or k > config.max_k:
+            raise InvalidRequest(f"k must be between 1 and {config.max_k}, got {k}", field="k")
+        wanted = version or request.headers.get(VERSION_HEADER)
+        if wanted is not None and wanted != version_id:
+            raise VersionConflict(f"this replica holds {version_id!r}, not {wanted!r}", field="version")
+        body = await read_limited_body(request, config.max_body_bytes)
+        queries = decode_vectors(body, dim, field="body", max_rows=config.max_batch)
+        started = time.perf_counter()
+        results = shard.search(queries, k, nprobe=nprobe, ef_search=ef_search, with_text=with_text)
+        took_s = time.perf_counter() - started
+        metrics.search_latency.observe(took_s)
+        metrics.batch_size.observe(len(queries))
+        metrics.requests.labels(endpoint="search", status="200").inc()
+        return _json({
+            "shard_id": shard.manifest.shard_id,
+            "version": version_id,
+            "took_ms": took_s * 1000.0,
+            "results": [r.to_dict() for r in results],
+        })
+
+    @app.get("/v1/info", summary="What this replica holds")
+    async def get_info() -> Response:
+        return _json({**info, "pid": os.getpid(), "started_at": started_at, "uptime_s": time.time() - started_at})
+
+    @app.get("/healthz", summary="Liveness")
+    async def healthz() -> Response:
+        return _json({"status": "ok", "shard_id": shard.manifest.shard_id, "version": version_id})
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

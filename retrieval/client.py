@@ -1,0 +1,88 @@
+"""Python client of the gateway's REST API (httpx, imported when a client is made).
+
+    with ShardragClient("http://127.0.0.1:8000") as client:
+        response = client.query(text="how do I open a file", k=5)
+        for hit in response["hits"]: ...
+
+Errors come back as the shardrag error the gateway named (status → class), with its field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from retrieval.errors import (
+    DeadlineExceeded,
+    EncoderError,
+    InvalidRequest,
+    MalformedBody,
+    NotFound,
+    PayloadTooLarge,
+    ShardragError,
+    ShardUnavailable,
+    VersionConflict,
+)
+
+_BY_STATUS: dict[int, type[ShardragError]] = {
+    400: MalformedBody, 404: NotFound, 409: VersionConflict, 413: PayloadTooLarge, 422: InvalidRequest,
+    503: ShardUnavailable, 504: DeadlineExceeded,
+}
+
+
+class ShardragClient:
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0) -> None:
+        import httpx
+
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+
+    def __enter__(self) -> ShardragClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _check(self, response: Any) -> Any:
+        if response.status_code == 200:
+            return response.json()
+        try:
+            error = response.json().get("error", {})
+        except ValueError:
+            error = {}
+        cls = _BY_STATUS.get(response.status_code, ShardragError)
+        if cls is ShardUnavailable and error.get("code") == EncoderError.code:
+            cls = EncoderError
+        exc = cls(error.get("message", response.text[:200]), field=error.get("field"), shard=error.get("shard"))
+        exc.status_code = response.status_code
+        raise exc
+
+    def query(
+        self,
+        *,
+        text: str | None = None,
+        vector: Sequence[float] | None = None,
+        k: int | None = None,
+        top_m: int | None = None,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        timeout_ms: int | None = None,
+        with_text: bool = True,
+        version: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"with_text": with_text}
+        for name, value in (("text", text), ("k", k), ("top_m", top_m), ("nprobe", nprobe), ("ef_search", ef_search),
+                            ("timeout_ms", timeout_ms), ("version", version)):
+            if value is not None:
+                body[name] = value
+        if vector is not None:
+            body["vector"] = [float(x) for x in vector]
+        return self._check(self._http.post("/v1/query", json=body))
+
+    def cluster(self) -> dict[str, Any]:
+        return self._check(self._http.get("/v1/cluster"))
+
+    def health(self) -> dict[str, Any]:
+        return self._check(self._http.get("/healthz"))

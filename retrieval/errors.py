@@ -1,0 +1,146 @@
+"""The one error tree of shardrag.
+
+Every package raises these; foreign errors (FAISS, SQLite, httpx, OS) are mapped at the
+boundary with ``raise ... from exc``. HTTP handlers turn them into a status code and a JSON
+body ``{"error": {"code", "message", "field"?, "shard"?}}`` using ``status_code`` and
+:meth:`ShardragError.to_dict`.
+
+    ShardragError
+    ├── InvalidRequest              400/422  bad input; ``field`` names the culprit
+    │   ├── MalformedBody           400      JSON or binary body that does not parse
+    │   └── DimensionMismatch       422      vector length differs from the index dimension
+    ├── PayloadTooLarge             413      body over the configured limit
+    ├── NotFound                    404      unknown collection / version / document
+    ├── VersionConflict             409      embedding version not held / not mergeable
+    ├── ConfigError                 --       bad configuration or command-line value
+    ├── BuildError                  --       building or publishing a collection failed
+    ├── IndexIntegrityError         --       a shard on disk is damaged or incomplete
+    │   ├── ManifestMissing                  no manifest: the directory is never served
+    │   └── ChecksumMismatch                 a file's sha256 differs from the manifest
+    ├── EncoderError                503      the embedding model cannot be loaded / used
+    ├── ShardUnavailable            503      no replica of a shard answered
+    └── DeadlineExceeded            504      the request's deadline passed
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ShardragError(Exception):
+    """Base of every shardrag error. ``status_code`` is the HTTP status it maps to."""
+
+    status_code: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, field: str | None = None, shard: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.shard = shard
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.field is not None:
+            body["field"] = self.field
+        if self.shard is not None:
+            body["shard"] = self.shard
+        return {"error": body}
+
+
+class InvalidRequest(ShardragError):
+    status_code = 422
+    code = "invalid_request"
+
+
+class MalformedBody(InvalidRequest):
+    status_code = 400
+    code = "malformed_body"
+
+
+class DimensionMismatch(InvalidRequest):
+    status_code = 422
+    code = "dimension_mismatch"
+
+
+class PayloadTooLarge(ShardragError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class NotFound(ShardragError):
+    status_code = 404
+    code = "not_found"
+
+
+class VersionConflict(ShardragError):
+    status_code = 409
+    code = "version_conflict"
+
+
+class ConfigError(ShardragError):
+    status_code = 500
+    code = "config_error"
+
+
+class BuildError(ShardragError):
+    status_code = 500
+    code = "build_error"
+
+
+class IndexIntegrityError(ShardragError):
+    status_code = 500
+    code = "index_integrity"
+
+
+class ManifestMissing(IndexIntegrityError):
+    code = "manifest_missing"
+
+
+class ChecksumMismatch(IndexIntegrityError):
+    code = "checksum_mismatch"
+
+
+class EncoderError(ShardragError):
+    status_code = 503
+    code = "encoder_unavailable"
+
+
+class ShardUnavailable(ShardragError):
+    status_code = 503
+    code = "shard_unavailable"
+
+
+class DeadlineExceeded(ShardragError):
+    status_code = 504
+    code = "deadline_exceeded"
+
+
+def validation_error_body(errors: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """Map pydantic/FastAPI validation errors to (status, body) naming the first bad field.
+
+    Malformed JSON is a 400 on ``body``; everything else is a 422 whose ``field`` is the
+    dotted location without the ``body``/``query`` prefix (``vector.3``, ``k``).
+    """
+    if not errors:
+        return 422, InvalidRequest("invalid request").to_dict()
+    first = errors[0]
+    location = [str(part) for part in first.get("loc", ())]
+    if location and location[0] in ("body", "query", "path", "header"):
+        location = location[1:]
+    field = ".".join(location) or "body"
+    message = str(first.get("msg", "invalid value"))
+    if first.get("type") == "json_invalid":
+        return 400, MalformedBody(f"request body is not valid JSON: {message}", field="body").to_dict()
+    if first.get("type") == "extra_forbidden":
+        message = f"unknown field {field!r}"
+    elif first.get("type") == "missing":
+        message = f"field {field!r} is required"
+    else:
+        message = f"{field}: {message}"
+    body = InvalidRequest(message, field=field).to_dict()
+    body["error"]["details"] = [
+        {"field": ".".join(str(p) for p in e.get("loc", ())[1:]) or "body", "message": str(e.get("msg", ""))}
+        for e in errors[:10]
+    ]
+    return 422, body

@@ -1,0 +1,78 @@
+"""Request and response models of the gateway's public API (they also make its OpenAPI schema)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class QueryRequest(BaseModel):
+    """Exactly one of ``text`` and ``vector``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: str | None = Field(None, description="query text, embedded by the gateway's encoder")
+    vector: list[FiniteFloat] | None = Field(None, description="query vector of the collection's dimension")
+    k: int | None = Field(None, ge=1, description="hits to return (default from config, at most max_k)")
+    nprobe: int | None = Field(None, ge=1, le=65536, description="IVF lists to visit per shard")
+    ef_search: int | None = Field(None, ge=1, le=65536, description="HNSW search breadth per shard")
+    top_m: int | None = Field(None, ge=1, description="kmeans collections: query only the top_m nearest shards")
+    timeout_ms: int | None = Field(None, ge=1, description="deadline for the whole query")
+    with_text: bool = Field(True, description="return titles and texts with the hits")
+    version: str | None = Field(None, description="embedding version to pin; 409 unless it is served")
+
+
+class HitModel(BaseModel):
+    doc_id: str
+    score: float
+    shard: int
+    title: str = ""
+    text: str = ""
+
+
+class ShardCallModel(BaseModel):
+    shard: int
+    replica: str
+    latency_ms: float
+    batch_size: int = Field(description="queries that shared this shard call (coalescing)")
+    attempts: int = Field(description="replicas tried (>1 after a connection failure)")
+
+
+class DiagnosticsModel(BaseModel):
+    embedding_version: str
+    shards_total: int
+    shards_queried: int
+    shards_answered: int
+    took_ms: float
+    encode_ms: float
+    per_shard: list[ShardCallModel]
+
+
+class QueryResponse(BaseModel):
+    hits: list[HitModel]
+    version: str
+    diagnostics: DiagnosticsModel
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+    shard: int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict] = {
+    400: {"model": ErrorResponse, "description": "malformed JSON body"},
+    409: {"model": ErrorResponse, "description": "embedding version not served / encoder mismatch"},
+    413: {"model": ErrorResponse, "description": "body over the size limit"},
+    422: {"model": ErrorResponse, "description": "a field is invalid; `field` names it"},
+    503: {"model": ErrorResponse, "description": "a shard or the encoder is unavailable"},
+    504: {"model": ErrorResponse, "description": "deadline passed; `shard` names one that did not answer"},
+}

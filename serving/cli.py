@@ -1,0 +1,338 @@
+"""``shardrag`` — build, serve and query sharded retrieval collections.
+
+  shardrag demo                       build Python's docs into a collection, start 2 shards × 2
+                                      replicas + gateway on 127.0.0.1, print the URL and a curl
+  shardrag build --corpus PATH ...    corpus (JSONL or BEIR folder) → collection on disk
+  shardrag serve --collection NAME    start the local cluster for a built collection
+  shardrag query "text"               ask a running gateway
+  shardrag gateway --cluster FILE     run only the gateway process (used by serve and Helm)
+
+Environment (flags override): SHARDRAG_ROOT (collections, default ./shardrag-data),
+SHARDRAG_CACHE_DIR (embedding cache, default ~/.cache/shardrag/embeddings), SHARDRAG_URL
+(gateway for `query`, default http://127.0.0.1:8000). Heavy libraries are imported only by the
+subcommand that needs them, so `shardrag --help` and `shardrag query` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from retrieval.errors import ShardragError
+
+logger = logging.getLogger("shardrag")
+
+DEFAULT_ROOT = "shardrag-data"
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("SHARDRAG_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shardrag" / "embeddings"
+
+
+def _root(args: argparse.Namespace) -> Path:
+    return Path(args.root or os.environ.get("SHARDRAG_ROOT", DEFAULT_ROOT))
+
+
+# -- build --------------------------------------------------------------------------------------
+def _add_build_args(parser: argparse.ArgumentParser, *, corpus_required: bool) -> None:
+    parser.add_argument("--root", help=f"where collections live [env SHARDRAG_ROOT, default ./{DEFAULT_ROOT}]")
+    parser.add_argument("--shards", type=int, default=2, help="number of shards (default 2)")
+    parser.add_argument("--partitioner", choices=("hash", "kmeans"), default="hash",
+                        help="hash: balanced by doc id; kmeans: regions, enables top_m routing (default hash)")
+    parser.add_argument("--factory", default="Flat",
+                        help="FAISS index factory string: Flat, HNSW32, IVF256,Flat, IVF256,PQ32 ... (default Flat)")
+    parser.add_argument("--metric", choices=("ip", "l2"), default="ip", help="ip = cosine on normalised vectors")
+    parser.add_argument("--model", default=None,
+                        help="encoder: a sentence-transformers checkpoint dir (default all-MiniLM-L6-v2, offline)")
+    parser.add_argument("--device", default="auto", help="encoder device: auto, cpu, cuda (default auto)")
+    parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default 64)")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="embedding cache [env SHARDRAG_CACHE_DIR, default ~/.cache/shardrag/embeddings]")
+    parser.add_argument("--no-cache", action="store_true", help="do not read or write the embedding cache")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing build of the same version")
+
+
+def _make_encoder(args: argparse.Namespace) -> Any:
+    from retrieval.embedding_cache import CachingEncoder, EmbeddingCache
+    from retrieval.encoders import load_encoder
+
+    print(f"loading encoder {args.model or 'all-MiniLM-L6-v2'} ...", file=sys.stderr, flush=True)
+    encoder = load_encoder(args.model, device=args.device, batch_size=args.batch_size)
+    if args.no_cache:
+        return encoder
+    return CachingEncoder(encoder, EmbeddingCache(args.cache_dir or default_cache_dir()))
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from index_shards.build import BuildConfig, encode_and_build
+    from retrieval.datasets import load_documents
+
+    corpus = Path(args.corpus)
+    documents = load_documents(corpus)
+    if args.max_docs:
+        documents = documents[: args.max_docs]
+    collection = args.collection or (corpus.name if corpus.is_dir() else corpus.stem)
+    config = BuildConfig(collection=collection, num_shards=args.shards, partitioner=args.partitioner,
+                         factory=args.factory, metric=args.metric, overwrite=args.overwrite)
+    config.validate()
+    print(f"{len(documents)} documents from {corpus}", file=sys.stderr)
+    manifest = encode_and_build(_root(args), documents, _make_encoder(args), config)
+    out = _root(args) / collection / manifest.embedding_version.id
+    print(json.dumps({"collection": collection, "version": manifest.embedding_version.id, "path": str(out),
+                      "count": manifest.count, "shards": manifest.num_shards}, indent=1))
+    return 0
+
+
+# -- serve --------------------------------------------------------------------------------------
+def _add_serve_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replicas", type=int, default=2, help="replica processes per shard (default 2)")
+    parser.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="gateway port; 0 = any free port (default 8000)")
+    parser.add_argument("--transport", choices=("aiohttp", "httpx"), default="aiohttp",
+                        help="gateway→shard HTTP client (default aiohttp)")
+    parser.add_argument("--no-coalesce", action="store_true", help="one shard call per query (no batching)")
+    parser.add_argument("--no-encoder", action="store_true", help="vector queries only (skips loading torch)")
+    parser.add_argument("--faiss-threads", type=int, default=1, help="FAISS threads per shard process (default 1)")
+    parser.add_argument("--workdir", type=Path, default=None, help="logs and cluster.json (default: a temp dir)")
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _start_cluster(args: argparse.Namespace, root: Path, collection: str, version: str | None) -> Any:
+    from serving.config import GatewayConfig
+    from serving.launcher import LocalCluster
+
+    port = args.port
+    if port and not _port_is_free(args.host, port):
+        print(f"port {port} is busy; the gateway takes a free one", file=sys.stderr)
+        port = 0
+    gateway = GatewayConfig(transport=args.transport, coalesce=not args.no_coalesce, load_encoder=not args.no_encoder)
+    cluster = LocalCluster(root, collection, version=version, replicas=args.replicas, host=args.host,
+                           gateway_port=port, gateway=gateway, workdir=args.workdir, faiss_threads=args.faiss_threads)
+    print(f"starting {cluster.manifest.num_shards} shards × {args.replicas} replicas + gateway "
+          f"({cluster.manifest.embedding_version.id}) ...", file=sys.stderr, flush=True)
+    return cluster.start()
+
+
+def _run_until_interrupted(cluster: Any) -> int:
+    stop = {"now": False}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop["now"] = True
+        cluster.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        cluster.wait()
+    finally:
+        print("stopping cluster ...", file=sys.stderr)
+        cluster.stop()
+    return 0
+
+
+def _print_banner(cluster: Any, example_query: str) -> None:
+    url = cluster.gateway_url
+    body = json.dumps({"text": example_query, "k": 3})
+    print(f"""
+shardrag is up: {url}
+  collection {cluster.collection} @ {cluster.manifest.embedding_version.id}
+  {cluster.manifest.num_shards} shards × {cluster.replicas} replicas, logs in {cluster.workdir}
+
+  curl -s {url}/v1/query -H 'content-type: application/json' -d '{body}'
+  curl -s {url}/v1/cluster
+  shardrag query --url {url} "{example_query}"
+  API docs: {url}/docs        metrics: {url}/metrics
+
+Ctrl-C stops every process.""", flush=True)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cluster = _start_cluster(args, _root(args), args.collection, args.version)
+    _print_banner(cluster, "how do I open a file")
+    return _run_until_interrupted(cluster)
+
+
+# -- gateway ------------------------------------------------------------------------------------
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from retrieval.encoders import load_encoder
+    from retrieval.serve import serve_app
+    from serving.config import ClusterSpec
+    from serving.gateway import Gateway, create_app
+
+    spec = ClusterSpec.load(args.cluster)
+    config = spec.gateway
+
+    def loader() -> Any:
+        return load_encoder(config.encoder_model, device=config.encoder_device)
+
+    gateway = Gateway(config, spec.shards, encoder_loader=loader)
+    serve_app(create_app(gateway), host=args.host, port=args.port, port_file=args.port_file, name="gateway",
+              log_level=args.log_level)
+    return 0
+
+
+# -- query --------------------------------------------------------------------------------------
+def cmd_query(args: argparse.Namespace) -> int:
+    from retrieval.client import ShardragClient
+
+    url = args.url or os.environ.get("SHARDRAG_URL", DEFAULT_URL)
+    with ShardragClient(url, timeout_s=args.timeout) as client:
+        response = client.query(text=args.text, k=args.k, top_m=args.top_m)
+    if args.json:
+        print(json.dumps(response, indent=1))
+        return 0
+    diagnostics = response["diagnostics"]
+    print(f"{len(response['hits'])} hits in {diagnostics['took_ms']:.1f} ms "
+          f"({diagnostics['shards_answered']}/{diagnostics['shards_total']} shards, {response['version']})")
+    for rank, hit in enumerate(response["hits"], start=1):
+        snippet = " ".join(hit["text"].split())[:110]
+        print(f"{rank:2d}. {hit['score']:.4f}  [{hit['doc_id']}] {hit['title']}\n      {snippet}")
+    return 0
+
+
+# -- demo ---------------------------------------------------------------------------------------
+DEMO_QUERIES = ("how do I open a file", "catch an exception and re-raise it", "sort a list by a key function")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from index_shards.build import BuildConfig, build_collection
+    from index_shards.layout import list_versions
+    from retrieval.encoders import encode_documents
+    from serving.demo_corpus import python_docs_corpus
+
+    root = Path(args.root) if args.root else default_cache_dir().parent / "demo"
+    collection = "pydocs"
+    existing = list_versions(root, collection)
+    version = None
+    if existing and not args.rebuild:
+        version = existing[-1].embedding_version.id
+        print(f"using the demo collection built before: {root / collection / version}", file=sys.stderr)
+    else:
+        print(f"building the demo collection from Python's documentation ({args.max_docs} passages) ...",
+              file=sys.stderr, flush=True)
+        documents = python_docs_corpus(args.max_docs)
+        encoder = _make_encoder(args)
+        vectors = encode_documents(encoder, documents)
+        manifest = build_collection(root, documents, vectors, encoder.version,
+                                    BuildConfig(collection, num_shards=2, overwrite=True))
+        version = manifest.embedding_version.id
+    cluster = _start_cluster(args, root, collection, version)
+    try:
+        if args.check:
+            return _demo_check(cluster)
+        _print_banner(cluster, DEMO_QUERIES[0])
+    except BaseException:
+        cluster.stop()
+        raise
+    return _run_until_interrupted(cluster)
+
+
+def _demo_check(cluster: Any) -> int:
+    """Ask the demo queries, print the answers, stop: proof that the whole path works."""
+    from retrieval.client import ShardragClient
+
+    try:
+        with ShardragClient(cluster.gateway_url, timeout_s=120) as client:
+            for text in DEMO_QUERIES:
+                started = time.perf_counter()
+                response = client.query(text=text, k=3)
+                print(f"\nQ: {text}  ({(time.perf_counter() - started) * 1000:.0f} ms, "
+                      f"{response['diagnostics']['shards_answered']}/{response['diagnostics']['shards_total']} shards)")
+                for hit in response["hits"]:
+                    print(f"   {hit['score']:.3f} {hit['doc_id']}")
+            print(f"\ncluster: {json.dumps(client.cluster()['shards'][0]['healthy_replicas'])} healthy replicas "
+                  "on shard 0; demo check passed")
+    finally:
+        cluster.stop()
+    return 0
+
+
+# -- main ---------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardrag", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="build Python's docs and run a local cluster on 127.0.0.1")
+    demo.add_argument("--root", help="where the demo collection lives (default ~/.cache/shardrag/demo)")
+    demo.add_argument("--max-docs", type=int, default=1200, help="passages to index (default 1200)")
+    demo.add_argument("--rebuild", action="store_true", help="rebuild even if a demo collection exists")
+    demo.add_argument("--check", action="store_true", help="run the demo queries, print them, stop (for CI)")
+    demo.add_argument("--model", default=None, help=argparse.SUPPRESS)
+    demo.add_argument("--device", default="auto", help="encoder device: auto, cpu, cuda (default auto)")
+    demo.add_argument("--batch-size", type=int, default=64, help=argparse.SUPPRESS)
+    demo.add_argument("--cache-dir", type=Path, default=None, help="embedding cache directory")
+    demo.add_argument("--no-cache", action="store_true", help="do not use the embedding cache")
+    _add_serve_args(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    build = commands.add_parser("build", help="encode a corpus and build a sharded collection")
+    build.add_argument("--corpus", required=True, help="JSONL file (_id, title, text) or BEIR folder")
+    build.add_argument("--collection", help="collection name (default: corpus file/folder name)")
+    build.add_argument("--max-docs", type=int, default=0, help="index only the first N documents (default all)")
+    _add_build_args(build, corpus_required=True)
+    build.set_defaults(func=cmd_build)
+
+    serve = commands.add_parser("serve", help="start shards × replicas + gateway for a built collection")
+    serve.add_argument("--collection", required=True, help="collection name")
+    serve.add_argument("--root", help=f"where collections live [env SHARDRAG_ROOT, default ./{DEFAULT_ROOT}]")
+    serve.add_argument("--version", help="embedding version id (default: the newest complete one)")
+    _add_serve_args(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    query = commands.add_parser("query", help="query a running gateway")
+    query.add_argument("text", help="query text")
+    query.add_argument("--url", help=f"gateway URL [env SHARDRAG_URL, default {DEFAULT_URL}]")
+    query.add_argument("-k", "--k", type=int, default=5, help="hits (default 5)")
+    query.add_argument("--top-m", type=int, default=None, help="kmeans collections: nearest shards to visit")
+    query.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    query.add_argument("--json", action="store_true", help="print the raw JSON response")
+    query.set_defaults(func=cmd_query)
+
+    gateway = commands.add_parser("gateway", help="run only the gateway process")
+    gateway.add_argument("--cluster", required=True, help="cluster spec JSON (shard → replica URLs, gateway config)")
+    gateway.add_argument("--host", default="127.0.0.1")
+    gateway.add_argument("--port", type=int, default=0, help="0 = any free port, reported on stdout")
+    gateway.add_argument("--port-file", help="write {url, port, pid} here once serving")
+    gateway.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    gateway.set_defaults(func=cmd_gateway)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except ShardragError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

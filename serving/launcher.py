@@ -1,0 +1,249 @@
+"""Local cluster: N shards × R replica processes plus a gateway process, on one machine.
+
+Each child binds port 0 and reports its real address with a ``SHARDRAG_READY`` line; the
+launcher waits for every line with a deadline and fails fast (with the child's log tail) when
+a process exits first. A supervisor thread restarts a crashed child on its old port with
+exponential back-off. :meth:`LocalCluster.stop` terminates, waits, then kills.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from retrieval.errors import ConfigError, ShardragError
+from retrieval.serve import parse_ready_line
+
+from index_shards.atomic import atomic_write_bytes
+from index_shards.layout import resolve_version, shard_dir
+from serving.config import ClusterSpec, GatewayConfig
+
+logger = logging.getLogger(__name__)
+
+
+class LaunchError(ShardragError):
+    code = "launch_failed"
+
+
+@dataclass(slots=True)
+class Child:
+    name: str
+    make_argv: Callable[[int], list[str]]  # port → command line
+    log_path: Path
+    port: int = 0
+    process: subprocess.Popen[str] | None = None
+    ready: dict[str, Any] | None = None
+    restarts: int = 0
+    last_start: float = 0.0
+    backoff_s: float = 1.0
+    _ready_event: threading.Event = field(default_factory=threading.Event)
+
+    def start(self, env: dict[str, str]) -> None:
+        self._ready_event.clear()
+        self.ready = None
+        log = self.log_path.open("a", encoding="utf-8")
+        log.write(f"--- start {time.strftime('%H:%M:%S')} port={self.port}\n")
+        log.flush()
+        self.process = subprocess.Popen(
+            self.make_argv(self.port), stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+            start_new_session=True,  # Ctrl-C reaches the launcher, which stops children in order
+        )
+        self.last_start = time.monotonic()
+        threading.Thread(target=self._pump, args=(self.process, log), daemon=True, name=f"log-{self.name}").start()
+
+    def _pump(self, process: subprocess.Popen[str], log: Any) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            payload = parse_ready_line(line) if self.ready is None else None
+            if payload is not None:
+                self.ready = payload
+                self.port = int(payload["port"])
+                self._ready_event.set()
+            log.write(line)
+            log.flush()
+        log.close()
+
+    def wait_ready(self, deadline: float) -> dict[str, Any]:
+        while not self._ready_event.wait(0.05):
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise LaunchError(f"{self.name} exited with code {self.process.returncode} before it was ready:\n"
+                                  f"{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise LaunchError(f"{self.name} was not ready in time:\n{self.log_tail()}")
+        assert self.ready is not None
+        return self.ready
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        root: str | Path,
+        collection: str,
+        *,
+        version: str | None = None,
+        replicas: int = 2,
+        host: str = "127.0.0.1",
+        gateway_port: int = 0,
+        gateway: GatewayConfig | None = None,
+        workdir: str | Path | None = None,
+        faiss_threads: int = 1,
+        ready_timeout_s: float = 120.0,
+        python: str = sys.executable,
+    ) -> None:
+        if replicas < 1:
+            raise ConfigError("replicas must be ≥ 1", field="replicas")
+        self.version_dir, self.manifest = resolve_version(root, collection, version)
+        self.collection = collection
+        self.replicas = replicas
+        self.host = host
+        self.gateway_port = gateway_port
+        self.gateway_config = gateway or GatewayConfig()
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="shardrag-cluster-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.faiss_threads = faiss_threads
+        self.ready_timeout_s = ready_timeout_s
+        self.python = python
+        self.shards: list[list[Child]] = []
+        self.gateway: Child | None = None
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(faiss_threads)}
+
+    # -- start -------------------------------------------------------------------------------
+    def start(self) -> LocalCluster:
+        try:
+            self._start_shards()
+            self._start_gateway()
+        except BaseException:
+            self.stop()
+            raise
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True, name="supervisor")
+        self._supervisor.start()
+        return self
+
+    def _start_shards(self) -> None:
+        for shard_id in range(self.manifest.num_shards):
+            directory = shard_dir(self.version_dir, shard_id)
+            group = []
+            for replica in range(self.replicas):
+                name = f"shard-{shard_id}-r{replica}"
+
+                def argv(port: int, directory: Path = directory) -> list[str]:
+                    return [self.python, "-m", "index_shards", "serve", "--dir", str(directory), "--host", self.host,
+                            "--port", str(port), "--faiss-threads", str(self.faiss_threads)]
+
+                child = Child(name, argv, self.workdir / f"{name}.log")
+                child.start(self.env)
+                group.append(child)
+            self.shards.append(group)
+        deadline = time.monotonic() + self.ready_timeout_s
+        for group in self.shards:
+            for child in group:
+                child.wait_ready(deadline)
+        logger.info("%d shard replicas ready", sum(len(g) for g in self.shards))
+
+    def _start_gateway(self) -> None:
+        spec = ClusterSpec(self.collection, tuple(tuple(c.ready["url"] for c in group) for group in self.shards),  # type: ignore[index]
+                           self.gateway_config)
+        spec_path = self.workdir / "cluster.json"
+        atomic_write_bytes(spec_path, spec.to_json())
+
+        def argv(port: int) -> list[str]:
+            return [self.python, "-m", "serving", "gateway", "--cluster", str(spec_path), "--host", self.host,
+                    "--port", str(port)]
+
+        self.gateway = Child("gateway", argv, self.workdir / "gateway.log", port=self.gateway_port)
+        self.gateway.start(self.env)
+        self.gateway.wait_ready(time.monotonic() + self.ready_timeout_s)
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def gateway_url(self) -> str:
+        assert self.gateway is not None and self.gateway.ready is not None
+        return str(self.gateway.ready["url"])
+
+    @property
+    def shard_urls(self) -> list[list[str]]:
+        return [[str(c.ready["url"]) for c in group if c.ready] for group in self.shards]
+
+    def children(self) -> list[Child]:
+        return [c for group in self.shards for c in group] + ([self.gateway] if self.gateway else [])
+
+    def status(self) -> list[dict[str, Any]]:
+        return [{"name": c.name, "pid": c.process.pid if c.process else None, "port": c.port,
+                 "alive": bool(c.process and c.process.poll() is None), "restarts": c.restarts}
+                for c in self.children()]
+
+    # -- supervision -------------------------------------------------------------------------
+    def _supervise(self) -> None:
+        while not self._stopping.wait(0.25):
+            for child in self.children():
+                process = child.process
+                if process is None or process.poll() is None:
+                    if process is not None and time.monotonic() - child.last_start > 60:
+                        child.backoff_s = 1.0  # stayed up a minute: forgive earlier crashes
+                    continue
+                if self._stopping.is_set():
+                    return
+                if time.monotonic() - child.last_start < child.backoff_s:
+                    continue
+                logger.warning("%s exited with code %s; restarting on port %d (restart %d)\n%s", child.name,
+                               process.returncode, child.port, child.restarts + 1, child.log_tail(5))
+                child.restarts += 1
+                child.backoff_s = min(child.backoff_s * 2, 30.0)
+                child.start(self.env)
+
+    def wait(self) -> None:
+        """Block until :meth:`stop` (or Ctrl-C in the caller)."""
+        while not self._stopping.wait(0.5):
+            pass
+
+    # -- stop --------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stopping.set()
+        if self.gateway is not None:
+            self.gateway.stop()
+        for group in self.shards:
+            for child in group:
+                child.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def describe(self) -> dict[str, Any]:
+        return {"gateway": self.gateway_url, "shards": self.shard_urls, "version": self.manifest.embedding_version.id,
+                "workdir": str(self.workdir)}
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    atomic_write_bytes(path, json.dumps(payload, indent=1).encode())

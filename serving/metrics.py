@@ -1,0 +1,38 @@
+"""Prometheus metrics of the gateway (one registry per app instance)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass(slots=True)
+class GatewayMetrics:
+    registry: CollectorRegistry
+    requests: Counter
+    query_latency: Histogram
+    encode_latency: Histogram
+    shard_call_latency: Histogram
+    shard_batch_size: Histogram
+
+    @classmethod
+    def create(cls) -> GatewayMetrics:
+        registry = CollectorRegistry()
+        return cls(
+            registry=registry,
+            requests=Counter("shardrag_gateway_requests_total", "Gateway requests by endpoint and status",
+                             ["endpoint", "status"], registry=registry),
+            query_latency=Histogram("shardrag_gateway_query_latency_seconds", "End-to-end /v1/query latency",
+                                    buckets=_LATENCY_BUCKETS_S, registry=registry),
+            encode_latency=Histogram("shardrag_gateway_encode_latency_seconds", "Query text embedding time",
+                                     buckets=_LATENCY_BUCKETS_S, registry=registry),
+            shard_call_latency=Histogram("shardrag_gateway_shard_call_latency_seconds",
+                                         "Gateway→replica search call latency", ["shard", "replica"],
+                                         buckets=_LATENCY_BUCKETS_S, registry=registry),
+            shard_batch_size=Histogram("shardrag_gateway_shard_batch_size_queries",
+                                       "Queries coalesced into one shard call",
+                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=registry),
+        )
