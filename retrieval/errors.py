@@ -116,6 +116,13 @@ class DeadlineExceeded(ShardragError):
     code = "deadline_exceeded"
 
 
+def _field_of(location: Any) -> str:
+    parts = [str(part) for part in location or ()]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    return ".".join(parts) or "body"
+
+
 def validation_error_body(errors: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
     """Map pydantic/FastAPI validation errors to (status, body) naming the first bad field.
 
@@ -125,10 +132,7 @@ def validation_error_body(errors: list[dict[str, Any]]) -> tuple[int, dict[str, 
     if not errors:
         return 422, InvalidRequest("invalid request").to_dict()
     first = errors[0]
-    location = [str(part) for part in first.get("loc", ())]
-    if location and location[0] in ("body", "query", "path", "header"):
-        location = location[1:]
-    field = ".".join(location) or "body"
+    field = _field_of(first.get("loc"))
     message = str(first.get("msg", "invalid value"))
     if first.get("type") == "json_invalid":
         return 400, MalformedBody(f"request body is not valid JSON: {message}", field="body").to_dict()
@@ -139,8 +143,5 @@ def validation_error_body(errors: list[dict[str, Any]]) -> tuple[int, dict[str, 
     else:
         message = f"{field}: {message}"
     body = InvalidRequest(message, field=field).to_dict()
-    body["error"]["details"] = [
-        {"field": ".".join(str(p) for p in e.get("loc", ())[1:]) or "body", "message": str(e.get("msg", ""))}
-        for e in errors[:10]
-    ]
+    body["error"]["details"] = [{"field": _field_of(e.get("loc")), "message": str(e.get("msg", ""))} for e in errors[:10]]
     return 422, body

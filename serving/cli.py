@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="build Python's docs and run a local cluster on 127.0.0.1")
     demo.add_argument("--root", help="where the demo collection lives (default ~/.cache/shardrag/demo)")
-    demo.add_argument("--max-docs", type=int, default=1200, help="passages to index (default 1200)")
+    demo.add_argument("--max-docs", type=int, default=1000, help="passages to index (default 1000)")
     demo.add_argument("--rebuild", action="store_true", help="rebuild even if a demo collection exists")
     demo.add_argument("--check", action="store_true", help="run the demo queries, print them, stop (for CI)")
     demo.add_argument("--model", default=None, help=argparse.SUPPRESS)

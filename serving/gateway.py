@@ -105,11 +105,12 @@ class Gateway:
                                  field="text" if request.text is not None else "vector")
         encode_ms = 0.0
         if request.vector is not None:
-            vector = np.asarray(request.vector, dtype=np.float32)
+            with np.errstate(over="ignore"):  # values beyond float32 range become inf, refused below
+                vector = np.asarray(request.vector, dtype=np.float32)
             if vector.shape != (self.topology.dim,):
                 raise DimensionMismatch(f"vector has {vector.size} dims, the collection has {self.topology.dim}",
                                         field="vector")
-            check_finite(vector, field="vector")  # values beyond float32 range become inf
+            check_finite(vector, field="vector")
         else:
             text = request.text.strip() if request.text is not None else ""
             if not text:

@@ -181,7 +181,25 @@ class LocalCluster:
 
         self.gateway = Child("gateway", argv, self.workdir / "gateway.log", port=self.gateway_port)
         self.gateway.start(self.env)
-        self.gateway.wait_ready(time.monotonic() + self.ready_timeout_s)
+        deadline = time.monotonic() + self.ready_timeout_s
+        self.gateway.wait_ready(deadline)
+        self._wait_for_encoder(deadline)
+
+    def _wait_for_encoder(self, deadline: float) -> None:
+        """Text queries work once the gateway's encoder is loaded (torch import: seconds)."""
+        if not self.gateway_config.load_encoder:
+            return
+        import httpx
+
+        while True:
+            state = httpx.get(f"{self.gateway_url}/healthz", timeout=5).json().get("encoder")
+            if state == "ready":
+                return
+            if state != "loading":
+                raise LaunchError(f"the gateway's query encoder is {state}:\n{self.gateway.log_tail()}")  # type: ignore[union-attr]
+            if time.monotonic() > deadline:
+                raise LaunchError("the gateway's query encoder did not load in time")
+            time.sleep(0.2)
 
     # -- state -------------------------------------------------------------------------------
     @property

@@ -1,0 +1,96 @@
+"""Shared fixtures: data paths, real embeddings (cached on disk), built collections, a report
+section printed at the end of the run for figures tests measure (recall of routing, nDCG)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from retrieval.datasets import BeirDataset, load_beir
+from retrieval.types import Document, EmbeddingVersion
+
+REPO = Path(__file__).resolve().parents[1]
+REPORT: list[str] = []
+
+
+def data_dir() -> Path:
+    configured = os.environ.get("SHARDRAG_DATA_DIR")
+    path = Path(configured) if configured else REPO.parent / "shared" / "data"
+    if not (path / "msmarco" / "corpus.jsonl").exists():
+        raise RuntimeError(f"test data not found at {path}: set SHARDRAG_DATA_DIR to the folder holding msmarco/ "
+                           "and dbpedia/ (../shared/data next to the checkout)")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if REPORT:
+        terminalreporter.section("shardrag measurements")
+        for line in REPORT:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    """The embedding cache shared with the CLI, so a machine encodes each corpus once."""
+    from serving.cli import default_cache_dir
+
+    return default_cache_dir()
+
+
+@pytest.fixture(scope="session")
+def encoder(cache_dir: Path):
+    from retrieval.embedding_cache import CachingEncoder, EmbeddingCache
+    from retrieval.encoders import load_default_encoder
+
+    return CachingEncoder(load_default_encoder(device="cpu"), EmbeddingCache(cache_dir))
+
+
+@dataclass(frozen=True)
+class EmbeddedCorpus:
+    dataset: BeirDataset
+    documents: list[Document]
+    vectors: np.ndarray
+    version: EmbeddingVersion
+    query_ids: list[str]
+    query_vectors: np.ndarray
+
+
+def _embed(name: str, encoder) -> EmbeddedCorpus:
+    from retrieval.encoders import encode_documents
+
+    dataset = load_beir(data_dir() / name)
+    vectors = encode_documents(encoder, dataset.corpus, show_progress=True)
+    query_ids = sorted(dataset.queries)
+    query_vectors = encoder.encode_queries([dataset.queries[q] for q in query_ids])
+    return EmbeddedCorpus(dataset, dataset.corpus, vectors, encoder.version, query_ids, query_vectors)
+
+
+@pytest.fixture(scope="session")
+def msmarco(encoder) -> EmbeddedCorpus:
+    return _embed("msmarco", encoder)
+
+
+@pytest.fixture(scope="session")
+def dbpedia(encoder) -> EmbeddedCorpus:
+    return _embed("dbpedia", encoder)
+
+
+def random_corpus(n: int = 600, dim: int = 32, seed: int = 0) -> tuple[list[Document], np.ndarray, EmbeddingVersion]:
+    """Small synthetic corpus for tests that need FAISS but not the real model."""
+    rng = np.random.default_rng(seed)
+    vectors = rng.standard_normal((n, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    documents = [Document(f"doc-{i}", f"text of document {i}", f"Title {i}" if i % 3 else "", {"i": i})
+                 for i in range(n)]
+    return documents, vectors, EmbeddingVersion("synthetic", "0" * 64, dim)

@@ -1,0 +1,35 @@
+"""An in-process gateway over real FAISS shards (no network), driven through its HTTP API."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from index_shards.build import BuildConfig, build_collection
+from index_shards.layout import resolve_version, shard_dir
+from index_shards.shard import Shard
+from retrieval.types import Document, EmbeddingVersion
+from serving.config import GatewayConfig
+from serving.embedded import InProcessTransport
+from serving.gateway import Gateway, create_app
+
+
+def build(root: Path, name: str, documents: list[Document], vectors: np.ndarray, version: EmbeddingVersion,
+          num_shards: int, partitioner: str, factory: str = "Flat") -> list[Shard]:
+    build_collection(root, documents, vectors, version, BuildConfig(name, num_shards, partitioner, factory),
+                     show_progress=False)
+    directory, _ = resolve_version(root, name)
+    return [Shard.load(shard_dir(directory, s), device="cpu") for s in range(num_shards)]
+
+
+@contextmanager
+def gateway_client(shards: list[Shard], config: GatewayConfig | None = None, encoder_loader=None) -> Iterator[TestClient]:
+    transport, replicas = InProcessTransport.of(shards)
+    config = config or GatewayConfig(load_encoder=encoder_loader is not None)
+    gateway = Gateway(config, replicas, transport=transport, encoder_loader=encoder_loader)
+    with TestClient(create_app(gateway)) as client:
+        yield client

@@ -1,0 +1,90 @@
+import asyncio
+
+import pytest
+
+from serving.batching import NaturalBatcher
+
+
+class Recorder:
+    """A process function that holds each batch until released, recording what it got."""
+
+    def __init__(self):
+        self.batches: list[tuple[str, list[int]]] = []
+        self.release = asyncio.Event()
+        self.fail = False
+
+    async def __call__(self, key, items):
+        self.batches.append((key, list(items)))
+        await self.release.wait()
+        if self.fail:
+            raise RuntimeError("shard down")
+        return [item * 10 for item in items]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_idle_submission_goes_out_alone_and_at_once():
+    async def scenario():
+        recorder = Recorder()
+        batcher = NaturalBatcher(recorder, max_batch=8, max_inflight=1)
+        future = batcher.submit("k", 1)
+        await asyncio.sleep(0)
+        assert recorder.batches == [("k", [1])]
+        recorder.release.set()
+        assert await future == 10
+
+    run(scenario())
+
+
+def test_queued_submissions_leave_as_one_batch_per_key():
+    async def scenario():
+        recorder = Recorder()
+        batcher = NaturalBatcher(recorder, max_batch=3, max_inflight=1)
+        first = batcher.submit("a", 1)
+        queued = [batcher.submit("a", 2), batcher.submit("b", 3), batcher.submit("a", 4), batcher.submit("a", 5),
+                  batcher.submit("a", 6)]
+        await asyncio.sleep(0)
+        assert batcher.queued == 5 and batcher.inflight == 1
+        recorder.release.set()
+        results = await asyncio.gather(first, *queued)
+        assert results == [10, 20, 30, 40, 50, 60]
+        assert recorder.batches == [("a", [1]), ("a", [2, 4, 5]), ("b", [3]), ("a", [6])]
+
+    run(scenario())
+
+
+def test_failure_reaches_every_waiter_of_the_batch():
+    async def scenario():
+        recorder = Recorder()
+        recorder.fail = True
+        batcher = NaturalBatcher(recorder, max_batch=8, max_inflight=1)
+        futures = [batcher.submit("k", i) for i in range(3)]
+        recorder.release.set()
+        for future in futures:
+            with pytest.raises(RuntimeError, match="shard down"):
+                await future
+        assert batcher.inflight == 0
+
+    run(scenario())
+
+
+def test_cancelled_waiters_are_not_sent():
+    async def scenario():
+        recorder = Recorder()
+        batcher = NaturalBatcher(recorder, max_batch=8, max_inflight=1)
+        batcher.submit("k", 1)
+        gone = batcher.submit("k", 2)
+        kept = batcher.submit("k", 3)
+        gone.cancel()
+        recorder.release.set()
+        assert await kept == 30
+        assert recorder.batches == [("k", [1]), ("k", [3])]
+
+    run(scenario())
+
+
+def test_limits_validated():
+    with pytest.raises(ValueError):
+        NaturalBatcher(Recorder(), max_batch=0)

@@ -1,0 +1,124 @@
+"""Every kind of bad input gets a 4xx JSON error naming the field; never a 500."""
+
+import json
+
+import numpy as np
+import pytest
+
+from serving.config import GatewayConfig
+from tests.conftest import random_corpus
+from tests.unit.serving.gateway_harness import build, gateway_client
+
+DIM = 32
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    documents, vectors, version = random_corpus(dim=DIM)
+    shards = build(tmp_path_factory.mktemp("bad"), "c", documents, vectors, version, 2, "hash")
+    config = GatewayConfig(load_encoder=False, max_k=50, max_body_bytes=64 * 1024, max_timeout_ms=10_000)
+    with gateway_client(shards, config) as test_client:
+        yield test_client
+
+
+GOOD = [0.1] * DIM
+
+
+def post_raw(client, body: bytes | str):
+    return client.post("/v1/query", content=body, headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize("payload, status, field", [
+    ({"vector": [0.1] * (DIM - 1)}, 422, "vector"),
+    ({"vector": [0.1] * DIM + [0.2]}, 422, "vector"),
+    ({"vector": [1e39] + [0.1] * (DIM - 1)}, 422, "vector"),  # finite in JSON, inf in float32
+    ({"vector": GOOD, "k": 0}, 422, "k"),
+    ({"vector": GOOD, "k": -3}, 422, "k"),
+    ({"vector": GOOD, "k": 51}, 422, "k"),
+    ({"vector": GOOD, "k": "5"}, 422, "k"),
+    ({"vector": GOOD, "k": 2.5}, 422, "k"),
+    ({"text": ""}, 422, "text"),
+    ({"text": "   \n"}, 422, "text"),
+    ({"text": "x" * 5000}, 422, "text"),
+    ({"vector": GOOD, "text": "both"}, 422, "text"),
+    ({}, 422, "vector"),
+    ({"vector": GOOD, "colour": "blue"}, 422, "colour"),
+    ({"vector": GOOD, "top_m": 1}, 422, "top_m"),  # hash collection: no centroids
+    ({"vector": GOOD, "top_m": 0}, 422, "top_m"),
+    ({"vector": GOOD, "timeout_ms": 0}, 422, "timeout_ms"),
+    ({"vector": GOOD, "timeout_ms": 10_001}, 422, "timeout_ms"),
+    ({"vector": GOOD, "nprobe": 4}, 422, "nprobe"),  # Flat shards have no nprobe
+    ({"vector": GOOD, "ef_search": 0}, 422, "ef_search"),
+    ({"vector": GOOD, "version": "someone-else"}, 409, "version"),
+    ({"vector": ["a"] * DIM}, 422, "vector.0"),
+    ({"vector": "not a list"}, 422, "vector"),
+])
+def test_bad_fields(client, payload, status, field):
+    response = client.post("/v1/query", json=payload)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["field"] == field, error
+    assert error["message"]
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_non_finite_numbers(client, literal):
+    body = '{"vector": [' + ", ".join([literal] + ["0.1"] * (DIM - 1)) + "]}"
+    response = post_raw(client, body)
+    assert 400 <= response.status_code < 500, response.text
+    assert response.json()["error"]["field"] in ("vector", "vector.0", "body")
+
+
+@pytest.mark.parametrize("body", ["{not json", "", "[1, 2]", "null", '{"vector": [0.1, ]}', "\xff\xfe"])
+def test_malformed_bodies(client, body):
+    response = post_raw(client, body.encode("latin-1") if body.startswith("\xff") else body)
+    assert response.status_code in (400, 422), response.text
+    assert response.json()["error"]["field"] in ("body",)
+
+
+def test_oversize_body_is_413(client):
+    response = post_raw(client, json.dumps({"vector": GOOD, "text": "x" * 100_000}))
+    assert response.status_code == 413
+    assert response.json()["error"]["field"] == "body"
+
+
+def test_text_without_encoder_is_503_naming_text(client):
+    response = client.post("/v1/query", json={"text": "hello"})
+    assert response.status_code == 503 and response.json()["error"]["field"] == "text"
+
+
+def test_still_serving_after_bad_input(client):
+    response = client.post("/v1/query", json={"vector": GOOD, "k": 3})
+    assert response.status_code == 200
+    assert len(response.json()["hits"]) == 3
+
+
+def test_openapi_documents_query_and_errors(client):
+    schema = client.get("/openapi.json").json()
+    operation = schema["paths"]["/v1/query"]["post"]
+    assert {"400", "409", "413", "422", "503", "504"} <= set(operation["responses"])
+    assert "QueryRequest" in schema["components"]["schemas"]
+    assert client.get("/docs").status_code == 200
+
+
+def test_unknown_route_and_method_are_json_4xx(client):
+    assert client.get("/v1/nope").status_code == 404
+    response = client.get("/v1/query")
+    assert response.status_code == 405 and response.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_cluster_health_and_metrics(client):
+    cluster = client.get("/v1/cluster").json()
+    assert cluster["num_shards"] == 2 and all(s["healthy_replicas"] == 1 for s in cluster["shards"])
+    assert client.get("/healthz").json()["status"] == "ok"
+    metrics = client.get("/metrics").text
+    assert "shardrag_gateway_query_latency_seconds" in metrics
+    assert 'shardrag_gateway_requests_total{endpoint="query",status="422"}' in metrics
+
+
+def test_vector_results_are_sane(client):
+    documents, vectors, _ = random_corpus(dim=DIM)
+    response = client.post("/v1/query", json={"vector": vectors[5].tolist(), "k": 4, "with_text": False})
+    hits = response.json()["hits"]
+    assert hits[0]["doc_id"] == documents[5].doc_id and hits[0]["text"] == ""
+    assert np.isclose(hits[0]["score"], 1.0, atol=1e-5)
