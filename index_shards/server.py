@@ -16,13 +16,14 @@ import os
 import time
 from dataclasses import dataclass
 from typing import Annotated
+from urllib.parse import parse_qsl
 
 import orjson
 from fastapi import FastAPI, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from retrieval.errors import InvalidRequest, VersionConflict
-from retrieval.serve import install_error_handlers, read_limited_body
+from retrieval.serve import FastPathApp, install_error_handlers, read_limited_body
 from retrieval.wire import decode_vectors
 
 from index_shards.metrics import ShardMetrics
@@ -30,7 +31,7 @@ from index_shards.shard import Shard
 
 logger = logging.getLogger(__name__)
 
-VERSION_HEADER = "x-shardrag-version"
+VERSION_HEADER = b"x-shardrag-version"
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,11 +42,37 @@ class ShardServerConfig:
     faiss_threads: int = 1  # OpenMP threads for FAISS; several shard processes share the cores
 
 
-def _json(payload: object, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json")
+_INT_PARAMS = {"k": (1, None), "nprobe": (1, 65536), "ef_search": (1, 65536)}
+_KNOWN_PARAMS = {"k", "version", "nprobe", "ef_search", "with_text"}
 
 
-def create_app(shard: Shard, config: ShardServerConfig | None = None) -> FastAPI:
+def parse_search_params(query_string: bytes, max_k: int) -> dict[str, object]:
+    """The search's query parameters, validated; errors name the parameter."""
+    params: dict[str, object] = {"k": 10, "version": None, "nprobe": None, "ef_search": None, "with_text": True}
+    for name, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
+        if name not in _KNOWN_PARAMS:
+            raise InvalidRequest(f"unknown query parameter {name!r}", field=name)
+        if name in _INT_PARAMS:
+            try:
+                number = int(value)
+            except ValueError:
+                raise InvalidRequest(f"{name} must be an integer, got {value!r}", field=name) from None
+            low, high = _INT_PARAMS[name]
+            high = max_k if name == "k" else high
+            if number < low or (high is not None and number > high):
+                raise InvalidRequest(f"{name} must be between {low} and {high}, got {number}", field=name)
+            params[name] = number
+        elif name == "with_text":
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise InvalidRequest(f"with_text must be true or false, got {value!r}", field=name)
+            params[name] = value.lower() in ("true", "1")
+        else:
+            params[name] = value
+    return params
+
+
+def create_app(shard: Shard, config: ShardServerConfig | None = None) -> FastPathApp:
+    """The shard server's ASGI app: a fast path for POST /v1/search around a FastAPI app."""
     config = config or ShardServerConfig()
     metrics = ShardMetrics.create(shard.manifest.shard_id)
     metrics.documents.labels(shard=str(shard.manifest.shard_id)).set(shard.manifest.count)
@@ -53,6 +80,27 @@ def create_app(shard: Shard, config: ShardServerConfig | None = None) -> FastAPI
     info = shard.info()
     version_id = shard.version_id
     dim = shard.manifest.dim
+
+    async def handle_search(scope: dict, body: bytes) -> tuple[int, bytes]:
+        params = parse_search_params(scope.get("query_string", b""), config.max_k)
+        wanted = params["version"]
+        if wanted is None:
+            wanted = next((v.decode() for n, v in scope.get("headers", ()) if n == VERSION_HEADER), None)
+        if wanted is not None and wanted != version_id:
+            raise VersionConflict(f"this replica holds {version_id!r}, not {wanted!r}", field="version")
+        queries = decode_vectors(body, dim, field="body", max_rows=config.max_batch)
+        started = time.perf_counter()
+        results = shard.search(queries, params["k"], nprobe=params["nprobe"], ef_search=params["ef_search"],
+                               with_text=params["with_text"])
+        took_s = time.perf_counter() - started
+        metrics.search_latency.observe(took_s)
+        metrics.batch_size.observe(len(queries))
+        return 200, orjson.dumps({
+            "shard_id": shard.manifest.shard_id,
+            "version": version_id,
+            "took_ms": took_s * 1000.0,
+            "results": [r.to_dict() for r in results],
+        })
 
     app = FastAPI(
         title=f"shardrag shard {shard.manifest.shard_id} of {shard.manifest.collection}",
@@ -74,31 +122,17 @@ def create_app(shard: Shard, config: ShardServerConfig | None = None) -> FastAPI
     )
     async def search(
         request: Request,
-        k: Annotated[int, Query(description="hits per query")] = 10,
+        k: Annotated[int, Query(ge=1, description="hits per query")] = 10,
         version: Annotated[str | None, Query(description="embedding version the vectors belong to")] = None,
         nprobe: Annotated[int | None, Query(ge=1, le=65536, description="IVF lists to visit")] = None,
         ef_search: Annotated[int | None, Query(ge=1, le=65536, description="HNSW search breadth")] = None,
         with_text: Annotated[bool, Query(description="return titles and texts")] = True,
     ) -> Response:
-        if k < 1 or k > config.max_k:
-            raise InvalidRequest(f"k must be between 1 and {config.max_k}, got {k}", field="k")
-        wanted = version or request.headers.get(VERSION_HEADER)
-        if wanted is not None and wanted != version_id:
-            raise VersionConflict(f"this replica holds {version_id!r}, not {wanted!r}", field="version")
+        # Served by the fast path below; this route documents it and answers when the
+        # FastAPI app is mounted without the wrapper.
         body = await read_limited_body(request, config.max_body_bytes)
-        queries = decode_vectors(body, dim, field="body", max_rows=config.max_batch)
-        started = time.perf_counter()
-        results = shard.search(queries, k, nprobe=nprobe, ef_search=ef_search, with_text=with_text)
-        took_s = time.perf_counter() - started
-        metrics.search_latency.observe(took_s)
-        metrics.batch_size.observe(len(queries))
-        metrics.requests.labels(endpoint="search", status="200").inc()
-        return _json({
-            "shard_id": shard.manifest.shard_id,
-            "version": version_id,
-            "took_ms": took_s * 1000.0,
-            "results": [r.to_dict() for r in results],
-        })
+        status, payload = await handle_search(request.scope, body)
+        return Response(payload, status_code=status, media_type="application/json")
 
     @app.get("/v1/info", summary="What this replica holds")
     async def get_info() -> Response:
@@ -112,4 +146,17 @@ def create_app(shard: Shard, config: ShardServerConfig | None = None) -> FastAPI
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    counters: dict[int, object] = {}
+
+    def count(path: str, status: int) -> None:
+        counter = counters.get(status)
+        if counter is None:  # labels() is a locked dict build: resolve once per status
+            counter = counters[status] = metrics.requests.labels(endpoint="search", status=str(status))
+        counter.inc()  # type: ignore[attr-defined]
+
+    return FastPathApp(app, {("POST", "/v1/search"): handle_search}, max_body_bytes=config.max_body_bytes,
+                       on_result=count)
+
+
+def _json(payload: object, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json")

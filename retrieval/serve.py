@@ -144,3 +144,80 @@ def install_error_handlers(app: Any) -> None:
     async def _unexpected(request: Any, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse({"error": {"code": "internal_error", "message": "internal error"}}, status_code=500)
+
+
+HotHandler = Callable[[dict[str, Any], bytes], Any]  # (ASGI scope, body) → awaitable (status, JSON bytes)
+
+
+class FastPathApp:
+    """ASGI wrapper that answers a few hot (method, path) routes with plain handlers and passes
+    everything else (docs, admin, lifespan) to the wrapped FastAPI app.
+
+    On the query path FastAPI's middleware stack, routing and dependency solving cost as much
+    CPU as the work itself; the hot handlers do their own validation and raise ShardragError,
+    which becomes the same JSON error the FastAPI routes give. The FastAPI app keeps
+    equivalent routes, so OpenAPI describes these endpoints too.
+    """
+
+    def __init__(self, app: Any, routes: dict[tuple[str, str], HotHandler], *, max_body_bytes: int,
+                 on_result: Callable[[str, int], None] | None = None) -> None:
+        self.app = app
+        self.routes = routes
+        self.max_body_bytes = max_body_bytes
+        self.on_result = on_result
+
+    def __getattr__(self, name: str) -> Any:  # behave like the FastAPI app for everything else
+        return getattr(self.app, name)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        handler = self.routes.get((scope.get("method", ""), scope.get("path", ""))) if scope["type"] == "http" else None
+        if handler is None:
+            await self.app(scope, receive, send)
+            return
+        from retrieval.errors import ShardragError
+
+        try:
+            body = await _read_asgi_body(scope, receive, self.max_body_bytes)
+            status, payload = await handler(scope, body)
+        except ShardragError as exc:
+            status, payload = exc.status_code, _dumps(exc.to_dict())
+        except Exception:  # noqa: BLE001 - a bug must not take the server down
+            logger.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            status, payload = 500, b'{"error":{"code":"internal_error","message":"internal error"}}'
+        if self.on_result is not None:
+            self.on_result(scope["path"], status)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def _dumps(payload: Any) -> bytes:
+    import orjson
+
+    return orjson.dumps(payload)
+
+
+async def _read_asgi_body(scope: dict[str, Any], receive: Any, limit_bytes: int) -> bytes:
+    from retrieval.errors import MalformedBody, PayloadTooLarge
+
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                raise MalformedBody("Content-Length is not a number", field="content-length") from None
+            if declared > limit_bytes:
+                raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {limit_bytes}", field="body")
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise MalformedBody("client disconnected before the body was complete", field="body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit_bytes:
+            raise PayloadTooLarge(f"body is over the limit of {limit_bytes} bytes", field="body")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)

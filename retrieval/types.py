@@ -79,12 +79,17 @@ class EmbeddingVersion:
     weights_sha256: str
     dim: int
     preprocessing: Preprocessing = field(default_factory=Preprocessing)
+    _id: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Safe in file names and URLs; long enough that a collision means the same weights.
+        # Computed once: the id is read on every query.
+        name = _SAFE.sub("-", self.encoder_name).strip("-") or "encoder"
+        object.__setattr__(self, "_id", f"{name}.w{self.weights_sha256[:16]}.p{self.preprocessing.digest()[:8]}")
 
     @property
     def id(self) -> str:
-        # Safe in file names and URLs; long enough that a collision means the same weights.
-        name = _SAFE.sub("-", self.encoder_name).strip("-") or "encoder"
-        return f"{name}.w{self.weights_sha256[:16]}.p{self.preprocessing.digest()[:8]}"
+        return self._id
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -100,8 +100,9 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=2, help="replica processes per shard (default 2)")
     parser.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="gateway port; 0 = any free port (default 8000)")
-    parser.add_argument("--transport", choices=("aiohttp", "httpx"), default="aiohttp",
-                        help="gateway→shard HTTP client (default aiohttp)")
+    parser.add_argument("--transport", choices=("pooled", "aiohttp", "httpx"), default="pooled",
+                        help="gateway→shard HTTP client: pooled (lean httptools client), aiohttp, httpx "
+                             "(default pooled)")
     parser.add_argument("--no-coalesce", action="store_true", help="one shard call per query (no batching)")
     parser.add_argument("--no-encoder", action="store_true", help="vector queries only (skips loading torch)")
     parser.add_argument("--faiss-threads", type=int, default=1, help="FAISS threads per shard process (default 1)")

@@ -19,7 +19,7 @@ class GatewayConfig:
     max_body_bytes: int = 1 << 20  # larger request bodies get 413
     default_timeout_ms: int = 5000  # deadline of a query that gives no timeout_ms
     max_timeout_ms: int = 60000  # largest timeout_ms accepted
-    transport: str = "aiohttp"  # gateway→shard HTTP client: "aiohttp" or "httpx"
+    transport: str = "pooled"  # gateway→shard HTTP client: "pooled" (ours, httptools), "aiohttp", "httpx"
     balancer: str = "round_robin"  # replica choice policy
     coalesce: bool = True  # batch concurrent queries into one call per shard
     max_batch: int = 64  # most queries per coalesced shard call

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from retrieval.errors import DeadlineExceeded, InvalidRequest, ShardUnavailable, VersionConflict
-from retrieval.merge import merge_topk
+from retrieval.merge import merge_topk_columns
 from retrieval.routing import route_top_m
 from retrieval.types import DocId, Hit, ShardId
 
@@ -60,8 +60,10 @@ class FanOut:
         coalesce: bool = True,
         max_batch: int = 64,
         max_inflight_per_replica: int = 2,
+        on_call: Callable[[ShardCall], None] | None = None,
     ) -> None:
         self.topology = topology
+        self._on_call = on_call
         self._transport = transport
         self._balancer = balancer
         self._batchers: list[NaturalBatcher[SearchParams, _Item, _Answer]] = []
@@ -95,14 +97,9 @@ class FanOut:
             missing = sorted(s for s, f in zip(targets, futures) if f in pending)
             raise DeadlineExceeded(f"no answer from shards {missing} within {timeout_s * 1000:.0f} ms",
                                    shard=missing[0])
-        per_shard_hits = []
-        calls = []
-        for shard_id, future in zip(targets, futures):
-            columns, call = future.result()  # re-raises the shard's error
-            calls.append(call)
-            per_shard_hits.append(_hits(columns, shard_id))
-        return FanOutResult(merge_topk(per_shard_hits, params.k), params.version, self.topology.num_shards,
-                            targets, calls)
+        answers = [future.result() for future in futures]  # re-raises a shard's error
+        return FanOutResult(_merge(answers, params.k), params.version, self.topology.num_shards, targets,
+                            [call for _, call in answers])
 
     def _caller(self, shard: ShardInfo):
         async def call(params: SearchParams, items: list[_Item]) -> Sequence[_Answer]:
@@ -134,14 +131,18 @@ class FanOut:
                 raise VersionConflict(f"shard {shard.shard_id} answered with version {reply.version!r}, "
                                       f"the query is on {params.version!r}", shard=shard.shard_id)
             info = ShardCall(shard.shard_id, reply.replica, reply.latency_ms, len(items), len(tried))
+            if self._on_call is not None:
+                self._on_call(info)
             return [(columns, info) for columns in reply.results]
 
         return call
 
 
-def _hits(columns: dict, shard_id: int) -> list[Hit]:
-    shard = ShardId(shard_id)
-    return [
-        Hit(DocId(doc_id), score, shard, title, text)
-        for doc_id, score, title, text in zip(columns["doc_ids"], columns["scores"], columns["titles"], columns["texts"])
-    ]
+def _merge(answers: list[_Answer], k: int) -> list[Hit]:
+    winners = merge_topk_columns([(columns["doc_ids"], columns["scores"]) for columns, _ in answers], k)
+    hits = []
+    for a, i in winners:
+        columns, call = answers[a]
+        hits.append(Hit(DocId(columns["doc_ids"][i]), columns["scores"][i], ShardId(call.shard_id),
+                        columns["titles"][i], columns["texts"][i]))
+    return hits

@@ -27,13 +27,13 @@ from pydantic import ValidationError
 
 from retrieval.encoders import Encoder
 from retrieval.errors import DimensionMismatch, InvalidRequest, ShardragError, VersionConflict, validation_error_body
-from retrieval.serve import install_error_handlers, read_limited_body
+from retrieval.serve import FastPathApp, install_error_handlers, read_limited_body
 from retrieval.wire import check_finite
 
 from serving.api_models import ERROR_RESPONSES, QueryRequest, QueryResponse
 from serving.balancer import make_balancer
 from serving.config import GatewayConfig
-from serving.fanout import FanOut
+from serving.fanout import FanOut, ShardCall
 from serving.metrics import GatewayMetrics
 from serving.query_encoder import QueryEncoder
 from serving.topology import Topology, discover
@@ -69,9 +69,13 @@ class Gateway:
         self.fanout = FanOut(
             self.topology, self.transport, make_balancer(self.config.balancer), coalesce=self.config.coalesce,
             max_batch=self.config.max_batch, max_inflight_per_replica=self.config.max_inflight_per_replica,
+            on_call=self._observe_call,
         )
         self.encoder = QueryEncoder(self._encoder_loader if self.config.load_encoder else None, self.topology.version.id)
         self.encoder.start()
+
+    def _observe_call(self, call: ShardCall) -> None:
+        self.metrics.observe_shard_call(call.shard_id, call.replica, call.latency_ms / 1000.0, call.batch_size)
 
     async def close(self) -> None:
         if self.encoder is not None:
@@ -124,10 +128,6 @@ class Gateway:
         params = SearchParams(k=k, version=version, nprobe=request.nprobe, ef_search=request.ef_search,
                               with_text=request.with_text)
         result = await self.fanout.search(vector, params, top_m=request.top_m, timeout_s=timeout_ms / 1000.0)
-        for call in result.calls:
-            self.metrics.shard_call_latency.labels(shard=str(call.shard_id), replica=call.replica).observe(
-                call.latency_ms / 1000.0)
-            self.metrics.shard_batch_size.observe(call.batch_size)
         took_ms = (time.perf_counter() - started) * 1000.0
         self.metrics.query_latency.observe(took_ms / 1000.0)
         return {
@@ -198,7 +198,8 @@ def _json(payload: object, status_code: int = 200, headers: dict[str, str] | Non
     return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json", headers=headers)
 
 
-def create_app(gateway: Gateway) -> FastAPI:
+def create_app(gateway: Gateway) -> FastPathApp:
+    """The gateway's ASGI app: a fast path for POST /v1/query around the FastAPI app."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
@@ -216,6 +217,9 @@ def create_app(gateway: Gateway) -> FastAPI:
     install_error_handlers(app)
     metrics = gateway.metrics
 
+    async def handle_query(scope: dict[str, Any], body: bytes) -> tuple[int, bytes]:
+        return 200, orjson.dumps(await gateway.query(gateway.parse(body)))
+
     @app.post(
         "/v1/query",
         summary="Top-k documents for a text or a vector",
@@ -225,15 +229,9 @@ def create_app(gateway: Gateway) -> FastAPI:
             "schema": {"$ref": "#/components/schemas/QueryRequest"}}}}},
     )
     async def query(request: Request) -> Response:
-        status = "200"
-        try:
-            body = await read_limited_body(request, gateway.config.max_body_bytes)
-            return _json(await gateway.query(gateway.parse(body)))
-        except ShardragError as exc:
-            status = str(exc.status_code)
-            raise
-        finally:
-            metrics.requests.labels(endpoint="query", status=status).inc()
+        # Served by the fast path; this route documents it and answers without the wrapper.
+        status, payload = await handle_query(request.scope, await read_limited_body(request, gateway.config.max_body_bytes))
+        return Response(payload, status_code=status, media_type="application/json")
 
     @app.get("/v1/cluster", summary="Shards, replicas, versions and live health")
     async def cluster() -> Response:
@@ -265,4 +263,9 @@ def create_app(gateway: Gateway) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    return app
+
+    def count(path: str, status: int) -> None:
+        metrics.requests.labels(endpoint="query", status=str(status)).inc()
+
+    return FastPathApp(app, {("POST", "/v1/query"): handle_query}, max_body_bytes=gateway.config.max_body_bytes,
+                       on_result=count)

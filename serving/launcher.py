@@ -138,6 +138,8 @@ class LocalCluster:
 
     # -- start -------------------------------------------------------------------------------
     def start(self) -> LocalCluster:
+        if self.shards or self._stopping.is_set():
+            raise LaunchError("this LocalCluster was already started; make a new one")
         try:
             self._start_shards()
             self._start_gateway()

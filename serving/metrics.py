@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -17,6 +18,16 @@ class GatewayMetrics:
     encode_latency: Histogram
     shard_call_latency: Histogram
     shard_batch_size: Histogram
+    _call_children: dict[tuple[int, str], Any] = field(default_factory=dict)
+
+    def observe_shard_call(self, shard_id: int, replica: str, latency_s: float, batch_size: int) -> None:
+        """One gateway→replica call (a coalesced batch counts once)."""
+        child = self._call_children.get((shard_id, replica))
+        if child is None:  # labels() costs a lock and a dict build: resolve each pair once
+            child = self._call_children[(shard_id, replica)] = self.shard_call_latency.labels(
+                shard=str(shard_id), replica=replica)
+        child.observe(latency_s)
+        self.shard_batch_size.observe(batch_size)
 
     @classmethod
     def create(cls) -> GatewayMetrics:

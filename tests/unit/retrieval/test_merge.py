@@ -1,6 +1,6 @@
 import random
 
-from retrieval.merge import merge_topk, sort_hits
+from retrieval.merge import merge_topk, merge_topk_columns, sort_hits
 from retrieval.types import Hit
 
 
@@ -26,3 +26,12 @@ def test_merge_edge_cases():
     assert merge_topk([], 5) == []
     assert merge_topk([[hit("a", 1.0)]], 0) == []
     assert [h.doc_id for h in merge_topk([[hit("a", 1.0)], []], 5)] == ["a"]
+
+
+def test_columnar_merge_agrees_with_record_merge():
+    rng = random.Random(3)
+    per_shard = [sort_hits(hit(f"s{s}d{i}", round(rng.random(), 1), s) for i in range(12))[:10] for s in range(3)]
+    columns = [([h.doc_id for h in hits], [h.score for h in hits]) for hits in per_shard]
+    winners = merge_topk_columns(columns, 10)
+    assert [per_shard[s][i] for s, i in winners] == merge_topk(per_shard, 10)
+    assert merge_topk_columns(columns, 0) == []
