@@ -1,0 +1,102 @@
+"""The shardrag command as a user runs it: build, serve (Ctrl-C stops everything), query, demo."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from retrieval.serve import parse_ready_line
+from tests.conftest import data_dir, free_port
+
+pytestmark = pytest.mark.slow
+SHARDRAG = [sys.executable, "-m", "serving"]
+
+
+def run(args, **kwargs):
+    return subprocess.run(SHARDRAG + args, capture_output=True, text=True, timeout=600, **kwargs)
+
+
+def test_help_explains_every_command():
+    result = run(["--help"])
+    assert result.returncode == 0
+    for command in ("demo", "build", "serve", "query", "gateway"):
+        assert command in result.stdout
+    for command in ("demo", "build", "serve", "query", "gateway"):
+        assert run([command, "--help"]).returncode == 0
+
+
+def test_build_serve_query_and_ctrl_c(tmp_path):
+    root = tmp_path / "root"
+    built = run(["build", "--corpus", str(data_dir() / "msmarco"), "--root", str(root), "--shards", "2",
+                 "--partitioner", "kmeans", "--max-docs", "400", "--collection", "mini"])
+    assert built.returncode == 0, built.stderr
+    summary = json.loads(built.stdout)
+    assert summary["count"] == 400 and summary["shards"] == 2
+    assert (Path(summary["path"]) / "collection.json").exists()
+
+    bad = run(["build", "--corpus", str(tmp_path / "missing.jsonl"), "--root", str(root)])
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+    port = free_port()
+    workdir = tmp_path / "work"
+    serve = subprocess.Popen(SHARDRAG + ["serve", "--collection", "mini", "--root", str(root), "--replicas", "1",
+                                         "--port", str(port), "--workdir", str(workdir)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        banner = ""
+        while "Ctrl-C" not in banner:
+            line = serve.stdout.readline()
+            assert line or serve.poll() is None, serve.stderr.read()
+            banner += line
+            assert time.monotonic() < deadline, banner
+        assert f"http://127.0.0.1:{port}" in banner and "curl" in banner
+
+        asked = run(["query", "--url", f"http://127.0.0.1:{port}", "what is the temperature scale", "-k", "3"])
+        assert asked.returncode == 0, asked.stderr
+        assert "3 hits" in asked.stdout and "2/2 shards" in asked.stdout
+        raw = run(["query", "--url", f"http://127.0.0.1:{port}", "--json", "fahrenheit", "--top-m", "1"])
+        assert json.loads(raw.stdout)["diagnostics"]["shards_queried"] == 1
+        refused = run(["query", "--url", f"http://127.0.0.1:{port}", "x", "-k", "0"])
+        assert refused.returncode == 2 and "error: k:" in refused.stderr
+
+        pids = []
+        for log in workdir.glob("*.log"):
+            for line in log.read_text().splitlines():
+                payload = parse_ready_line(line)
+                if payload:
+                    pids.append(payload["pid"])
+        assert len(pids) == 3  # 2 shards × 1 replica + gateway
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(60) == 0
+        for pid in pids:  # every child is gone
+            deadline = time.monotonic() + 15
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not _alive(pid), pid
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def test_demo_check(tmp_path):
+    result = run(["demo", "--check", "--port", "0", "--max-docs", "150", "--root", str(tmp_path / "demo")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "demo check passed" in result.stdout
+    assert len(re.findall(r"^Q: ", result.stdout, flags=re.M)) == 3
+    assert "2/2 shards" in result.stdout
