@@ -1,10 +1,14 @@
-"""Closed-loop HTTP load generator, run as its own process so its CPU is measurable.
+"""HTTP load generator, run as its own process so its CPU is measurable.
 
     python -m benchmarks.loadgen --url URL/v1/query --bodies FILE --concurrency 32 --duration 10
+    python -m benchmarks.loadgen --url URL/v1/query --bodies FILE --rate 300 --duration 60 --latencies-out x.npy
 
-``FILE``: JSON list of request bodies (sent round-robin). Prints one JSON line: latencies
-(p50/p99 over the measured window, after --warmup seconds), QPS, errors and this process's
-CPU seconds.
+Closed loop (``--concurrency``): that many clients, each sending its next request when the last
+one returns. Open loop (``--rate``): requests leave on a fixed schedule whatever the answers do,
+and latency counts from the *scheduled* send time (no coordinated omission) — the right way to
+see a tail. ``FILE``: JSON list of request bodies (sent round-robin), or a .npy matrix sent as
+float32 rows. Prints one JSON line: p50/p99/p99.9 over the measured window (after --warmup s),
+QPS, errors, partial answers and this process's CPU seconds.
 """
 
 from __future__ import annotations
@@ -64,6 +68,69 @@ async def run(url: str, bodies: list[bytes], concurrency: int, duration_s: float
     }
 
 
+async def run_open_loop(url: str, bodies: list[bytes], rate: float, duration_s: float, warmup_s: float,
+                        content_type: str, timeout_s: float) -> tuple[dict, np.ndarray]:
+    import aiohttp
+
+    clock = time.perf_counter  # uvloop's loop.time() ticks in whole milliseconds: too coarse for a tail
+    connector = aiohttp.TCPConnector(limit=0)
+    session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s))
+    headers = {"content-type": content_type}
+    latencies: list[float] = []
+    outcome = {"errors": 0, "partial": 0, "statuses": {}}
+    start = clock() + 0.05
+    measure_from = start + warmup_s
+    end = measure_from + duration_s
+    interval = 1.0 / rate
+    pending: set[asyncio.Future] = set()
+
+    async def one(body: bytes, scheduled: float) -> None:
+        try:
+            async with session.post(url, data=body, headers=headers) as response:
+                payload = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            status, payload = -1, b""
+        if scheduled < measure_from:
+            return
+        latencies.append(clock() - scheduled)
+        if status != 200:
+            outcome["errors"] += 1
+            outcome["statuses"][str(status)] = outcome["statuses"].get(str(status), 0) + 1
+        elif b'"partial":true' in payload:
+            outcome["partial"] += 1
+
+    cpu_before = time.process_time()
+    i = 0
+    while True:
+        scheduled = start + i * interval
+        if scheduled >= end:
+            break
+        delay = scheduled - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.ensure_future(one(bodies[i % len(bodies)], scheduled))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        i += 1
+    if pending:
+        await asyncio.gather(*pending)
+    await session.close()
+    values = np.asarray(latencies) * 1000.0
+    summary = {
+        "requests": len(latencies),
+        "rate": rate,
+        "qps": len(latencies) / duration_s,
+        "p50_ms": float(np.percentile(values, 50)) if len(values) else None,
+        "p99_ms": float(np.percentile(values, 99)) if len(values) else None,
+        "p999_ms": float(np.percentile(values, 99.9)) if len(values) else None,
+        "max_ms": float(values.max()) if len(values) else None,
+        **outcome,
+        "loadgen_cpu_s": time.process_time() - cpu_before,
+    }
+    return summary, values
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", required=True)
@@ -71,6 +138,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second (default: closed loop)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="open loop: client timeout per request, s")
+    parser.add_argument("--latencies-out", help="open loop: save every measured latency (ms) to this .npy")
     args = parser.parse_args()
     content_type = "application/json"
     if args.bodies.endswith(".npy"):
@@ -85,6 +155,13 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
+    if args.rate > 0:
+        summary, values = asyncio.run(run_open_loop(args.url, bodies, args.rate, args.duration, args.warmup,
+                                                    content_type, args.timeout))
+        if args.latencies_out:
+            np.save(args.latencies_out, values)
+        print(json.dumps(summary))
+        return
     print(json.dumps(asyncio.run(run(args.url, bodies, args.concurrency, args.duration, args.warmup, content_type))))
 
 

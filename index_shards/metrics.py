@@ -16,6 +16,7 @@ class ShardMetrics:
     search_latency: Histogram
     batch_size: Histogram
     documents: Gauge
+    expired: Counter
 
     @classmethod
     def create(cls, shard_id: int) -> ShardMetrics:
@@ -31,5 +32,7 @@ class ShardMetrics:
                                  buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=registry),
             documents=Gauge("shardrag_shard_documents", "Documents held by this shard", list(labels),
                             registry=registry),
+            expired=Counter("shardrag_shard_expired_requests_total",
+                            "Searches dropped because the caller's deadline had passed", registry=registry),
         )
         return metrics

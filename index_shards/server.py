@@ -1,9 +1,11 @@
 """The shard server: one FastAPI app serving one shard directory.
 
-    POST /v1/search   body: n × dim little-endian float32; query: k, version, nprobe, ef_search, with_text
-    GET  /v1/info     versions held, count, dim, factory, centroid
-    GET  /healthz     liveness + the version served
-    GET  /metrics     Prometheus
+    POST /v1/search     body: n × dim little-endian float32; query: k, version, nprobe, ef_search, with_text
+                        header x-shardrag-timeout-ms: the caller's remaining budget (expired work is dropped)
+    GET  /v1/info       versions held, count, dim, factory, centroid
+    GET  /healthz       liveness + the version served
+    GET  /metrics       Prometheus
+    GET|PUT /admin/faults   fault injection settings (see index_shards.faults)
 
 Searches run inline on the event loop: FAISS uses one OpenMP thread per server by default, and
 on a small machine several shard processes share the cores, so a thread hop buys nothing.
@@ -14,7 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from typing import Any
+from dataclasses import dataclass, field
 from typing import Annotated
 from urllib.parse import parse_qsl
 
@@ -22,16 +25,18 @@ import orjson
 from fastapi import FastAPI, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from retrieval.errors import InvalidRequest, VersionConflict
+from retrieval.errors import DeadlineExceeded, InvalidRequest, MalformedBody, VersionConflict
 from retrieval.serve import FastPathApp, install_error_handlers, read_limited_body
 from retrieval.wire import decode_vectors
 
+from index_shards.faults import FaultConfig, FaultInjector, wait_unless_gone
 from index_shards.metrics import ShardMetrics
 from index_shards.shard import Shard
 
 logger = logging.getLogger(__name__)
 
 VERSION_HEADER = b"x-shardrag-version"
+TIMEOUT_HEADER = b"x-shardrag-timeout-ms"
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,6 +45,7 @@ class ShardServerConfig:
     max_batch: int = 1024  # most query vectors in one search request
     max_body_bytes: int = 16 * 1024 * 1024  # larger bodies get 413 before they are read
     faiss_threads: int = 1  # OpenMP threads for FAISS; several shard processes share the cores
+    faults: FaultConfig = field(default_factory=FaultConfig)  # fault injection (off by default)
 
 
 _INT_PARAMS = {"k": (1, None), "nprobe": (1, 65536), "ef_search": (1, 65536)}
@@ -81,18 +87,40 @@ def create_app(shard: Shard, config: ShardServerConfig | None = None) -> FastPat
     version_id = shard.version_id
     dim = shard.manifest.dim
 
-    async def handle_search(scope: dict, body: bytes) -> tuple[int, bytes]:
+    faults = FaultInjector(config.faults)
+
+    async def handle_search(scope: dict, body: bytes, receive: Any = None) -> tuple[int, bytes]:
+        arrived = time.monotonic()
         params = parse_search_params(scope.get("query_string", b""), config.max_k)
         wanted = params["version"]
-        if wanted is None:
-            wanted = next((v.decode() for n, v in scope.get("headers", ()) if n == VERSION_HEADER), None)
+        timeout_ms = None
+        for name, value in scope.get("headers", ()):
+            if name == VERSION_HEADER and wanted is None:
+                wanted = value.decode("latin-1")
+            elif name == TIMEOUT_HEADER:
+                try:
+                    timeout_ms = float(value)
+                except ValueError:
+                    raise MalformedBody("x-shardrag-timeout-ms is not a number", field="x-shardrag-timeout-ms") from None
         if wanted is not None and wanted != version_id:
             raise VersionConflict(f"this replica holds {version_id!r}, not {wanted!r}", field="version")
         queries = decode_vectors(body, dim, field="body", max_rows=config.max_batch)
+        deadline = arrived + timeout_ms / 1000.0 if timeout_ms is not None else None
+        if faults.active:
+            async def wait(seconds: float, honour_deadline: bool = True) -> None:
+                await wait_unless_gone(receive, seconds, deadline if honour_deadline else None)
+
+            await faults.before_search(wait)
+        if deadline is not None and time.monotonic() >= deadline:
+            # The caller has given up on this answer: do not spend the search on it.
+            metrics.expired.inc()
+            raise DeadlineExceeded(f"request expired after {timeout_ms:.0f} ms before the search ran", field="deadline")
         started = time.perf_counter()
         results = shard.search(queries, params["k"], nprobe=params["nprobe"], ef_search=params["ef_search"],
                                with_text=params["with_text"])
         took_s = time.perf_counter() - started
+        if faults.active and faults.config.slowdown > 1.0:
+            await wait_unless_gone(receive, faults.extra_service_s(took_s), deadline)
         metrics.search_latency.observe(took_s)
         metrics.batch_size.observe(len(queries))
         return 200, orjson.dumps({
@@ -131,7 +159,7 @@ def create_app(shard: Shard, config: ShardServerConfig | None = None) -> FastPat
         # Served by the fast path below; this route documents it and answers when the
         # FastAPI app is mounted without the wrapper.
         body = await read_limited_body(request, config.max_body_bytes)
-        status, payload = await handle_search(request.scope, body)
+        status, payload = await handle_search(request.scope, body, request.receive)
         return Response(payload, status_code=status, media_type="application/json")
 
     @app.get("/v1/info", summary="What this replica holds")
@@ -145,6 +173,22 @@ def create_app(shard: Shard, config: ShardServerConfig | None = None) -> FastPat
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/admin/faults", summary="Current fault injection settings and counts")
+    async def get_faults() -> Response:
+        return _json({"faults": faults.config.to_dict(), "active": faults.active, "injected": faults.injected})
+
+    @app.put("/admin/faults", summary="Replace the fault injection settings (an empty object turns faults off)")
+    async def put_faults(request: Request) -> Response:
+        try:
+            data = orjson.loads(await read_limited_body(request, 64 * 1024) or b"{}")
+        except orjson.JSONDecodeError as exc:
+            raise MalformedBody(f"body is not valid JSON: {exc}", field="body") from exc
+        if not isinstance(data, dict):
+            raise InvalidRequest("body must be a JSON object of fault settings", field="body")
+        faults.set(FaultConfig.from_dict(data))
+        logger.warning("fault injection set to %s", faults.config)
+        return _json({"faults": faults.config.to_dict(), "active": faults.active})
 
     counters: dict[int, object] = {}
 

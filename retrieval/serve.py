@@ -146,7 +146,11 @@ def install_error_handlers(app: Any) -> None:
         return JSONResponse({"error": {"code": "internal_error", "message": "internal error"}}, status_code=500)
 
 
-HotHandler = Callable[[dict[str, Any], bytes], Any]  # (ASGI scope, body) → awaitable (status, JSON bytes)
+HotHandler = Callable[[dict[str, Any], bytes, Any], Any]  # (scope, body, receive) → awaitable (status, JSON bytes)
+
+
+class ClientDisconnected(Exception):
+    """The client went away while its request waited (e.g. a cancelled hedge): send nothing."""
 
 
 class FastPathApp:
@@ -178,7 +182,11 @@ class FastPathApp:
 
         try:
             body = await _read_asgi_body(scope, receive, self.max_body_bytes)
-            status, payload = await handler(scope, body)
+            status, payload = await handler(scope, body, receive)
+        except ClientDisconnected:
+            if self.on_result is not None:
+                self.on_result(scope["path"], 499)  # nginx's "client closed request"
+            return
         except ShardragError as exc:
             status, payload = exc.status_code, _dumps(exc.to_dict())
         except Exception:  # noqa: BLE001 - a bug must not take the server down

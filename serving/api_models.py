@@ -23,6 +23,8 @@ class QueryRequest(BaseModel):
     timeout_ms: int | None = Field(None, ge=1, description="deadline for the whole query")
     with_text: bool = Field(True, description="return titles and texts with the hits")
     version: str | None = Field(None, description="embedding version to pin; 409 unless it is served")
+    allow_partial: bool | None = Field(None, description="answer with the shards that made the deadline "
+                                       "(default from config); false: 504 naming the missing shards")
 
 
 class HitModel(BaseModel):
@@ -38,7 +40,14 @@ class ShardCallModel(BaseModel):
     replica: str
     latency_ms: float
     batch_size: int = Field(description="queries that shared this shard call (coalescing)")
-    attempts: int = Field(description="replicas tried (>1 after a connection failure)")
+    attempts: int = Field(description="replicas the call went to (primary + retries + hedges)")
+    hedged: bool = Field(description="a hedge (second copy) was sent for this shard call")
+    hedge_won: bool = Field(description="the answer came from the hedge")
+
+
+class MissingShardModel(BaseModel):
+    shard: int
+    reason: str
 
 
 class DiagnosticsModel(BaseModel):
@@ -54,6 +63,9 @@ class DiagnosticsModel(BaseModel):
 class QueryResponse(BaseModel):
     hits: list[HitModel]
     version: str
+    partial: bool = Field(description="true when some queried shards did not answer; see missing_shards")
+    coverage: float = Field(description="shards answered / shards queried")
+    missing_shards: list[MissingShardModel]
     diagnostics: DiagnosticsModel
 
 
@@ -74,5 +86,6 @@ ERROR_RESPONSES: dict[int | str, dict] = {
     413: {"model": ErrorResponse, "description": "body over the size limit"},
     422: {"model": ErrorResponse, "description": "a field is invalid; `field` names it"},
     503: {"model": ErrorResponse, "description": "a shard or the encoder is unavailable"},
-    504: {"model": ErrorResponse, "description": "deadline passed; `shard` names one that did not answer"},
+    504: {"model": ErrorResponse, "description": "shards missed the deadline and partial answers are not "
+                                                "allowed (or none answered); the message names them"},
 }

@@ -1,53 +1,85 @@
-"""Replica choice for a shard call, behind one small interface.
+"""Replica choice for a shard call: one small interface, one small class per policy.
 
-``pick`` chooses among a shard's replicas (never one in ``exclude`` while another exists);
-``on_start``/``on_finish`` feed the policy what happened. The policies that use latency and
-load arrive with the tail-latency work; round robin is the baseline they are measured against.
+``pick`` chooses among a shard's replicas, never one in ``exclude`` while another exists;
+``on_start``/``on_finish`` tell the policy what happened (outstanding requests, latency,
+failures). Time and randomness are injected (``clock``, ``rng``) so unit tests are exact.
+
+Policies (``make_balancer(name)``): ``round_robin`` (the baseline), ``random``,
+``least_outstanding``, and ``p2c_peak_ewma`` (the default, in ``serving.p2c_peak_ewma``).
 """
 
 from __future__ import annotations
 
+import random
+import time
 from abc import ABC, abstractmethod
-from typing import Collection, Sequence
+from typing import Callable, Collection, Sequence
 
 from retrieval.errors import ConfigError
 
+Clock = Callable[[], float]
+
 
 class Balancer(ABC):
+    def __init__(self, *, clock: Clock = time.monotonic, rng: random.Random | None = None) -> None:
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.outstanding: dict[str, int] = {}
+
     @abstractmethod
+    def choose(self, shard_id: int, candidates: Sequence[str]) -> str:
+        """One of ``candidates`` (never empty)."""
+
     def pick(self, shard_id: int, replicas: Sequence[str], exclude: Collection[str] = ()) -> str:
-        """One of ``replicas``; avoids ``exclude`` unless nothing else is left."""
+        if not replicas:
+            raise ConfigError(f"shard {shard_id} has no replicas")
+        allowed = [r for r in replicas if r not in exclude] or list(replicas)
+        return allowed[0] if len(allowed) == 1 else self.choose(shard_id, allowed)
 
-    def on_start(self, replica: str) -> None:  # noqa: B027 - optional hook
-        """A request to ``replica`` is leaving."""
+    def on_start(self, replica: str) -> None:
+        self.outstanding[replica] = self.outstanding.get(replica, 0) + 1
 
-    def on_finish(self, replica: str, latency_s: float, ok: bool) -> None:  # noqa: B027 - optional hook
-        """A request to ``replica`` ended after ``latency_s`` seconds."""
-
-
-def _candidates(replicas: Sequence[str], exclude: Collection[str]) -> Sequence[str]:
-    if not replicas:
-        raise ConfigError("a shard has no replicas")
-    allowed = [r for r in replicas if r not in exclude]
-    return allowed or replicas
+    def on_finish(self, replica: str, latency_s: float, ok: bool) -> None:
+        self.outstanding[replica] = max(0, self.outstanding.get(replica, 0) - 1)
 
 
 class RoundRobinBalancer(Balancer):
-    def __init__(self) -> None:
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
         self._next: dict[int, int] = {}
 
-    def pick(self, shard_id: int, replicas: Sequence[str], exclude: Collection[str] = ()) -> str:
-        candidates = _candidates(replicas, exclude)
+    def choose(self, shard_id: int, candidates: Sequence[str]) -> str:
         position = self._next.get(shard_id, 0)
         self._next[shard_id] = position + 1
         return candidates[position % len(candidates)]
 
 
-BALANCERS = {"round_robin": RoundRobinBalancer}
+class RandomBalancer(Balancer):
+    def choose(self, shard_id: int, candidates: Sequence[str]) -> str:
+        return candidates[self.rng.randrange(len(candidates))]
 
 
-def make_balancer(name: str) -> Balancer:
-    try:
-        return BALANCERS[name]()
-    except KeyError:
-        raise ConfigError(f"unknown balancer {name!r}; use one of {sorted(BALANCERS)}", field="balancer") from None
+class LeastOutstandingBalancer(Balancer):
+    """Fewest requests in flight; ties broken at random so load spreads."""
+
+    def choose(self, shard_id: int, candidates: Sequence[str]) -> str:
+        fewest = min(self.outstanding.get(r, 0) for r in candidates)
+        tied = [r for r in candidates if self.outstanding.get(r, 0) == fewest]
+        return tied[0] if len(tied) == 1 else tied[self.rng.randrange(len(tied))]
+
+
+BALANCERS = ("round_robin", "random", "least_outstanding", "p2c_peak_ewma")
+
+
+def make_balancer(name: str, *, clock: Clock = time.monotonic, rng: random.Random | None = None) -> Balancer:
+    if name == "round_robin":
+        return RoundRobinBalancer(clock=clock, rng=rng)
+    if name == "random":
+        return RandomBalancer(clock=clock, rng=rng)
+    if name == "least_outstanding":
+        return LeastOutstandingBalancer(clock=clock, rng=rng)
+    if name == "p2c_peak_ewma":
+        from serving.p2c_peak_ewma import PeakEwmaBalancer
+
+        return PeakEwmaBalancer(clock=clock, rng=rng)
+    raise ConfigError(f"unknown balancer {name!r}; use one of {list(BALANCERS)}", field="balancer")

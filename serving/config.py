@@ -20,7 +20,19 @@ class GatewayConfig:
     default_timeout_ms: int = 5000  # deadline of a query that gives no timeout_ms
     max_timeout_ms: int = 60000  # largest timeout_ms accepted
     transport: str = "pooled"  # gateway→shard HTTP client: "pooled" (ours, httptools), "aiohttp", "httpx"
-    balancer: str = "round_robin"  # replica choice policy
+    balancer: str = "p2c_peak_ewma"  # replica choice: round_robin, random, least_outstanding, p2c_peak_ewma
+    hedging: bool = True  # send a second copy of a shard call that is slower than usual
+    hedge_percentile: float = 95.0  # hedge after this percentile of the shard's recent latencies
+    hedge_floor_ms: float = 2.0  # ...but never sooner than this
+    hedge_cap_ms: float = 250.0  # ...and never later than this
+    max_hedges: int = 1  # extra copies per shard call (at most replicas - 1 are used)
+    hedge_budget_ratio: float = 0.05  # hedges add at most this fraction of shard calls...
+    hedge_budget_burst: float = 10.0  # ...plus this many in a burst
+    eject_after_failures: int = 3  # consecutive failures/timeouts that eject a replica
+    eject_base_s: float = 1.0  # first ejection; doubles each time in a row
+    eject_max_s: float = 30.0  # longest ejection
+    probe_interval_s: float = 0.5  # how often ejected replicas are probed on /healthz
+    allow_partial: bool = True  # default for queries: answer 200 + partial when a shard is missing
     coalesce: bool = True  # batch concurrent queries into one call per shard
     max_batch: int = 64  # most queries per coalesced shard call
     max_inflight_per_replica: int = 2  # concurrent calls per replica before queries queue
@@ -35,6 +47,16 @@ class GatewayConfig:
                      "max_timeout_ms", "max_batch", "max_inflight_per_replica"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be ≥ 1", field=name)
+        for name in ("hedge_percentile", "hedge_floor_ms", "hedge_cap_ms", "hedge_budget_ratio", "eject_base_s",
+                     "eject_max_s", "probe_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0", field=name)
+        if not self.hedge_percentile < 100:
+            raise ConfigError("hedge_percentile must be < 100", field="hedge_percentile")
+        if self.hedge_floor_ms > self.hedge_cap_ms:
+            raise ConfigError("hedge_floor_ms is above hedge_cap_ms", field="hedge_floor_ms")
+        if self.max_hedges < 0 or self.eject_after_failures < 1:
+            raise ConfigError("max_hedges must be ≥ 0 and eject_after_failures ≥ 1", field="max_hedges")
         if self.default_k > self.max_k:
             raise ConfigError("default_k is above max_k", field="default_k")
         if self.default_timeout_ms > self.max_timeout_ms:

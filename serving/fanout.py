@@ -1,9 +1,11 @@
 """Fan a query out to its shards, collect one answer per shard, merge the global top k.
 
 Each shard has a :class:`~serving.batching.NaturalBatcher`, so concurrent queries with the
-same parameters share one call per shard; the call picks a replica through the balancer and,
-when a replica cannot be reached, retries on another one within the deadline. Replies of an
-embedding version other than the query's are refused: results of two versions are never merged.
+same parameters share one call per shard; the call itself (replica choice, hedging, retries)
+is :class:`~serving.shard_call.ShardCaller`'s. A shard that has not answered by the query's
+deadline, or whose every replica failed, is *missing*: the result says which and why, and the
+gateway answers partially or refuses. Replies of an embedding version other than the query's
+are refused: results of two versions are never merged.
 """
 
 from __future__ import annotations
@@ -15,15 +17,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from retrieval.errors import DeadlineExceeded, InvalidRequest, ShardUnavailable, VersionConflict
+from retrieval.errors import InvalidRequest, VersionConflict
 from retrieval.merge import merge_topk_columns
 from retrieval.routing import route_top_m
 from retrieval.types import DocId, Hit, ShardId
 
-from serving.balancer import Balancer
 from serving.batching import NaturalBatcher
+from serving.shard_call import RETRYABLE, CallResult, ShardCaller
 from serving.topology import ShardInfo, Topology
-from serving.transport import SearchParams, ShardTransport
+from serving.transport import SearchParams
 
 
 @dataclass(slots=True, frozen=True)
@@ -35,6 +37,8 @@ class ShardCall:
     latency_ms: float
     batch_size: int
     attempts: int
+    hedged: bool
+    hedge_won: bool
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,6 +48,11 @@ class FanOutResult:
     shards_total: int
     shards_queried: list[int]
     calls: list[ShardCall]
+    missing: dict[int, str]  # shard id → why it is not in the answer
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.missing)
 
 
 _Item = tuple[np.ndarray, float]  # (query vector, monotonic deadline)
@@ -54,8 +63,7 @@ class FanOut:
     def __init__(
         self,
         topology: Topology,
-        transport: ShardTransport,
-        balancer: Balancer,
+        caller: ShardCaller,
         *,
         coalesce: bool = True,
         max_batch: int = 64,
@@ -63,9 +71,8 @@ class FanOut:
         on_call: Callable[[ShardCall], None] | None = None,
     ) -> None:
         self.topology = topology
+        self.caller = caller
         self._on_call = on_call
-        self._transport = transport
-        self._balancer = balancer
         self._batchers: list[NaturalBatcher[SearchParams, _Item, _Answer]] = []
         for shard in topology.shards:
             if coalesce:
@@ -90,50 +97,37 @@ class FanOut:
         targets = self.targets(vector, top_m)
         deadline = time.monotonic() + timeout_s
         futures = [self._batchers[s].submit(params, (vector, deadline)) for s in targets]
-        done, pending = await asyncio.wait(futures, timeout=timeout_s)
-        if pending:
-            for future in pending:
-                future.cancel()
-            missing = sorted(s for s, f in zip(targets, futures) if f in pending)
-            raise DeadlineExceeded(f"no answer from shards {missing} within {timeout_s * 1000:.0f} ms",
-                                   shard=missing[0])
-        answers = [future.result() for future in futures]  # re-raises a shard's error
+        _, pending = await asyncio.wait(futures, timeout=timeout_s)
+        answers: list[_Answer] = []
+        missing: dict[int, str] = {}
+        for shard_id, future in zip(targets, futures):
+            if future in pending:
+                future.cancel()  # the shard call goes on for the other queries of its batch
+                missing[shard_id] = f"no answer within {timeout_s * 1000:.0f} ms"
+                continue
+            error = future.exception()
+            if error is None:
+                answers.append(future.result())
+            elif isinstance(error, RETRYABLE):
+                missing[shard_id] = getattr(error, "message", str(error))
+            else:
+                raise error  # bad request, version conflict: the query itself is wrong
         return FanOutResult(_merge(answers, params.k), params.version, self.topology.num_shards, targets,
-                            [call for _, call in answers])
+                            [call for _, call in answers], missing)
 
     def _caller(self, shard: ShardInfo):
         async def call(params: SearchParams, items: list[_Item]) -> Sequence[_Answer]:
             vectors = np.stack([vector for vector, _ in items])
             deadline = max(item_deadline for _, item_deadline in items)
-            tried: list[str] = []
-            while True:
-                replica = self._balancer.pick(shard.shard_id, shard.replicas, exclude=tried)
-                tried.append(replica)
-                remaining_s = deadline - time.monotonic()
-                if remaining_s <= 0:
-                    raise DeadlineExceeded(f"shard {shard.shard_id}: deadline passed before a replica answered",
-                                           shard=shard.shard_id)
-                self._balancer.on_start(replica)
-                started = time.perf_counter()
-                try:
-                    reply = await self._transport.search(replica, shard.shard_id, vectors, params, remaining_s)
-                except ShardUnavailable:
-                    self._balancer.on_finish(replica, time.perf_counter() - started, ok=False)
-                    if len(set(tried)) >= len(shard.replicas):
-                        raise
-                    continue  # connection-level failure: another replica, same deadline
-                except BaseException:
-                    self._balancer.on_finish(replica, time.perf_counter() - started, ok=False)
-                    raise
-                self._balancer.on_finish(replica, time.perf_counter() - started, ok=True)
-                break
-            if reply.version != params.version:
-                raise VersionConflict(f"shard {shard.shard_id} answered with version {reply.version!r}, "
+            result: CallResult = await self.caller.call(shard, vectors, params, deadline)
+            if result.reply.version != params.version:
+                raise VersionConflict(f"shard {shard.shard_id} answered with version {result.reply.version!r}, "
                                       f"the query is on {params.version!r}", shard=shard.shard_id)
-            info = ShardCall(shard.shard_id, reply.replica, reply.latency_ms, len(items), len(tried))
+            info = ShardCall(shard.shard_id, result.replica, result.latency_ms, len(items), result.attempts,
+                             result.hedged, result.hedge_won)
             if self._on_call is not None:
                 self._on_call(info)
-            return [(columns, info) for columns in reply.results]
+            return [(columns, info) for columns in result.reply.results]
 
         return call
 

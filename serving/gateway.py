@@ -26,7 +26,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from retrieval.encoders import Encoder
-from retrieval.errors import DimensionMismatch, InvalidRequest, ShardragError, VersionConflict, validation_error_body
+from retrieval.errors import (
+    DeadlineExceeded,
+    DimensionMismatch,
+    InvalidRequest,
+    ShardragError,
+    VersionConflict,
+    validation_error_body,
+)
 from retrieval.serve import FastPathApp, install_error_handlers, read_limited_body
 from retrieval.wire import check_finite
 
@@ -34,8 +41,10 @@ from serving.api_models import ERROR_RESPONSES, QueryRequest, QueryResponse
 from serving.balancer import make_balancer
 from serving.config import GatewayConfig
 from serving.fanout import FanOut, ShardCall
+from serving.health import OutlierDetector
 from serving.metrics import GatewayMetrics
 from serving.query_encoder import QueryEncoder
+from serving.shard_call import HedgingSettings, ShardCaller
 from serving.topology import Topology, discover
 from serving.transport import TRANSPORTS, SearchParams, ShardTransport
 
@@ -63,21 +72,54 @@ class Gateway:
         self.topology: Topology | None = None
         self.fanout: FanOut | None = None
         self.encoder: QueryEncoder | None = None
+        self.detector: OutlierDetector | None = None
+        self.caller: ShardCaller | None = None
+        self._prober: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
-        self.topology = await discover(self.transport, self.shard_replicas, self.config.discovery_timeout_s)
+        config = self.config
+        self.topology = await discover(self.transport, self.shard_replicas, config.discovery_timeout_s)
+        self.detector = OutlierDetector(consecutive_failures=config.eject_after_failures,
+                                        base_ejection_s=config.eject_base_s, max_ejection_s=config.eject_max_s,
+                                        on_eject=self._on_eject)
+        hedging = HedgingSettings(enabled=config.hedging, percentile=config.hedge_percentile,
+                                  floor_s=config.hedge_floor_ms / 1000.0, cap_s=config.hedge_cap_ms / 1000.0,
+                                  max_hedges=config.max_hedges, budget_ratio=config.hedge_budget_ratio,
+                                  budget_burst=config.hedge_budget_burst)
+        self.caller = ShardCaller(self.transport, make_balancer(config.balancer), self.detector, hedging)
+        self.metrics.watch_calls(self.caller)
         self.fanout = FanOut(
-            self.topology, self.transport, make_balancer(self.config.balancer), coalesce=self.config.coalesce,
-            max_batch=self.config.max_batch, max_inflight_per_replica=self.config.max_inflight_per_replica,
-            on_call=self._observe_call,
+            self.topology, self.caller, coalesce=config.coalesce, max_batch=config.max_batch,
+            max_inflight_per_replica=config.max_inflight_per_replica, on_call=self._observe_call,
         )
-        self.encoder = QueryEncoder(self._encoder_loader if self.config.load_encoder else None, self.topology.version.id)
+        self.encoder = QueryEncoder(self._encoder_loader if config.load_encoder else None, self.topology.version.id)
         self.encoder.start()
+        self._prober = asyncio.ensure_future(self._probe_ejected())
+
+    def _on_eject(self, replica: str, duration_s: float) -> None:
+        logger.warning("replica %s ejected for %.1f s after repeated failures", replica, duration_s)
+        self.metrics.ejections.labels(replica=replica).inc()
+
+    async def _probe_ejected(self) -> None:
+        """Bring ejected replicas back once their back-off has passed and /healthz answers."""
+        assert self.detector is not None
+        while True:
+            await asyncio.sleep(self.config.probe_interval_s)
+            for replica in self.detector.due_for_probe():
+                try:
+                    await self.transport.get_json(replica, "/healthz", self.config.probe_timeout_s)
+                except ShardragError:
+                    self.detector.probe_result(replica, ok=False)
+                else:
+                    logger.info("replica %s answers /healthz again: back in rotation", replica)
+                    self.detector.probe_result(replica, ok=True)
 
     def _observe_call(self, call: ShardCall) -> None:
         self.metrics.observe_shard_call(call.shard_id, call.replica, call.latency_ms / 1000.0, call.batch_size)
 
     async def close(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
         if self.encoder is not None:
             self.encoder.close()
         await self.transport.close()
@@ -127,7 +169,16 @@ class Gateway:
             self.metrics.encode_latency.observe(encode_ms / 1000.0)
         params = SearchParams(k=k, version=version, nprobe=request.nprobe, ef_search=request.ef_search,
                               with_text=request.with_text)
-        result = await self.fanout.search(vector, params, top_m=request.top_m, timeout_s=timeout_ms / 1000.0)
+        remaining_ms = timeout_ms - (time.perf_counter() - started) * 1000.0  # encoding spent part of it
+        result = await self.fanout.search(vector, params, top_m=request.top_m, timeout_s=max(remaining_ms, 1.0) / 1000.0)
+        missing = sorted(result.missing)
+        allow_partial = request.allow_partial if request.allow_partial is not None else config.allow_partial
+        if missing and (not allow_partial or not result.calls):
+            reasons = "; ".join(f"shard {s}: {result.missing[s]}" for s in missing)
+            why = "partial answers not allowed" if result.calls else "no shard answered"
+            raise DeadlineExceeded(f"{why}: shards {missing} missing ({reasons})", shard=missing[0])
+        if missing:
+            self.metrics.partial_responses.inc()
         took_ms = (time.perf_counter() - started) * 1000.0
         self.metrics.query_latency.observe(took_ms / 1000.0)
         return {
@@ -136,6 +187,9 @@ class Gateway:
                 for h in result.hits
             ],
             "version": result.version,
+            "partial": bool(missing),
+            "coverage": len(result.calls) / len(result.shards_queried),
+            "missing_shards": [{"shard": s, "reason": result.missing[s]} for s in missing],
             "diagnostics": {
                 "embedding_version": result.version,
                 "shards_total": result.shards_total,
@@ -145,7 +199,8 @@ class Gateway:
                 "encode_ms": encode_ms,
                 "per_shard": [
                     {"shard": c.shard_id, "replica": c.replica, "latency_ms": c.latency_ms,
-                     "batch_size": c.batch_size, "attempts": c.attempts}
+                     "batch_size": c.batch_size, "attempts": c.attempts, "hedged": c.hedged,
+                     "hedge_won": c.hedge_won}
                     for c in result.calls
                 ],
             },
@@ -155,14 +210,18 @@ class Gateway:
         assert self.topology is not None
         timeout_s = self.config.probe_timeout_s
 
+        ejection = self.detector.snapshot() if self.detector else {}
+
         async def probe(replica: str) -> dict[str, Any]:
             started = time.perf_counter()
+            state = ejection.get(replica, {"ejected": False})
             try:
                 info = await self.transport.get_json(replica, "/v1/info", timeout_s)
             except ShardragError as exc:
-                return {"url": replica, "healthy": False, "error": exc.message}
+                return {"url": replica, "healthy": False, "error": exc.message, "ejection": state}
             return {"url": replica, "healthy": True, "versions": info.get("versions", []), "count": info.get("count"),
-                    "on_gpu": info.get("on_gpu"), "latency_ms": (time.perf_counter() - started) * 1000.0}
+                    "on_gpu": info.get("on_gpu"), "latency_ms": (time.perf_counter() - started) * 1000.0,
+                    "ejection": state}
 
         shards = []
         for shard in self.topology.shards:
@@ -179,7 +238,18 @@ class Gateway:
             "shards": shards,
             "encoder": {"state": self.encoder.state if self.encoder else "disabled",
                         "error": self.encoder.error if self.encoder else None},
+            "balancer": self.config.balancer,
+            "hedging": self._hedging_state(),
         }
+
+    def _hedging_state(self) -> dict[str, Any]:
+        if self.caller is None:
+            return {}
+        stats = self.caller.stats
+        return {"enabled": self.config.hedging, "calls": stats.calls, "hedges_fired": stats.hedges_fired,
+                "hedges_won": stats.hedges_won, "budget_exhausted": stats.budget_exhausted, "retries": stats.retries,
+                "delay_ms": {str(s.shard_id): self.caller.hedge_delay(s.shard_id).delay_s() * 1000.0
+                             for s in self.topology.shards} if self.topology else {}}
 
 
 class _Rejected(ShardragError):
@@ -217,7 +287,7 @@ def create_app(gateway: Gateway) -> FastPathApp:
     install_error_handlers(app)
     metrics = gateway.metrics
 
-    async def handle_query(scope: dict[str, Any], body: bytes) -> tuple[int, bytes]:
+    async def handle_query(scope: dict[str, Any], body: bytes, receive: Any = None) -> tuple[int, bytes]:
         return 200, orjson.dumps(await gateway.query(gateway.parse(body)))
 
     @app.post(

@@ -96,13 +96,16 @@ class HttpPool:
         return connection
 
     async def request(self, method: str, url: str, body: bytes = b"", *, content_type: str = "application/octet-stream",
-                      timeout_s: float) -> tuple[int, bytes]:
-        """(status, body) of one request; raises HttpError or asyncio.TimeoutError."""
+                      timeout_s: float, headers: str = "") -> tuple[int, bytes]:
+        """(status, body) of one request; raises HttpError or asyncio.TimeoutError.
+
+        ``headers``: extra header lines, each ending in CRLF.
+        """
         parts = urlsplit(url)
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         head = (f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
+                f"Content-Length: {len(body)}\r\n{headers}\r\n").encode("latin-1")
         request = head + body
         key = (host, port)
         loop = asyncio.get_running_loop()

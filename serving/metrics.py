@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 _LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -18,6 +19,8 @@ class GatewayMetrics:
     encode_latency: Histogram
     shard_call_latency: Histogram
     shard_batch_size: Histogram
+    ejections: Counter
+    partial_responses: Counter
     _call_children: dict[tuple[int, str], Any] = field(default_factory=dict)
 
     def observe_shard_call(self, shard_id: int, replica: str, latency_s: float, batch_size: int) -> None:
@@ -46,4 +49,29 @@ class GatewayMetrics:
             shard_batch_size=Histogram("shardrag_gateway_shard_batch_size_queries",
                                        "Queries coalesced into one shard call",
                                        buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=registry),
+            ejections=Counter("shardrag_gateway_ejections_total", "Replicas ejected after repeated failures",
+                              ["replica"], registry=registry),
+            partial_responses=Counter("shardrag_gateway_partial_responses_total",
+                                      "Query answers missing at least one shard", registry=registry),
         )
+
+    def watch_calls(self, caller: Any) -> None:
+        """Export the shard caller's counters (hedges, budget, retries) at scrape time."""
+        stats = caller.stats
+
+        class _CallCollector:
+            def collect(self) -> Any:
+                for name, help_text, value in (
+                    ("shardrag_gateway_shard_calls", "Shard calls (a coalesced batch counts once)", stats.calls),
+                    ("shardrag_gateway_hedges_fired", "Hedge requests sent", stats.hedges_fired),
+                    ("shardrag_gateway_hedges_won", "Shard calls answered by the hedge", stats.hedges_won),
+                    ("shardrag_gateway_hedge_budget_exhausted", "Hedges not sent for lack of budget",
+                     stats.budget_exhausted),
+                    ("shardrag_gateway_shard_retries", "Calls re-sent to another replica after a failure",
+                     stats.retries),
+                ):
+                    family = CounterMetricFamily(name, help_text)
+                    family.add_metric([], value)
+                    yield family
+
+        self.registry.register(_CallCollector())

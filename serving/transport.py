@@ -35,6 +35,8 @@ from retrieval.errors import (
 )
 from retrieval.wire import CONTENT_TYPE, encode_vectors
 
+TIMEOUT_HEADER = "x-shardrag-timeout-ms"  # the caller's remaining budget; shards drop expired work
+
 
 @dataclass(slots=True, frozen=True)
 class SearchParams:
@@ -129,7 +131,8 @@ class AiohttpTransport(ShardTransport):
         url = f"{replica}/v1/search?{params.query_string()}"
         try:
             async with self._client().post(
-                url, data=encode_vectors(vectors), headers={"Content-Type": CONTENT_TYPE},
+                url, data=encode_vectors(vectors),
+                headers={"Content-Type": CONTENT_TYPE, TIMEOUT_HEADER: f"{timeout_s * 1000:.1f}"},
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as response:
                 body = await response.read()
@@ -179,7 +182,7 @@ class HttpxTransport(ShardTransport):
         try:
             response = await self._client.post(
                 f"{replica}/v1/search?{params.query_string()}", content=encode_vectors(vectors),
-                headers={"Content-Type": CONTENT_TYPE}, timeout=timeout_s,
+                headers={"Content-Type": CONTENT_TYPE, TIMEOUT_HEADER: f"{timeout_s * 1000:.1f}"}, timeout=timeout_s,
             )
         except httpx.TimeoutException as exc:
             raise DeadlineExceeded(f"shard {shard_id} ({replica}) did not answer in {timeout_s:.3f}s", shard=shard_id) from exc
@@ -218,7 +221,8 @@ class PooledHttpTransport(ShardTransport):
         started = time.perf_counter()
         try:
             status, body = await self._pool.request("POST", f"{replica}/v1/search?{params.query_string()}",
-                                                    encode_vectors(vectors), timeout_s=timeout_s)
+                                                    encode_vectors(vectors), timeout_s=timeout_s,
+                                                    headers=f"{TIMEOUT_HEADER}: {timeout_s * 1000:.1f}\r\n")
         except asyncio.TimeoutError as exc:
             raise DeadlineExceeded(f"shard {shard_id} ({replica}) did not answer in {timeout_s:.3f}s", shard=shard_id) from exc
         except HttpError as exc:

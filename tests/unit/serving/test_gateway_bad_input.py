@@ -52,6 +52,7 @@ def post_raw(client, body: bytes | str):
     ({"vector": GOOD, "version": "someone-else"}, 409, "version"),
     ({"vector": ["a"] * DIM}, 422, "vector.0"),
     ({"vector": "not a list"}, 422, "vector"),
+    ({"vector": GOOD, "allow_partial": "yes"}, 422, "allow_partial"),
 ])
 def test_bad_fields(client, payload, status, field):
     response = client.post("/v1/query", json=payload)

@@ -1,0 +1,189 @@
+"""One call to one shard: pick a replica, hedge if it is slow, retry if it fails.
+
+The call goes to the replica the balancer picks among those in rotation. If no answer has come
+after the shard's adaptive hedge delay (and the budget has a token), the same request goes to a
+second replica — never one already tried — and the first answer wins; the loser is cancelled
+(its connection is closed, so the shard server stops waiting on it). A connection failure or a
+5xx sends the request on to an untried replica at once, within the deadline. At most
+``max_hedges`` hedges per call. Every outcome feeds the balancer (latency, load), the outlier
+detector (consecutive failures) and the shard's latency window.
+
+Time goes through a :class:`Timer` so tests run on a fake clock without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from retrieval.errors import DeadlineExceeded, ShardUnavailable
+
+from serving.balancer import Balancer
+from serving.health import OutlierDetector
+from serving.hedging import AdaptiveHedgeDelay, HedgeBudget
+from serving.topology import ShardInfo
+from serving.transport import SearchParams, ShardReply, ShardTransport
+
+# Failures that say "this replica, now" — worth another replica. Others (409, 4xx) are final.
+RETRYABLE = (ShardUnavailable, DeadlineExceeded)
+
+
+class Timer(Protocol):
+    def now(self) -> float: ...
+
+    async def wait_first(self, tasks: set[asyncio.Future], timeout_s: float) -> set[asyncio.Future]:
+        """The finished tasks, as soon as one finishes or ``timeout_s`` passes."""
+        ...
+
+
+class LoopTimer:
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def wait_first(self, tasks: set[asyncio.Future], timeout_s: float) -> set[asyncio.Future]:
+        if timeout_s <= 0:
+            return {task for task in tasks if task.done()}
+        done, _ = await asyncio.wait(tasks, timeout=None if math.isinf(timeout_s) else timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        return done
+
+
+@dataclass(slots=True, frozen=True)
+class HedgingSettings:
+    enabled: bool = True  # send a second copy of slow shard calls
+    percentile: float = 95.0  # hedge after this percentile of the shard's recent latencies
+    floor_s: float = 0.002  # never hedge sooner than this
+    cap_s: float = 0.25  # never wait longer than this before hedging
+    max_hedges: int = 1  # extra copies per call (≤ replicas - 1)
+    budget_ratio: float = 0.05  # hedges may add at most this fraction of calls...
+    budget_burst: float = 10.0  # ...plus this many in a burst
+
+
+@dataclass(slots=True, frozen=True)
+class CallResult:
+    reply: ShardReply
+    replica: str
+    attempts: int  # replicas the request went to (primary + retries + hedges)
+    hedged: bool  # a hedge was sent
+    hedge_won: bool  # the answer came from a hedge
+    latency_ms: float
+
+
+@dataclass(slots=True)
+class CallStats:
+    calls: int = 0
+    hedges_fired: int = 0
+    hedges_won: int = 0
+    budget_exhausted: int = 0
+    retries: int = 0
+    failures: int = 0
+
+
+@dataclass(slots=True)
+class _Attempt:
+    replica: str
+    started: float
+    is_hedge: bool
+
+
+@dataclass
+class ShardCaller:
+    transport: ShardTransport
+    balancer: Balancer
+    detector: OutlierDetector
+    hedging: HedgingSettings = field(default_factory=HedgingSettings)
+    timer: Timer = field(default_factory=LoopTimer)
+    stats: CallStats = field(default_factory=CallStats)
+
+    def __post_init__(self) -> None:
+        self.budget = HedgeBudget(ratio=self.hedging.budget_ratio, burst=self.hedging.budget_burst)
+        self._delays: dict[int, AdaptiveHedgeDelay] = {}
+
+    def hedge_delay(self, shard_id: int) -> AdaptiveHedgeDelay:
+        delay = self._delays.get(shard_id)
+        if delay is None:
+            delay = self._delays[shard_id] = AdaptiveHedgeDelay(
+                percentile=self.hedging.percentile, floor_s=self.hedging.floor_s, cap_s=self.hedging.cap_s)
+        return delay
+
+    async def call(self, shard: ShardInfo, vectors: np.ndarray, params: SearchParams, deadline: float) -> CallResult:
+        timer = self.timer
+        started = timer.now()
+        self.stats.calls += 1
+        self.budget.on_call()
+        window = self.hedge_delay(shard.shard_id)
+        tried: list[str] = []
+        running: dict[asyncio.Future[ShardReply], _Attempt] = {}
+        last_error: Exception | None = None
+        hedges = 0
+        max_hedges = min(self.hedging.max_hedges, len(shard.replicas) - 1) if self.hedging.enabled else 0
+
+        def launch(is_hedge: bool) -> bool:
+            untried = [r for r in shard.replicas if r not in tried]
+            if not untried:
+                return False
+            healthy = [r for r in shard.replicas if r in untried and not self.detector.is_ejected(r)]
+            # A hedge goes only to a replica in rotation; a retry after failures may fall back on
+            # an ejected one (better a doubtful answer than none).
+            if not healthy and is_hedge:
+                return False
+            replica = self.balancer.pick(shard.shard_id, healthy or untried)
+            tried.append(replica)
+            self.balancer.on_start(replica)
+            remaining_s = max(deadline - timer.now(), 0.001)
+            task = asyncio.ensure_future(self.transport.search(replica, shard.shard_id, vectors, params, remaining_s))
+            running[task] = _Attempt(replica, timer.now(), is_hedge)
+            return True
+
+        launch(False)
+        hedge_at = started + window.delay_s() if max_hedges else math.inf
+        try:
+            while running:
+                now = timer.now()
+                if now >= deadline:
+                    raise DeadlineExceeded(f"shard {shard.shard_id}: no replica answered before the deadline "
+                                           f"(tried {', '.join(tried)})", shard=shard.shard_id)
+                done = await timer.wait_first(set(running), min(deadline, hedge_at) - now)
+                for task in done:
+                    attempt = running.pop(task)
+                    latency_s = timer.now() - attempt.started
+                    error = task.exception()
+                    if error is None:
+                        self.balancer.on_finish(attempt.replica, latency_s, ok=True)
+                        self.detector.record_success(attempt.replica)
+                        window.observe(latency_s)
+                        if attempt.is_hedge:
+                            self.stats.hedges_won += 1
+                        return CallResult(task.result(), attempt.replica, len(tried), hedges > 0, attempt.is_hedge,
+                                          (timer.now() - started) * 1000.0)
+                    self.balancer.on_finish(attempt.replica, latency_s, ok=False)
+                    if not isinstance(error, RETRYABLE):
+                        raise error
+                    self.stats.failures += 1
+                    self.detector.record_failure(attempt.replica)
+                    last_error = error
+                    if not running and timer.now() < deadline and launch(False):
+                        self.stats.retries += 1
+                if running and timer.now() >= hedge_at:
+                    if hedges < max_hedges and self.budget.try_spend():
+                        if launch(True):
+                            hedges += 1
+                            self.stats.hedges_fired += 1
+                            hedge_at = timer.now() + window.delay_s() if hedges < max_hedges else math.inf
+                        else:
+                            hedge_at = math.inf
+                    else:
+                        if hedges < max_hedges:
+                            self.stats.budget_exhausted += 1
+                        hedge_at = math.inf
+            assert last_error is not None
+            raise last_error
+        finally:
+            for task, attempt in running.items():  # losers and leftovers: cancel, count their time
+                task.cancel()
+                self.balancer.on_finish(attempt.replica, timer.now() - attempt.started, ok=True)
