@@ -104,6 +104,10 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="gateway→shard HTTP client: pooled (lean httptools client), aiohttp, httpx "
                              "(default pooled)")
     parser.add_argument("--no-coalesce", action="store_true", help="one shard call per query (no batching)")
+    parser.add_argument("--balancer", default="p2c_peak_ewma",
+                        choices=("p2c_peak_ewma", "least_outstanding", "random", "round_robin"),
+                        help="replica choice policy (default p2c_peak_ewma)")
+    parser.add_argument("--no-hedging", action="store_true", help="never send a second copy of a slow shard call")
     parser.add_argument("--no-encoder", action="store_true", help="vector queries only (skips loading torch)")
     parser.add_argument("--faiss-threads", type=int, default=1, help="FAISS threads per shard process (default 1)")
     parser.add_argument("--workdir", type=Path, default=None, help="logs and cluster.json (default: a temp dir)")
@@ -127,7 +131,8 @@ def _start_cluster(args: argparse.Namespace, root: Path, collection: str, versio
     if port and not _port_is_free(args.host, port):
         print(f"port {port} is busy; the gateway takes a free one", file=sys.stderr)
         port = 0
-    gateway = GatewayConfig(transport=args.transport, coalesce=not args.no_coalesce, load_encoder=not args.no_encoder)
+    gateway = GatewayConfig(transport=args.transport, coalesce=not args.no_coalesce, load_encoder=not args.no_encoder,
+                            balancer=args.balancer, hedging=not args.no_hedging)
     cluster = LocalCluster(root, collection, version=version, replicas=args.replicas, host=args.host,
                            gateway_port=port, gateway=gateway, workdir=args.workdir, faiss_threads=args.faiss_threads)
     print(f"starting {cluster.manifest.num_shards} shards × {args.replicas} replicas + gateway "

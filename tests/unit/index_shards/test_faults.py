@@ -76,3 +76,30 @@ def test_expired_work_is_dropped_before_the_search(shard_client):
     assert ok.status_code == 200
     bad = client.post("/v1/search?k=3", content=body, headers={"x-shardrag-timeout-ms": "soon"})
     assert bad.status_code == 400 and bad.json()["error"]["field"] == "x-shardrag-timeout-ms"
+
+
+def test_hang_waits_for_the_client_and_ignores_the_deadline():
+    import asyncio
+
+    from retrieval.serve import ClientDisconnected
+
+    waits = []
+
+    async def wait(seconds, honour_deadline=True):
+        waits.append((seconds, honour_deadline))
+
+    injector = FaultInjector(FaultConfig(hang_probability=1.0))
+    with pytest.raises(ClientDisconnected):
+        asyncio.run(injector.before_search(wait))
+    assert waits == [(float("inf"), False)] and injector.injected["hangs"] == 1
+
+
+def test_slowdown_and_slow_start():
+    clock = [0.0]
+    injector = FaultInjector(FaultConfig(slowdown=5.0, slow_start_s=10.0), clock=lambda: clock[0])
+    assert injector.extra_service_s(0.002) == pytest.approx(0.008)
+    assert injector.plan_before()[0] == pytest.approx(1.0)  # a tenth of the 10 s warm-up left
+    clock[0] = 5.0
+    assert injector.plan_before()[0] == pytest.approx(0.5)
+    clock[0] = 11.0
+    assert injector.plan_before()[0] == 0.0
