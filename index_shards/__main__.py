@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--faiss-threads", type=int, default=1, help="OpenMP threads for FAISS (default 1)")
     serve.add_argument("--max-k", type=int, default=1000, help="largest k accepted (default 1000)")
     serve.add_argument("--max-batch", type=int, default=1024, help="most vectors per search request (default 1024)")
+    serve.add_argument("--max-versions", type=int, default=2,
+                       help="embedding versions held at once during a rollout (default 2)")
     serve.add_argument("--faults", default=os.environ.get("SHARDRAG_FAULTS", ""),
                        help="fault injection spec, e.g. 'stall=0.05:100,latency=lognormal:1:0.5' "
                             "(see index_shards/faults.py; default off) [env SHARDRAG_FAULTS]")
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --faults: {exc.message}", file=sys.stderr)
         return 2
     config = ShardServerConfig(max_k=args.max_k, max_batch=args.max_batch, faiss_threads=args.faiss_threads,
-                               faults=faults)
+                               faults=faults, max_versions=args.max_versions, device=args.device)
     serve_app(
         create_app(shard, config), host=args.host, port=args.port, port_file=args.port_file,
         name=f"shard-{shard.manifest.shard_id}", log_level=args.log_level,

@@ -6,6 +6,7 @@
     GET  /healthz       liveness + the version served
     GET  /metrics       Prometheus
     GET|PUT /admin/faults   fault injection settings (see index_shards.faults)
+    GET|POST /admin/versions, DELETE /admin/versions/{id}   versions held: stage (load) and unload
 
 Searches run inline on the event loop: FAISS uses one OpenMP thread per server by default, and
 on a small machine several shard processes share the cores, so a thread hop buys nothing.
@@ -32,6 +33,7 @@ from retrieval.wire import decode_vectors
 from index_shards.faults import FaultConfig, FaultInjector, wait_unless_gone
 from index_shards.metrics import ShardMetrics
 from index_shards.shard import Shard
+from index_shards.versions import ShardVersions
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ class ShardServerConfig:
     max_body_bytes: int = 16 * 1024 * 1024  # larger bodies get 413 before they are read
     faiss_threads: int = 1  # OpenMP threads for FAISS; several shard processes share the cores
     faults: FaultConfig = field(default_factory=FaultConfig)  # fault injection (off by default)
+    max_versions: int = 2  # embedding versions held at once (V and V+1 during a rollout)
+    device: str = "auto"  # where staged versions are searched (as for the first one)
 
 
 _INT_PARAMS = {"k": (1, None), "nprobe": (1, 65536), "ef_search": (1, 65536)}
@@ -77,15 +81,15 @@ def parse_search_params(query_string: bytes, max_k: int) -> dict[str, object]:
     return params
 
 
-def create_app(shard: Shard, config: ShardServerConfig | None = None) -> FastPathApp:
+def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = None) -> FastPathApp:
     """The shard server's ASGI app: a fast path for POST /v1/search around a FastAPI app."""
     config = config or ShardServerConfig()
-    metrics = ShardMetrics.create(shard.manifest.shard_id)
-    metrics.documents.labels(shard=str(shard.manifest.shard_id)).set(shard.manifest.count)
+    versions = shard if isinstance(shard, ShardVersions) else ShardVersions(shard, max_versions=config.max_versions,
+                                                                                  device=config.device)
+    shard_id = versions.shard_id
+    metrics = ShardMetrics.create(shard_id)
+    metrics.documents.labels(shard=str(shard_id)).set(versions.get(versions.ready_ids()[0]).manifest.count)
     started_at = time.time()
-    info = shard.info()
-    version_id = shard.version_id
-    dim = shard.manifest.dim
 
     faults = FaultInjector(config.faults)
 
@@ -102,9 +106,8 @@ def create_app(shard: Shard, config: ShardServerConfig | None = None) -> FastPat
                     timeout_ms = float(value)
                 except ValueError:
                     raise MalformedBody("x-shardrag-timeout-ms is not a number", field="x-shardrag-timeout-ms") from None
-        if wanted is not None and wanted != version_id:
-            raise VersionConflict(f"this replica holds {version_id!r}, not {wanted!r}", field="version")
-        queries = decode_vectors(body, dim, field="body", max_rows=config.max_batch)
+        served = versions.get(wanted)  # 409 naming the versions held when it is not one of them
+        queries = decode_vectors(body, served.manifest.dim, field="body", max_rows=config.max_batch)
         deadline = arrived + timeout_ms / 1000.0 if timeout_ms is not None else None
         if faults.active:
             async def wait(seconds: float, honour_deadline: bool = True) -> None:
@@ -116,22 +119,22 @@ def create_app(shard: Shard, config: ShardServerConfig | None = None) -> FastPat
             metrics.expired.inc()
             raise DeadlineExceeded(f"request expired after {timeout_ms:.0f} ms before the search ran", field="deadline")
         started = time.perf_counter()
-        results = shard.search(queries, params["k"], nprobe=params["nprobe"], ef_search=params["ef_search"],
-                               with_text=params["with_text"])
+        results = served.search(queries, params["k"], nprobe=params["nprobe"], ef_search=params["ef_search"],
+                                with_text=params["with_text"])
         took_s = time.perf_counter() - started
         if faults.active and faults.config.slowdown > 1.0:
             await wait_unless_gone(receive, faults.extra_service_s(took_s), deadline)
         metrics.search_latency.observe(took_s)
         metrics.batch_size.observe(len(queries))
         return 200, orjson.dumps({
-            "shard_id": shard.manifest.shard_id,
-            "version": version_id,
+            "shard_id": shard_id,
+            "version": served.version_id,
             "took_ms": took_s * 1000.0,
             "results": [r.to_dict() for r in results],
         })
 
     app = FastAPI(
-        title=f"shardrag shard {shard.manifest.shard_id} of {shard.manifest.collection}",
+        title=f"shardrag shard {shard_id} of {versions.collection}",
         description="One slice of a shardrag collection. Query vectors travel as little-endian float32.",
         version="1",
     )
@@ -162,13 +165,35 @@ def create_app(shard: Shard, config: ShardServerConfig | None = None) -> FastPat
         status, payload = await handle_search(request.scope, body, request.receive)
         return Response(payload, status_code=status, media_type="application/json")
 
-    @app.get("/v1/info", summary="What this replica holds")
+    @app.get("/v1/info", summary="What this replica holds: every version with its state")
     async def get_info() -> Response:
-        return _json({**info, "pid": os.getpid(), "started_at": started_at, "uptime_s": time.time() - started_at})
+        return _json({**versions.info(), "pid": os.getpid(), "started_at": started_at,
+                      "uptime_s": time.time() - started_at})
 
     @app.get("/healthz", summary="Liveness")
     async def healthz() -> Response:
-        return _json({"status": "ok", "shard_id": shard.manifest.shard_id, "version": version_id})
+        return _json({"status": "ok", "shard_id": shard_id, "versions": versions.ready_ids()})
+
+    @app.get("/admin/versions", summary="Versions held, with state (loading / ready / failed)")
+    async def list_versions() -> Response:
+        return _json({"versions": versions.describe()})
+
+    @app.post("/admin/versions", status_code=202, summary="Stage (load) another version next to the others")
+    async def stage_version(request: Request) -> Response:
+        try:
+            data = orjson.loads(await read_limited_body(request, 64 * 1024) or b"{}")
+        except orjson.JSONDecodeError as exc:
+            raise MalformedBody(f"body is not valid JSON: {exc}", field="body") from exc
+        version = data.get("version") if isinstance(data, dict) else None
+        if not isinstance(version, str):
+            raise InvalidRequest("give the version id to load as {\"version\": \"...\"}", field="version")
+        slot = versions.stage(version)
+        return _json({"version": slot.describe(), "versions": versions.describe()}, status_code=202)
+
+    @app.delete("/admin/versions/{version_id}", summary="Unload a version (idempotent)")
+    async def unload_version(version_id: str) -> Response:
+        removed = versions.unload(version_id)
+        return _json({"unloaded": removed, "versions": versions.describe()})
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus() -> Response:

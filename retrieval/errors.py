@@ -12,6 +12,8 @@ body ``{"error": {"code", "message", "field"?, "shard"?}}`` using ``status_code`
     ├── PayloadTooLarge             413      body over the configured limit
     ├── NotFound                    404      unknown collection / version / document
     ├── VersionConflict             409      embedding version not held / not mergeable
+    │   └── RolloutRefused          409      a rollout command that makes no sense now (reason given)
+    ├── ResourceExhausted           507      not enough memory to hold another version
     ├── ConfigError                 --       bad configuration or command-line value
     ├── BuildError                  --       building or publishing a collection failed
     ├── IndexIntegrityError         --       a shard on disk is damaged or incomplete
@@ -76,6 +78,11 @@ class NotFound(ShardragError):
 class VersionConflict(ShardragError):
     status_code = 409
     code = "version_conflict"
+
+
+class ResourceExhausted(ShardragError):
+    status_code = 507
+    code = "resource_exhausted"
 
 
 class ConfigError(ShardragError):

@@ -34,6 +34,7 @@ class Hit:
     shard_id: ShardId
     title: str = ""
     text: str = ""
+    version: str = ""  # the embedding version the score was computed in
 
 
 @dataclass(slots=True, frozen=True)

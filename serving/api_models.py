@@ -31,6 +31,7 @@ class HitModel(BaseModel):
     doc_id: str
     score: float
     shard: int
+    version: str = Field(description="embedding version the score was computed in (always the response's)")
     title: str = ""
     text: str = ""
 
@@ -89,3 +90,25 @@ ERROR_RESPONSES: dict[int | str, dict] = {
     504: {"model": ErrorResponse, "description": "shards missed the deadline and partial answers are not "
                                                 "allowed (or none answered); the message names them"},
 }
+
+
+class VersionCommand(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = Field(min_length=1, description="embedding version id, e.g. all-MiniLM-L6-v2.w7e54b3bcd8c7bda9.p522cae28")
+
+
+class StageCommand(VersionCommand):
+    model: str = Field("default", min_length=1,
+                       description="encoder checkpoint directory of the version ('default' = all-MiniLM-L6-v2)")
+
+
+class ActivateCommand(VersionCommand):
+    force: bool = Field(False, description="activate even when the quality gate fails (never when not ready)")
+    queries: list[str] | dict[str, str] | None = Field(
+        None, description="quality-gate queries (a list, or query id → text to use qrels); default: recent queries")
+    qrels: dict[str, dict[str, int]] | None = Field(None, description="query id → {doc id → grade} for nDCG@10")
+
+
+class RetireCommand(VersionCommand):
+    force: bool = Field(False, description="retire before the drain period has passed")

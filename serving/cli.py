@@ -5,6 +5,8 @@
   shardrag build --corpus PATH ...    corpus (JSONL or BEIR folder) → collection on disk
   shardrag serve --collection NAME    start the local cluster for a built collection
   shardrag query "text"               ask a running gateway
+  shardrag rollout stage|activate|retire|abort|rollback|status [VERSION]
+                                      roll a new embedding version out through the gateway
   shardrag gateway --cluster FILE     run only the gateway process (used by serve and Helm)
 
 Environment (flags override): SHARDRAG_ROOT (collections, default ./shardrag-data),
@@ -189,8 +191,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     spec = ClusterSpec.load(args.cluster)
     config = spec.gateway
 
-    def loader() -> Any:
-        return load_encoder(config.encoder_model, device=config.encoder_device)
+    def loader(model: str) -> Any:
+        return load_encoder(None if model == "default" else model, device=config.encoder_device)
 
     gateway = Gateway(config, spec.shards, encoder_loader=loader)
     serve_app(create_app(gateway), host=args.host, port=args.port, port_file=args.port_file, name="gateway",
@@ -214,6 +216,52 @@ def cmd_query(args: argparse.Namespace) -> int:
     for rank, hit in enumerate(response["hits"], start=1):
         snippet = " ".join(hit["text"].split())[:110]
         print(f"{rank:2d}. {hit['score']:.4f}  [{hit['doc_id']}] {hit['title']}\n      {snippet}")
+    return 0
+
+
+# -- rollout ------------------------------------------------------------------------------------
+def cmd_rollout(args: argparse.Namespace) -> int:
+    import httpx
+
+    url = (args.url or os.environ.get("SHARDRAG_URL", DEFAULT_URL)).rstrip("/")
+    if args.action == "status":
+        response = httpx.get(f"{url}/admin/rollout", timeout=args.timeout)
+    else:
+        if not args.version:
+            print(f"error: rollout {args.action} needs a VERSION", file=sys.stderr)
+            return 2
+        body: dict[str, Any] = {"version": args.version}
+        if args.action == "stage":
+            body["model"] = args.model
+        if args.action in ("activate", "retire") and args.force:
+            body["force"] = True
+        if args.action == "activate" and args.queries:
+            from retrieval.datasets import load_qrels, load_queries
+
+            body["queries"] = load_queries(args.queries)
+            if args.qrels:
+                body["qrels"] = load_qrels(args.qrels)
+        response = httpx.post(f"{url}/admin/rollout/{args.action}", json=body, timeout=args.timeout)
+    payload = response.json()
+    if response.status_code != 200:
+        error = payload.get("error", {})
+        print(f"error: {error.get('message', response.text)}", file=sys.stderr)
+        if "gate" in error:
+            print(json.dumps({"gate": error["gate"]}, indent=1), file=sys.stderr)
+        return 2
+    state = payload["state"]
+    event = payload.get("event")
+    print(f"{event['kind']} {event['version']}" if event else "no change (already in that state)")
+    print(f"active {state['active']}  staged {state['staged'] or '-'}  previous {state['previous'] or '-'}  "
+          f"(generation {state['generation']})")
+    for version, shards in payload.get("replicas", {}).items():
+        ready = sum(row["state"] == "ready" for rows in shards.values() for row in rows)
+        total = sum(len(rows) for rows in shards.values())
+        print(f"  {version}: {ready}/{total} replicas ready")
+    if payload.get("gate"):
+        print(f"quality gate: {json.dumps(payload['gate'])}")
+    if args.json:
+        print(json.dumps(payload, indent=1))
     return 0
 
 
@@ -316,6 +364,26 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
     query.add_argument("--json", action="store_true", help="print the raw JSON response")
     query.set_defaults(func=cmd_query)
+
+    rollout = commands.add_parser(
+        "rollout", help="roll a new embedding version out: stage, activate, retire, abort, rollback, status",
+        description="Two-phase rollout of an embedding version through a running gateway: stage V+1 (every "
+                    "replica loads it, the gateway its encoder) → activate (only when every shard is ready and "
+                    "the quality gate passes) → retire V after the drain period. abort unloads a staged "
+                    "version; rollback re-activates the previous one while it is loaded. Every command is "
+                    "idempotent.")
+    rollout.add_argument("action", choices=("stage", "activate", "retire", "abort", "rollback", "status"))
+    rollout.add_argument("version", nargs="?", help="embedding version id (see `shardrag build` output)")
+    rollout.add_argument("--url", help=f"gateway URL [env SHARDRAG_URL, default {DEFAULT_URL}]")
+    rollout.add_argument("--model", default="default",
+                         help="stage: the version's encoder checkpoint dir (default: all-MiniLM-L6-v2)")
+    rollout.add_argument("--force", action="store_true",
+                         help="activate despite a failed quality gate / retire before the drain period")
+    rollout.add_argument("--queries", help="activate: quality-gate queries (queries.jsonl, BEIR layout)")
+    rollout.add_argument("--qrels", help="activate: qrels for nDCG@10 in the gate (BEIR tsv)")
+    rollout.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
+    rollout.add_argument("--json", action="store_true", help="also print the full JSON answer")
+    rollout.set_defaults(func=cmd_rollout)
 
     gateway = commands.add_parser("gateway", help="run only the gateway process")
     gateway.add_argument("--cluster", required=True, help="cluster spec JSON (shard → replica URLs, gateway config)")

@@ -33,6 +33,13 @@ class GatewayConfig:
     eject_max_s: float = 30.0  # longest ejection
     probe_interval_s: float = 0.5  # how often ejected replicas are probed on /healthz
     allow_partial: bool = True  # default for queries: answer 200 + partial when a shard is missing
+    rollout_state_path: str | None = None  # rollout state file shared by the gateways (None: in memory)
+    poll_interval_s: float = 1.0  # how often the state and the replicas' versions are re-read
+    rollout_min_ready_replicas: int = 0  # ready replicas per shard needed to activate (0 = all of them)
+    drain_s: float = 30.0  # a version stays loaded this long after it stops being active
+    gate_min_overlap: float = 0.5  # quality gate: mean overlap@10 of old vs new top-10 at least this
+    gate_max_ndcg_drop: float = 0.02  # quality gate with qrels: nDCG@10 may drop at most this much
+    gate_sample: int = 50  # queries the gate runs (recent ones when none are given)
     coalesce: bool = True  # batch concurrent queries into one call per shard
     max_batch: int = 64  # most queries per coalesced shard call
     max_inflight_per_replica: int = 2  # concurrent calls per replica before queries queue
@@ -48,13 +55,16 @@ class GatewayConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be ≥ 1", field=name)
         for name in ("hedge_percentile", "hedge_floor_ms", "hedge_cap_ms", "hedge_budget_ratio", "eject_base_s",
-                     "eject_max_s", "probe_interval_s"):
+                     "eject_max_s", "probe_interval_s", "poll_interval_s", "gate_sample"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0", field=name)
         if not self.hedge_percentile < 100:
             raise ConfigError("hedge_percentile must be < 100", field="hedge_percentile")
         if self.hedge_floor_ms > self.hedge_cap_ms:
             raise ConfigError("hedge_floor_ms is above hedge_cap_ms", field="hedge_floor_ms")
+        if self.rollout_min_ready_replicas < 0 or self.drain_s < 0 or not 0 <= self.gate_min_overlap <= 1:
+            raise ConfigError("rollout_min_ready_replicas and drain_s must be ≥ 0, gate_min_overlap in [0, 1]",
+                              field="rollout_min_ready_replicas")
         if self.max_hedges < 0 or self.eject_after_failures < 1:
             raise ConfigError("max_hedges must be ≥ 0 and eject_after_failures ≥ 1", field="max_hedges")
         if self.default_k > self.max_k:

@@ -1,7 +1,9 @@
 """In-process transport: the gateway calls loaded shards directly, same seam as HTTP.
 
 For tests, benchmarks (the "no network" baseline) and single-box embedding. Replica names are
-``inproc://<name>``. This module is one of the two places ``serving`` imports ``index_shards``.
+``inproc://<name>``; each holds a :class:`~index_shards.versions.ShardVersions`, so versions
+can be staged and unloaded as on a shard server. This module is one of the places ``serving``
+imports ``index_shards``.
 """
 
 from __future__ import annotations
@@ -11,45 +13,52 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.errors import ShardUnavailable, VersionConflict
+from retrieval.errors import InvalidRequest, NotFound, ShardUnavailable
 
 from index_shards.shard import Shard
+from index_shards.versions import ShardVersions
 from serving.transport import SearchParams, ShardReply, ShardTransport
 
 
 class InProcessTransport(ShardTransport):
-    def __init__(self, shards: dict[str, Shard]) -> None:
-        self._shards = shards
+    def __init__(self, replicas: dict[str, ShardVersions]) -> None:
+        self._replicas = replicas
 
     @classmethod
     def of(cls, shards: list[Shard]) -> tuple[InProcessTransport, list[list[str]]]:
         """A transport over ``shards`` (one replica each) and the replica names per shard id."""
-        names = {f"inproc://shard-{s.manifest.shard_id}": s for s in shards}
-        return cls(names), [[name] for name in sorted(names, key=lambda n: names[n].manifest.shard_id)]
+        names = {f"inproc://shard-{s.manifest.shard_id}": ShardVersions(s, device="cpu") for s in shards}
+        ordered = sorted(names, key=lambda n: names[n].shard_id)
+        return cls(names), [[name] for name in ordered]
 
-    def _shard(self, replica: str, shard_id: int) -> Shard:
-        shard = self._shards.get(replica)
-        if shard is None:
+    def _replica(self, replica: str, shard_id: int) -> ShardVersions:
+        versions = self._replicas.get(replica)
+        if versions is None:
             raise ShardUnavailable(f"no in-process shard {replica!r}", shard=shard_id)
-        return shard
+        return versions
 
     async def search(
         self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams, timeout_s: float
     ) -> ShardReply:
         started = time.perf_counter()
-        shard = self._shard(replica, shard_id)
-        if params.version != shard.version_id:
-            raise VersionConflict(f"shard {shard_id} holds {shard.version_id!r}, not {params.version!r}",
-                                  field="version", shard=shard_id)
+        shard = self._replica(replica, shard_id).get(params.version)  # 409 when not held
         hits = shard.search(np.asarray(vectors, dtype=np.float32), params.k, nprobe=params.nprobe,
                             ef_search=params.ef_search, with_text=params.with_text)
         return ShardReply(shard_id, shard.version_id, replica, [h.to_dict() for h in hits],
                           (time.perf_counter() - started) * 1000.0)
 
-    async def get_json(self, replica: str, path: str, timeout_s: float) -> dict[str, Any]:
-        shard = self._shard(replica, -1)
-        if path == "/v1/info":
-            return shard.info()
-        if path == "/healthz":
-            return {"status": "ok", "shard_id": shard.manifest.shard_id, "version": shard.version_id}
-        raise ShardUnavailable(f"in-process shard has no {path}")
+    async def request_json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
+                           timeout_s: float) -> dict[str, Any]:
+        versions = self._replica(replica, -1)
+        if (method, path) == ("GET", "/v1/info"):
+            return versions.info()
+        if (method, path) == ("GET", "/healthz"):
+            return {"status": "ok", "shard_id": versions.shard_id, "versions": versions.ready_ids()}
+        if (method, path) == ("POST", "/admin/versions"):
+            version = (body or {}).get("version")
+            if not isinstance(version, str):
+                raise InvalidRequest("give the version id to load", field="version")
+            return {"version": versions.stage(version).describe(), "versions": versions.describe()}
+        if method == "DELETE" and path.startswith("/admin/versions/"):
+            return {"unloaded": versions.unload(path.rsplit("/", 1)[1]), "versions": versions.describe()}
+        raise NotFound(f"in-process shard has no {method} {path}")

@@ -24,7 +24,7 @@ from retrieval.types import DocId, Hit, ShardId
 
 from serving.batching import NaturalBatcher
 from serving.shard_call import RETRYABLE, CallResult, ShardCaller
-from serving.topology import ShardInfo, Topology
+from serving.topology import Topology
 from serving.transport import SearchParams
 
 
@@ -33,6 +33,7 @@ class ShardCall:
     """How one shard answered one query (diagnostics)."""
 
     shard_id: int
+    version: str
     replica: str
     latency_ms: float
     batch_size: int
@@ -59,42 +60,49 @@ _Item = tuple[np.ndarray, float]  # (query vector, monotonic deadline)
 _Answer = tuple[dict, ShardCall]  # (one query's hit columns, call diagnostics)
 
 
+Eligible = Callable[[int, str], Sequence[str]]  # (shard id, version) → replicas holding it ready
+
+
 class FanOut:
     def __init__(
         self,
-        topology: Topology,
+        shard_replicas: Sequence[Sequence[str]],
         caller: ShardCaller,
+        eligible: Eligible,
         *,
         coalesce: bool = True,
         max_batch: int = 64,
         max_inflight_per_replica: int = 2,
         on_call: Callable[[ShardCall], None] | None = None,
     ) -> None:
-        self.topology = topology
         self.caller = caller
+        self._eligible = eligible
         self._on_call = on_call
         self._batchers: list[NaturalBatcher[SearchParams, _Item, _Answer]] = []
-        for shard in topology.shards:
-            if coalesce:
-                batcher = NaturalBatcher(self._caller(shard), max_batch=max_batch,
-                                         max_inflight=max_inflight_per_replica * len(shard.replicas))
+        for shard_id, replicas in enumerate(shard_replicas):
+            if coalesce:  # batches never mix versions: the version is part of the batch key
+                batcher = NaturalBatcher(self._caller(shard_id), max_batch=max_batch,
+                                         max_inflight=max_inflight_per_replica * len(replicas))
             else:  # one call per query, no queueing: the baseline coalescing is measured against
-                batcher = NaturalBatcher(self._caller(shard), max_batch=1, max_inflight=1 << 30)
+                batcher = NaturalBatcher(self._caller(shard_id), max_batch=1, max_inflight=1 << 30)
             self._batchers.append(batcher)
 
-    def targets(self, vector: np.ndarray, top_m: int | None) -> list[int]:
-        n = self.topology.num_shards
+    @staticmethod
+    def targets(vector: np.ndarray, top_m: int | None, topology: Topology) -> list[int]:
+        n = topology.num_shards
         if top_m is None or top_m >= n:
             if top_m is not None and top_m > n:
                 raise InvalidRequest(f"top_m must be between 1 and {n} (the number of shards)", field="top_m")
             return list(range(n))
-        if self.topology.centroids is None:
+        if topology.centroids is None:
             raise InvalidRequest("top_m needs a kmeans-partitioned collection; this one is "
-                                 f"{self.topology.partitioner!r}", field="top_m")
-        return [int(s) for s in route_top_m(vector[None, :], self.topology.centroids, top_m)[0]]
+                                 f"{topology.partitioner!r}", field="top_m")
+        return [int(s) for s in route_top_m(vector[None, :], topology.centroids, top_m)[0]]
 
-    async def search(self, vector: np.ndarray, params: SearchParams, *, top_m: int | None, timeout_s: float) -> FanOutResult:
-        targets = self.targets(vector, top_m)
+    async def search(self, vector: np.ndarray, params: SearchParams, topology: Topology, *, top_m: int | None,
+                     timeout_s: float) -> FanOutResult:
+        """``topology`` must be that of ``params.version`` (routing uses its centroids)."""
+        targets = self.targets(vector, top_m, topology)
         deadline = time.monotonic() + timeout_s
         futures = [self._batchers[s].submit(params, (vector, deadline)) for s in targets]
         _, pending = await asyncio.wait(futures, timeout=timeout_s)
@@ -112,19 +120,20 @@ class FanOut:
                 missing[shard_id] = getattr(error, "message", str(error))
             else:
                 raise error  # bad request, version conflict: the query itself is wrong
-        return FanOutResult(_merge(answers, params.k), params.version, self.topology.num_shards, targets,
+        return FanOutResult(_merge(answers, params.k), params.version, topology.num_shards, targets,
                             [call for _, call in answers], missing)
 
-    def _caller(self, shard: ShardInfo):
+    def _caller(self, shard_id: int):
         async def call(params: SearchParams, items: list[_Item]) -> Sequence[_Answer]:
             vectors = np.stack([vector for vector, _ in items])
             deadline = max(item_deadline for _, item_deadline in items)
-            result: CallResult = await self.caller.call(shard, vectors, params, deadline)
-            if result.reply.version != params.version:
-                raise VersionConflict(f"shard {shard.shard_id} answered with version {result.reply.version!r}, "
-                                      f"the query is on {params.version!r}", shard=shard.shard_id)
-            info = ShardCall(shard.shard_id, result.replica, result.latency_ms, len(items), result.attempts,
-                             result.hedged, result.hedge_won)
+            replicas = self._eligible(shard_id, params.version)
+            result: CallResult = await self.caller.call(shard_id, replicas, vectors, params, deadline)
+            if result.reply.version != params.version:  # never merged: the query fails instead
+                raise VersionConflict(f"shard {shard_id} answered with version {result.reply.version!r}, "
+                                      f"the query is on {params.version!r}", shard=shard_id)
+            info = ShardCall(shard_id, result.reply.version, result.replica, result.latency_ms, len(items),
+                             result.attempts, result.hedged, result.hedge_won)
             if self._on_call is not None:
                 self._on_call(info)
             return [(columns, info) for columns in result.reply.results]
@@ -138,5 +147,5 @@ def _merge(answers: list[_Answer], k: int) -> list[Hit]:
     for a, i in winners:
         columns, call = answers[a]
         hits.append(Hit(DocId(columns["doc_ids"][i]), columns["scores"][i], ShardId(call.shard_id),
-                        columns["titles"][i], columns["texts"][i]))
+                        columns["titles"][i], columns["texts"][i], call.version))
     return hits

@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 import numpy as np
 import orjson
@@ -25,10 +26,10 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
-from retrieval.encoders import Encoder
 from retrieval.errors import (
     DeadlineExceeded,
     DimensionMismatch,
+    EncoderError,
     InvalidRequest,
     ShardragError,
     VersionConflict,
@@ -37,15 +38,25 @@ from retrieval.errors import (
 from retrieval.serve import FastPathApp, install_error_handlers, read_limited_body
 from retrieval.wire import check_finite
 
-from serving.api_models import ERROR_RESPONSES, QueryRequest, QueryResponse
+from serving.api_models import (
+    ERROR_RESPONSES,
+    ActivateCommand,
+    QueryRequest,
+    QueryResponse,
+    RetireCommand,
+    StageCommand,
+    VersionCommand,
+)
 from serving.balancer import make_balancer
 from serving.config import GatewayConfig
 from serving.fanout import FanOut, ShardCall
 from serving.health import OutlierDetector
 from serving.metrics import GatewayMetrics
 from serving.query_encoder import QueryEncoder
+from serving.rollout_service import RolloutService
+from serving.rollout_store import RolloutStore, make_store
 from serving.shard_call import HedgingSettings, ShardCaller
-from serving.topology import Topology, discover
+from serving.versions import DEFAULT_MODEL, EncoderLoader, VersionRegistry
 from serving.transport import TRANSPORTS, SearchParams, ShardTransport
 
 logger = logging.getLogger(__name__)
@@ -58,7 +69,8 @@ class Gateway:
         shard_replicas: Sequence[Sequence[str]],
         *,
         transport: ShardTransport | None = None,
-        encoder_loader: Callable[[], Encoder] | None = None,
+        encoder_loader: EncoderLoader | None = None,
+        store: RolloutStore | None = None,
     ) -> None:
         config.validate()
         self.config = config
@@ -68,17 +80,24 @@ class Gateway:
                                  field="transport")
         self.transport = transport or TRANSPORTS[config.transport]()
         self._encoder_loader = encoder_loader
+        self.store = store or make_store(config.rollout_state_path)
         self.metrics = GatewayMetrics.create()
-        self.topology: Topology | None = None
+        self.registry: VersionRegistry | None = None
         self.fanout: FanOut | None = None
-        self.encoder: QueryEncoder | None = None
         self.detector: OutlierDetector | None = None
         self.caller: ShardCaller | None = None
-        self._prober: asyncio.Future[None] | None = None
+        self.rollout: RolloutService | None = None
+        self.recent_queries: deque[str] = deque(maxlen=max(config.gate_sample * 4, 100))
+        self._tasks: list[asyncio.Future[None]] = []
 
     async def start(self) -> None:
         config = self.config
-        self.topology = await discover(self.transport, self.shard_replicas, config.discovery_timeout_s)
+        self.registry = VersionRegistry(
+            self.shard_replicas, self.transport, self.store,
+            encoder_loader=self._encoder_loader if config.load_encoder else None,
+            default_model=config.encoder_model or DEFAULT_MODEL,
+            discovery_timeout_s=config.discovery_timeout_s, probe_timeout_s=config.probe_timeout_s)
+        await self.registry.start()
         self.detector = OutlierDetector(consecutive_failures=config.eject_after_failures,
                                         base_ejection_s=config.eject_base_s, max_ejection_s=config.eject_max_s,
                                         on_eject=self._on_eject)
@@ -86,15 +105,17 @@ class Gateway:
                                   floor_s=config.hedge_floor_ms / 1000.0, cap_s=config.hedge_cap_ms / 1000.0,
                                   max_hedges=config.max_hedges, budget_ratio=config.hedge_budget_ratio,
                                   budget_burst=config.hedge_budget_burst)
-        self.caller = ShardCaller(self.transport, make_balancer(config.balancer), self.detector, hedging)
+        self.caller = ShardCaller(self.transport, make_balancer(config.balancer), self.detector, hedging,
+                                  on_not_eligible=self.registry.mark_not_eligible)
         self.metrics.watch_calls(self.caller)
         self.fanout = FanOut(
-            self.topology, self.caller, coalesce=config.coalesce, max_batch=config.max_batch,
-            max_inflight_per_replica=config.max_inflight_per_replica, on_call=self._observe_call,
+            self.shard_replicas, self.caller, self.registry.eligible, coalesce=config.coalesce,
+            max_batch=config.max_batch, max_inflight_per_replica=config.max_inflight_per_replica,
+            on_call=self._observe_call,
         )
-        self.encoder = QueryEncoder(self._encoder_loader if config.load_encoder else None, self.topology.version.id)
-        self.encoder.start()
-        self._prober = asyncio.ensure_future(self._probe_ejected())
+        self.rollout = RolloutService(self)
+        self._tasks = [asyncio.ensure_future(self._probe_ejected()),
+                       asyncio.ensure_future(self.registry.poll_forever(config.poll_interval_s))]
 
     def _on_eject(self, replica: str, duration_s: float) -> None:
         logger.warning("replica %s ejected for %.1f s after repeated failures", replica, duration_s)
@@ -118,10 +139,10 @@ class Gateway:
         self.metrics.observe_shard_call(call.shard_id, call.replica, call.latency_ms / 1000.0, call.batch_size)
 
     async def close(self) -> None:
-        if self._prober is not None:
-            self._prober.cancel()
-        if self.encoder is not None:
-            self.encoder.close()
+        for task in self._tasks:
+            task.cancel()
+        if self.registry is not None:
+            self.registry.close()
         await self.transport.close()
 
     def parse(self, body: bytes) -> QueryRequest:
@@ -132,20 +153,32 @@ class Gateway:
             error = payload["error"]
             raise _Rejected(status, payload, error["message"], error.get("field")) from None
 
+    def encoder_for(self, version: str) -> QueryEncoder:
+        assert self.registry is not None
+        encoder = self.registry.encoders.get(version)
+        if encoder is None:
+            raise EncoderError(f"no query encoder for version {version}", field="text")
+        return encoder
+
     async def query(self, request: QueryRequest) -> dict[str, Any]:
-        assert self.topology is not None and self.fanout is not None and self.encoder is not None
+        assert self.registry is not None and self.fanout is not None
         config = self.config
         started = time.perf_counter()
+        state = self.registry.state  # read once: a query started on V finishes on V
+        assert state is not None
         k = request.k if request.k is not None else config.default_k
         if k > config.max_k:
             raise InvalidRequest(f"k must be between 1 and {config.max_k}, got {k}", field="k")
         timeout_ms = request.timeout_ms if request.timeout_ms is not None else config.default_timeout_ms
         if timeout_ms > config.max_timeout_ms:
             raise InvalidRequest(f"timeout_ms must be at most {config.max_timeout_ms}", field="timeout_ms")
-        version = self.topology.version.id
+        version = state.active
         if request.version is not None and request.version != version:
-            raise VersionConflict(f"version {request.version!r} is not served; the active version is {version!r}",
-                                  field="version")
+            if request.version not in state.loaded():
+                raise VersionConflict(f"version {request.version!r} is not served; loaded: {list(state.loaded())}",
+                                      field="version")
+            version = request.version
+        topology = self.registry.topology(version)
         if (request.text is None) == (request.vector is None):
             raise InvalidRequest("give exactly one of 'text' and 'vector'",
                                  field="text" if request.text is not None else "vector")
@@ -153,8 +186,8 @@ class Gateway:
         if request.vector is not None:
             with np.errstate(over="ignore"):  # values beyond float32 range become inf, refused below
                 vector = np.asarray(request.vector, dtype=np.float32)
-            if vector.shape != (self.topology.dim,):
-                raise DimensionMismatch(f"vector has {vector.size} dims, the collection has {self.topology.dim}",
+            if vector.shape != (topology.dim,):
+                raise DimensionMismatch(f"vector has {vector.size} dims, version {version} has {topology.dim}",
                                         field="vector")
             check_finite(vector, field="vector")
         else:
@@ -164,13 +197,15 @@ class Gateway:
             if len(text) > config.max_text_chars:
                 raise InvalidRequest(f"text is longer than {config.max_text_chars} characters", field="text")
             encode_started = time.perf_counter()
-            vector = await self.encoder.encode(text)
+            vector = await self.encoder_for(version).encode(text)
             encode_ms = (time.perf_counter() - encode_started) * 1000.0
             self.metrics.encode_latency.observe(encode_ms / 1000.0)
+            self.recent_queries.append(text)
         params = SearchParams(k=k, version=version, nprobe=request.nprobe, ef_search=request.ef_search,
                               with_text=request.with_text)
         remaining_ms = timeout_ms - (time.perf_counter() - started) * 1000.0  # encoding spent part of it
-        result = await self.fanout.search(vector, params, top_m=request.top_m, timeout_s=max(remaining_ms, 1.0) / 1000.0)
+        result = await self.fanout.search(vector, params, topology, top_m=request.top_m,
+                                          timeout_s=max(remaining_ms, 1.0) / 1000.0)
         missing = sorted(result.missing)
         allow_partial = request.allow_partial if request.allow_partial is not None else config.allow_partial
         if missing and (not allow_partial or not result.calls):
@@ -183,7 +218,8 @@ class Gateway:
         self.metrics.query_latency.observe(took_ms / 1000.0)
         return {
             "hits": [
-                {"doc_id": h.doc_id, "score": h.score, "shard": h.shard_id, "title": h.title, "text": h.text}
+                {"doc_id": h.doc_id, "score": h.score, "shard": h.shard_id, "version": h.version, "title": h.title,
+                 "text": h.text}
                 for h in result.hits
             ],
             "version": result.version,
@@ -207,10 +243,10 @@ class Gateway:
         }
 
     async def cluster(self) -> dict[str, Any]:
-        assert self.topology is not None
+        assert self.registry is not None and self.registry.state is not None
         timeout_s = self.config.probe_timeout_s
-
         ejection = self.detector.snapshot() if self.detector else {}
+        active = self.registry.topology(self.registry.state.active)
 
         async def probe(replica: str) -> dict[str, Any]:
             started = time.perf_counter()
@@ -219,25 +255,27 @@ class Gateway:
                 info = await self.transport.get_json(replica, "/v1/info", timeout_s)
             except ShardragError as exc:
                 return {"url": replica, "healthy": False, "error": exc.message, "ejection": state}
-            return {"url": replica, "healthy": True, "versions": info.get("versions", []), "count": info.get("count"),
+            return {"url": replica, "healthy": True,
+                    "versions": [{k: v.get(k) for k in ("id", "state", "count", "error") if k in v}
+                                 for v in info.get("versions", [])],
                     "on_gpu": info.get("on_gpu"), "latency_ms": (time.perf_counter() - started) * 1000.0,
                     "ejection": state}
 
         shards = []
-        for shard in self.topology.shards:
+        for shard in active.shards:
             replicas = await asyncio.gather(*(probe(r) for r in shard.replicas))
             shards.append({"shard": shard.shard_id, "count": shard.count, "replicas": replicas,
                            "healthy_replicas": sum(r["healthy"] for r in replicas)})
         return {
-            "collection": self.topology.collection,
-            "embedding_version": self.topology.version.to_dict(),
-            "partitioner": self.topology.partitioner,
-            "factory": self.topology.factory,
-            "metric": self.topology.metric,
-            "num_shards": self.topology.num_shards,
+            "collection": active.collection,
+            "embedding_version": active.version.to_dict(),
+            "rollout": self.registry.state.to_dict(),
+            "partitioner": active.partitioner,
+            "factory": active.factory,
+            "metric": active.metric,
+            "num_shards": active.num_shards,
             "shards": shards,
-            "encoder": {"state": self.encoder.state if self.encoder else "disabled",
-                        "error": self.encoder.error if self.encoder else None},
+            "encoders": {v: {"state": e.state, "error": e.error} for v, e in self.registry.encoders.items()},
             "balancer": self.config.balancer,
             "hedging": self._hedging_state(),
         }
@@ -248,8 +286,8 @@ class Gateway:
         stats = self.caller.stats
         return {"enabled": self.config.hedging, "calls": stats.calls, "hedges_fired": stats.hedges_fired,
                 "hedges_won": stats.hedges_won, "budget_exhausted": stats.budget_exhausted, "retries": stats.retries,
-                "delay_ms": {str(s.shard_id): self.caller.hedge_delay(s.shard_id).delay_s() * 1000.0
-                             for s in self.topology.shards} if self.topology else {}}
+                "delay_ms": {str(s): self.caller.hedge_delay(s).delay_s() * 1000.0
+                             for s in range(len(self.shard_replicas))}}
 
 
 class _Rejected(ShardragError):
@@ -309,14 +347,50 @@ def create_app(gateway: Gateway) -> FastPathApp:
 
     @app.get("/healthz", summary="Gateway liveness and readiness")
     async def healthz() -> Response:
-        topology = gateway.topology
-        encoder_state = gateway.encoder.state if gateway.encoder else "disabled"
+        registry = gateway.registry
+        state = registry.state if registry else None
+        encoder = registry.encoders.get(state.active) if registry and state else None
         return _json({
-            "status": "ok" if topology is not None else "starting",
-            "version": topology.version.id if topology else None,
-            "shards": topology.num_shards if topology else 0,
-            "encoder": encoder_state,
+            "status": "ok" if state is not None else "starting",
+            "version": state.active if state else None,
+            "shards": len(gateway.shard_replicas),
+            "encoder": encoder.state if encoder else "disabled",
         })
+
+    @app.get("/admin/rollout", summary="Rollout state, per-replica versions, encoders, recent events")
+    async def rollout_status() -> Response:
+        assert gateway.rollout is not None
+        return _json(await gateway.rollout.status())
+
+    @app.post("/admin/rollout/stage", summary="Load a new version on every replica (and its encoder)",
+              responses=ERROR_RESPONSES)
+    async def rollout_stage(command: StageCommand) -> Response:
+        assert gateway.rollout is not None
+        return _json(await gateway.rollout.stage(command.version, command.model))
+
+    @app.post("/admin/rollout/activate", summary="Switch new queries to a staged version (readiness + quality gate)",
+              responses=ERROR_RESPONSES)
+    async def rollout_activate(command: ActivateCommand) -> Response:
+        assert gateway.rollout is not None
+        return _json(await gateway.rollout.activate(command.version, force=command.force, queries=command.queries,
+                                                    qrels=command.qrels))
+
+    @app.post("/admin/rollout/retire", summary="Unload the previous version after the drain period",
+              responses=ERROR_RESPONSES)
+    async def rollout_retire(command: RetireCommand) -> Response:
+        assert gateway.rollout is not None
+        return _json(await gateway.rollout.retire(command.version, force=command.force))
+
+    @app.post("/admin/rollout/abort", summary="Unload a staged version", responses=ERROR_RESPONSES)
+    async def rollout_abort(command: VersionCommand) -> Response:
+        assert gateway.rollout is not None
+        return _json(await gateway.rollout.abort(command.version))
+
+    @app.post("/admin/rollout/rollback", summary="Re-activate the previous version while it is loaded",
+              responses=ERROR_RESPONSES)
+    async def rollout_rollback(command: VersionCommand) -> Response:
+        assert gateway.rollout is not None
+        return _json(await gateway.rollout.rollback(command.version))
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus() -> Response:

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,8 +24,9 @@ from retrieval.errors import ConfigError, ShardragError
 from retrieval.serve import parse_ready_line
 
 from index_shards.atomic import atomic_write_bytes
-from index_shards.layout import resolve_version, shard_dir
+from index_shards.layout import collection_dir, resolve_version, shard_dir
 from serving.config import ClusterSpec, GatewayConfig
+from serving.rollout_store import FileRolloutStore
 
 logger = logging.getLogger(__name__)
 
@@ -119,12 +120,19 @@ class LocalCluster:
     ) -> None:
         if replicas < 1:
             raise ConfigError("replicas must be ≥ 1", field="replicas")
+        gateway = gateway or GatewayConfig()
+        if gateway.rollout_state_path is None:
+            # The rollout state lives with the collection, so a restarted cluster resumes it.
+            gateway = replace(gateway, rollout_state_path=str(collection_dir(root, collection) / "rollout.json"))
+        if version is None:
+            state = FileRolloutStore(gateway.rollout_state_path).load()
+            version = state.active if state is not None else None  # else: the newest complete version
         self.version_dir, self.manifest = resolve_version(root, collection, version)
         self.collection = collection
         self.replicas = replicas
         self.host = host
         self.gateway_port = gateway_port
-        self.gateway_config = gateway or GatewayConfig()
+        self.gateway_config = gateway
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="shardrag-cluster-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.faiss_threads = faiss_threads

@@ -21,6 +21,7 @@ class GatewayMetrics:
     shard_batch_size: Histogram
     ejections: Counter
     partial_responses: Counter
+    rollout_events: Counter
     _call_children: dict[tuple[int, str], Any] = field(default_factory=dict)
 
     def observe_shard_call(self, shard_id: int, replica: str, latency_s: float, batch_size: int) -> None:
@@ -53,6 +54,9 @@ class GatewayMetrics:
                               ["replica"], registry=registry),
             partial_responses=Counter("shardrag_gateway_partial_responses_total",
                                       "Query answers missing at least one shard", registry=registry),
+            rollout_events=Counter("shardrag_gateway_rollout_events_total",
+                                   "Rollout transitions recorded by this gateway (VersionStaged, ...)", ["kind"],
+                                   registry=registry),
         )
 
     def watch_calls(self, caller: Any) -> None:

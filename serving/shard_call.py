@@ -17,19 +17,20 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from retrieval.errors import DeadlineExceeded, ShardUnavailable
+from retrieval.errors import DeadlineExceeded, ShardUnavailable, VersionConflict
 
 from serving.balancer import Balancer
 from serving.health import OutlierDetector
 from serving.hedging import AdaptiveHedgeDelay, HedgeBudget
-from serving.topology import ShardInfo
 from serving.transport import SearchParams, ShardReply, ShardTransport
 
-# Failures that say "this replica, now" — worth another replica. Others (409, 4xx) are final.
+# Failures that say "this replica, now" — worth another replica. A 409 (the replica does not
+# hold the version) also sends the call on, and marks the replica not eligible for that version.
+# Other errors (4xx: the request itself is wrong) are final.
 RETRYABLE = (ShardUnavailable, DeadlineExceeded)
 
 
@@ -99,6 +100,7 @@ class ShardCaller:
     hedging: HedgingSettings = field(default_factory=HedgingSettings)
     timer: Timer = field(default_factory=LoopTimer)
     stats: CallStats = field(default_factory=CallStats)
+    on_not_eligible: Callable[[str, str], None] | None = None  # (replica, version) that answered 409
 
     def __post_init__(self) -> None:
         self.budget = HedgeBudget(ratio=self.hedging.budget_ratio, burst=self.hedging.budget_burst)
@@ -111,32 +113,37 @@ class ShardCaller:
                 percentile=self.hedging.percentile, floor_s=self.hedging.floor_s, cap_s=self.hedging.cap_s)
         return delay
 
-    async def call(self, shard: ShardInfo, vectors: np.ndarray, params: SearchParams, deadline: float) -> CallResult:
+    async def call(self, shard_id: int, replicas: Sequence[str], vectors: np.ndarray, params: SearchParams,
+                   deadline: float) -> CallResult:
+        """Search ``vectors`` on one of ``replicas`` (those of ``shard_id`` holding ``params.version``)."""
         timer = self.timer
         started = timer.now()
+        if not replicas:
+            raise ShardUnavailable(f"shard {shard_id}: no replica holds version {params.version} ready",
+                                   shard=shard_id)
         self.stats.calls += 1
         self.budget.on_call()
-        window = self.hedge_delay(shard.shard_id)
+        window = self.hedge_delay(shard_id)
         tried: list[str] = []
         running: dict[asyncio.Future[ShardReply], _Attempt] = {}
         last_error: Exception | None = None
         hedges = 0
-        max_hedges = min(self.hedging.max_hedges, len(shard.replicas) - 1) if self.hedging.enabled else 0
+        max_hedges = min(self.hedging.max_hedges, len(replicas) - 1) if self.hedging.enabled else 0
 
         def launch(is_hedge: bool) -> bool:
-            untried = [r for r in shard.replicas if r not in tried]
+            untried = [r for r in replicas if r not in tried]
             if not untried:
                 return False
-            healthy = [r for r in shard.replicas if r in untried and not self.detector.is_ejected(r)]
+            healthy = [r for r in untried if not self.detector.is_ejected(r)]
             # A hedge goes only to a replica in rotation; a retry after failures may fall back on
             # an ejected one (better a doubtful answer than none).
             if not healthy and is_hedge:
                 return False
-            replica = self.balancer.pick(shard.shard_id, healthy or untried)
+            replica = self.balancer.pick(shard_id, healthy or untried)
             tried.append(replica)
             self.balancer.on_start(replica)
             remaining_s = max(deadline - timer.now(), 0.001)
-            task = asyncio.ensure_future(self.transport.search(replica, shard.shard_id, vectors, params, remaining_s))
+            task = asyncio.ensure_future(self.transport.search(replica, shard_id, vectors, params, remaining_s))
             running[task] = _Attempt(replica, timer.now(), is_hedge)
             return True
 
@@ -146,8 +153,8 @@ class ShardCaller:
             while running:
                 now = timer.now()
                 if now >= deadline:
-                    raise DeadlineExceeded(f"shard {shard.shard_id}: no replica answered before the deadline "
-                                           f"(tried {', '.join(tried)})", shard=shard.shard_id)
+                    raise DeadlineExceeded(f"shard {shard_id}: no replica answered before the deadline "
+                                           f"(tried {', '.join(tried)})", shard=shard_id)
                 done = await timer.wait_first(set(running), min(deadline, hedge_at) - now)
                 for task in done:
                     attempt = running.pop(task)
@@ -162,10 +169,15 @@ class ShardCaller:
                         return CallResult(task.result(), attempt.replica, len(tried), hedges > 0, attempt.is_hedge,
                                           (timer.now() - started) * 1000.0)
                     self.balancer.on_finish(attempt.replica, latency_s, ok=False)
-                    if not isinstance(error, RETRYABLE):
+                    if isinstance(error, VersionConflict):
+                        # not a sick replica, just one without this version: not eligible, try another
+                        if self.on_not_eligible is not None:
+                            self.on_not_eligible(attempt.replica, params.version)
+                    elif isinstance(error, RETRYABLE):
+                        self.stats.failures += 1
+                        self.detector.record_failure(attempt.replica)
+                    else:
                         raise error
-                    self.stats.failures += 1
-                    self.detector.record_failure(attempt.replica)
                     last_error = error
                     if not running and timer.now() < deadline and launch(False):
                         self.stats.retries += 1
@@ -182,6 +194,9 @@ class ShardCaller:
                             self.stats.budget_exhausted += 1
                         hedge_at = math.inf
             assert last_error is not None
+            if isinstance(last_error, VersionConflict):
+                raise ShardUnavailable(f"shard {shard_id}: no replica holds version {params.version} "
+                                       f"({last_error.message})", shard=shard_id) from last_error
             raise last_error
         finally:
             for task, attempt in running.items():  # losers and leftovers: cancel, count their time

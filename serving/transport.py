@@ -30,6 +30,8 @@ from retrieval.errors import (
     DeadlineExceeded,
     DimensionMismatch,
     InvalidRequest,
+    NotFound,
+    ResourceExhausted,
     ShardUnavailable,
     VersionConflict,
 )
@@ -75,7 +77,12 @@ class ShardTransport(ABC):
     ) -> ShardReply: ...
 
     @abstractmethod
-    async def get_json(self, replica: str, path: str, timeout_s: float) -> dict[str, Any]: ...
+    async def request_json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
+                           timeout_s: float) -> dict[str, Any]:
+        """A JSON request to a replica's control API (info, health, admin)."""
+
+    async def get_json(self, replica: str, path: str, timeout_s: float) -> dict[str, Any]:
+        return await self.request_json(replica, "GET", path, None, timeout_s)
 
     async def close(self) -> None:  # noqa: B027 - optional
         pass
@@ -87,7 +94,12 @@ def error_from_status(status: int, body: bytes, shard_id: int, replica: str) -> 
     except (orjson.JSONDecodeError, AttributeError):
         detail = {}
     message = detail.get("message") or body[:200].decode("utf-8", "replace")
-    where = f"shard {shard_id} ({replica})"
+    where = f"shard {shard_id} ({replica})" if shard_id >= 0 else replica
+    if status == 404:
+        return NotFound(f"{where}: {message}", field=detail.get("field"), shard=shard_id if shard_id >= 0 else None)
+    if status == 507:
+        return ResourceExhausted(f"{where}: {message}", field=detail.get("field"),
+                                 shard=shard_id if shard_id >= 0 else None)
     if status == 409:
         return VersionConflict(f"{where}: {message}", field=detail.get("field", "version"), shard=shard_id)
     if status == 422 and detail.get("code") == "dimension_mismatch":
@@ -95,6 +107,12 @@ def error_from_status(status: int, body: bytes, shard_id: int, replica: str) -> 
     if 400 <= status < 500:
         return InvalidRequest(f"{where}: {message}", field=detail.get("field"), shard=shard_id)
     return ShardUnavailable(f"{where} answered {status}: {message}", shard=shard_id)
+
+
+def _json_or_error(status: int, payload: bytes, replica: str) -> dict[str, Any]:
+    if not 200 <= status < 300:
+        raise error_from_status(status, payload, -1, replica)
+    return orjson.loads(payload)
 
 
 def parse_reply(body: bytes, shard_id: int, replica: str, started: float) -> ShardReply:
@@ -145,18 +163,20 @@ class AiohttpTransport(ShardTransport):
             raise error_from_status(status, body, shard_id, replica)
         return parse_reply(body, shard_id, replica, started)
 
-    async def get_json(self, replica: str, path: str, timeout_s: float) -> dict[str, Any]:
+    async def request_json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
+                           timeout_s: float) -> dict[str, Any]:
         import aiohttp
 
         try:
-            async with self._client().get(f"{replica}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-                body = await response.read()
+            async with self._client().request(
+                method, f"{replica}{path}", data=orjson.dumps(body) if body is not None else None,
+                headers={"Content-Type": "application/json"}, timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as response:
+                payload = await response.read()
                 status = response.status
         except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
             raise ShardUnavailable(f"{replica}{path} unreachable: {exc!r}") from exc
-        if status != 200:
-            raise error_from_status(status, body, -1, replica)
-        return orjson.loads(body)
+        return _json_or_error(status, payload, replica)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -192,16 +212,15 @@ class HttpxTransport(ShardTransport):
             raise error_from_status(response.status_code, response.content, shard_id, replica)
         return parse_reply(response.content, shard_id, replica, started)
 
-    async def get_json(self, replica: str, path: str, timeout_s: float) -> dict[str, Any]:
+    async def request_json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
+                           timeout_s: float) -> dict[str, Any]:
         import httpx
 
         try:
-            response = await self._client.get(f"{replica}{path}", timeout=timeout_s)
+            response = await self._client.request(method, f"{replica}{path}", json=body, timeout=timeout_s)
         except httpx.HTTPError as exc:
             raise ShardUnavailable(f"{replica}{path} unreachable: {exc!r}") from exc
-        if response.status_code != 200:
-            raise error_from_status(response.status_code, response.content, -1, replica)
-        return orjson.loads(response.content)
+        return _json_or_error(response.status_code, response.content, replica)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -231,16 +250,17 @@ class PooledHttpTransport(ShardTransport):
             raise error_from_status(status, body, shard_id, replica)
         return parse_reply(body, shard_id, replica, started)
 
-    async def get_json(self, replica: str, path: str, timeout_s: float) -> dict[str, Any]:
+    async def request_json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
+                           timeout_s: float) -> dict[str, Any]:
         from serving.http_pool import HttpError
 
         try:
-            status, body = await self._pool.request("GET", f"{replica}{path}", timeout_s=timeout_s)
+            status, payload = await self._pool.request(method, f"{replica}{path}",
+                                                       orjson.dumps(body) if body is not None else b"",
+                                                       content_type="application/json", timeout_s=timeout_s)
         except (asyncio.TimeoutError, HttpError) as exc:
             raise ShardUnavailable(f"{replica}{path} unreachable: {exc!r}") from exc
-        if status != 200:
-            raise error_from_status(status, body, -1, replica)
-        return orjson.loads(body)
+        return _json_or_error(status, payload, replica)
 
     async def close(self) -> None:
         self._pool.close()

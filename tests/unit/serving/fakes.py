@@ -89,7 +89,8 @@ class FakeTransport(ShardTransport):
             call.cancelled = True
             raise
 
-    async def get_json(self, replica: str, path: str, timeout_s: float) -> dict[str, Any]:
+    async def request_json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
+                           timeout_s: float) -> dict[str, Any]:
         return {"status": "ok"}
 
     def answer(self, index: int, version: str = "v1") -> None:

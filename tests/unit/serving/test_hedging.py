@@ -7,12 +7,11 @@ import random
 import numpy as np
 import pytest
 
-from retrieval.errors import DeadlineExceeded, ShardUnavailable, VersionConflict
+from retrieval.errors import DeadlineExceeded, InvalidRequest, ShardUnavailable, VersionConflict
 from serving.balancer import RoundRobinBalancer
 from serving.health import OutlierDetector
 from serving.hedging import AdaptiveHedgeDelay, HedgeBudget
 from serving.shard_call import HedgingSettings, ShardCaller
-from serving.topology import ShardInfo
 from serving.transport import SearchParams
 from tests.unit.serving.fakes import Clock, FakeTimer, FakeTransport, settle
 
@@ -58,8 +57,11 @@ def make_caller(replicas=("r0", "r1"), **hedging):
     timer = FakeTimer()
     detector = OutlierDetector(consecutive_failures=2, clock=Clock())
     settings = HedgingSettings(**{"cap_s": 0.1, "floor_s": 0.001, **hedging})
-    caller = ShardCaller(transport, RoundRobinBalancer(rng=random.Random(0)), detector, settings, timer)
-    return caller, transport, timer, ShardInfo(0, tuple(replicas), 10)
+    not_eligible = []
+    caller = ShardCaller(transport, RoundRobinBalancer(rng=random.Random(0)), detector, settings, timer,
+                         on_not_eligible=lambda replica, version: not_eligible.append((replica, version)))
+    caller.not_eligible = not_eligible
+    return caller, transport, timer, tuple(replicas)  # the eligible replicas of shard 0
 
 
 def run(scenario):
@@ -69,7 +71,7 @@ def run(scenario):
 def test_fast_answer_sends_no_hedge():
     async def scenario():
         caller, transport, timer, shard = make_caller()
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=1.0))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
         await settle()
         await timer.advance(0.05)
         transport.answer(0)
@@ -83,7 +85,7 @@ def test_fast_answer_sends_no_hedge():
 def test_slow_primary_is_hedged_and_the_hedge_wins():
     async def scenario():
         caller, transport, timer, shard = make_caller()
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=1.0))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
         await settle()
         await timer.advance(0.099)
         assert len(transport.calls) == 1  # not yet: the delay (cap before samples) is 100 ms
@@ -102,7 +104,7 @@ def test_slow_primary_is_hedged_and_the_hedge_wins():
 def test_primary_can_still_win_after_a_hedge():
     async def scenario():
         caller, transport, timer, shard = make_caller()
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=1.0))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
         await settle()
         await timer.advance(0.2)
         transport.answer(0)
@@ -117,7 +119,7 @@ def test_primary_can_still_win_after_a_hedge():
 def test_no_budget_no_hedge():
     async def scenario():
         caller, transport, timer, shard = make_caller(budget_ratio=0.0, budget_burst=0.0)
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=1.0))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
         await settle()
         await timer.advance(0.5)
         assert len(transport.calls) == 1
@@ -131,7 +133,7 @@ def test_no_budget_no_hedge():
 def test_hedging_off_never_hedges():
     async def scenario():
         caller, transport, timer, shard = make_caller(enabled=False)
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=1.0))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
         await settle()
         await timer.advance(0.9)
         transport.answer(0)
@@ -143,7 +145,7 @@ def test_hedging_off_never_hedges():
 def test_at_most_max_hedges_each_after_a_delay():
     async def scenario():
         caller, transport, timer, shard = make_caller(replicas=("r0", "r1", "r2", "r3"), max_hedges=2)
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=5.0))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=5.0))
         await settle()
         await timer.advance(0.11)
         assert len(transport.calls) == 2
@@ -161,7 +163,7 @@ def test_at_most_max_hedges_each_after_a_delay():
 def test_connection_failure_retries_on_another_replica_at_once():
     async def scenario():
         caller, transport, timer, shard = make_caller()
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=1.0))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
         await settle()
         transport.fail(0, ShardUnavailable("refused", shard=0))
         await settle()
@@ -177,7 +179,7 @@ def test_connection_failure_retries_on_another_replica_at_once():
 def test_every_replica_failing_raises_the_last_error():
     async def scenario():
         caller, transport, timer, shard = make_caller()
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=1.0))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
         await settle()
         transport.fail(0, ShardUnavailable("refused", shard=0))
         await settle()
@@ -188,13 +190,36 @@ def test_every_replica_failing_raises_the_last_error():
     run(scenario)
 
 
-def test_a_wrong_version_is_final_not_retried():
+def test_a_replica_without_the_version_is_skipped_and_marked_not_eligible():
     async def scenario():
         caller, transport, timer, shard = make_caller()
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=1.0))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
         await settle()
-        transport.fail(0, VersionConflict("holds v2", shard=0))
-        with pytest.raises(VersionConflict):
+        transport.fail(0, VersionConflict("holds v2 only", shard=0))
+        await settle()
+        transport.answer(1)
+        result = await task
+        assert result.replica == "r1" and caller.not_eligible == [("r0", "v1")]
+        assert not caller.detector.is_ejected("r0") and caller.stats.failures == 0  # not a sick replica
+        # when no replica holds the version the shard is unavailable (a missing shard, never mixed in)
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
+        await settle()
+        transport.fail(2, VersionConflict("holds v2 only", shard=0))
+        await settle()
+        transport.fail(3, VersionConflict("holds v2 only", shard=0))
+        with pytest.raises(ShardUnavailable, match="no replica holds version v1"):
+            await task
+
+    run(scenario)
+
+
+def test_a_bad_request_is_final_not_retried():
+    async def scenario():
+        caller, transport, timer, shard = make_caller()
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
+        await settle()
+        transport.fail(0, InvalidRequest("nprobe does not apply", field="nprobe"))
+        with pytest.raises(InvalidRequest):
             await task
         assert len(transport.calls) == 1
 
@@ -204,7 +229,7 @@ def test_a_wrong_version_is_final_not_retried():
 def test_deadline_cancels_everything():
     async def scenario():
         caller, transport, timer, shard = make_caller()
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=0.3))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=0.3))
         await settle()
         await timer.advance(0.2)
         await timer.advance(0.2)
@@ -223,20 +248,20 @@ def test_an_ejected_replica_is_not_tried_while_a_healthy_one_exists():
         caller.detector.record_failure("r0")
         assert caller.detector.is_ejected("r0")
         for _ in range(4):
-            task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=timer.now() + 1.0))
+            task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=timer.now() + 1.0))
             await settle()
             transport.answer(len(transport.calls) - 1)
             await task
         assert {c.replica for c in transport.calls} == {"r1"}
         # a hedge never goes to the ejected replica either: with one healthy replica there is none
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=timer.now() + 1.0))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=timer.now() + 1.0))
         await settle()
         await timer.advance(0.5)
         assert len(transport.calls) == 5 and transport.calls[-1].replica == "r1"
         transport.answer(4)
         assert not (await task).hedged
         # a retry after the healthy replica failed may still fall back on the ejected one
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=timer.now() + 1.0))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=timer.now() + 1.0))
         await settle()
         transport.fail(5, ShardUnavailable("reset", shard=0))
         await settle()
@@ -251,7 +276,7 @@ def test_hedge_delay_adapts_to_observed_latency():
     async def scenario():
         caller, transport, timer, shard = make_caller()
         for i in range(40):  # answered after 5..9 ms
-            task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=timer.now() + 1.0))
+            task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=timer.now() + 1.0))
             await settle()
             await timer.advance(0.005 + 0.001 * (i % 5))
             transport.answer(len(transport.calls) - 1)
@@ -259,13 +284,13 @@ def test_hedge_delay_adapts_to_observed_latency():
         assert caller.hedge_delay(0).delay_s() == pytest.approx(0.009)  # p95 of the samples
         fired = caller.stats.hedges_fired
         # a call faster than p95 is not hedged...
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=timer.now() + 1.0))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=timer.now() + 1.0))
         await settle()
         await timer.advance(0.008)
         transport.answer(len(transport.calls) - 1)
         assert not (await task).hedged and caller.stats.hedges_fired == fired
         # ...a slower one is hedged at 9 ms, not at the 100 ms cap
-        task = asyncio.ensure_future(caller.call(shard, VECTORS, PARAMS, deadline=timer.now() + 1.0))
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=timer.now() + 1.0))
         await settle()
         await timer.advance(0.0085)
         assert caller.stats.hedges_fired == fired

@@ -1,0 +1,195 @@
+"""The embedding versions one replica holds for its shard slot (collection, shard id).
+
+A replica starts with one version and can load another next to it — ``stage`` — in a
+background thread (checksums verified as at start), reporting ``loading`` → ``ready`` or
+``failed`` with the reason. Loading is refused up front when the replica already holds
+``max_versions`` or when the new index would not fit in the memory the machine has available.
+A search names its version; one the replica does not hold (or not ready yet) is a 409 that
+lists what it has.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retrieval.errors import (
+    IndexIntegrityError,
+    InvalidRequest,
+    NotFound,
+    ResourceExhausted,
+    ShardragError,
+    VersionConflict,
+)
+
+from index_shards.layout import INDEX_FILE
+from index_shards.manifest import SHARD_MANIFEST
+from index_shards.shard import Shard
+
+logger = logging.getLogger(__name__)
+
+LOADING, READY, FAILED = "loading", "ready", "failed"
+
+
+@dataclass(slots=True)
+class VersionSlot:
+    version_id: str
+    directory: Path
+    state: str
+    shard: Shard | None = None
+    error: str | None = None
+    started_at: float = 0.0
+    ready_at: float | None = None
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.version_id, "state": self.state}
+        if self.error:
+            out["error"] = self.error
+        if self.shard is not None:
+            m = self.shard.manifest
+            out.update({"count": m.count, "embedding_version": m.embedding_version.to_dict(), "dim": m.dim,
+                        "metric": m.metric, "factory": m.factory, "partitioner": m.partitioner,
+                        "num_shards": m.num_shards,
+                        "centroid": list(m.centroid) if m.centroid is not None else None,
+                        "on_gpu": self.shard.index.on_gpu})
+        if self.ready_at is not None:
+            out["load_s"] = self.ready_at - self.started_at
+        return out
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is no such file)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+class ShardVersions:
+    def __init__(self, first: Shard, *, max_versions: int = 2, device: str = "auto",
+                 memory_headroom: float = 0.2) -> None:
+        manifest = first.manifest
+        self.collection = manifest.collection
+        self.shard_id = manifest.shard_id
+        self.num_shards = manifest.num_shards
+        # <root>/<collection>/<version>/shard-<i>: other versions live next to the first one
+        self.collection_dir = first.directory.parent.parent
+        self.max_versions = max_versions
+        self.device = device
+        self.memory_headroom = memory_headroom
+        self._lock = threading.Lock()
+        self._slots: dict[str, VersionSlot] = {
+            first.version_id: VersionSlot(first.version_id, first.directory, READY, first, started_at=time.time(),
+                                          ready_at=time.time())
+        }
+
+    # -- queries ------------------------------------------------------------------------------
+    def ready_ids(self) -> list[str]:
+        return [v for v, s in self._slots.items() if s.state == READY]
+
+    def get(self, version_id: str | None) -> Shard:
+        """The ready shard of ``version_id`` (None: the only ready version, if there is one)."""
+        if version_id is None:
+            ready = self.ready_ids()
+            if len(ready) == 1:
+                return self._slots[ready[0]].shard  # type: ignore[return-value]
+            raise VersionConflict(f"this replica holds versions {ready}; name one in 'version'", field="version")
+        slot = self._slots.get(version_id)
+        if slot is None or slot.state != READY:
+            held = ", ".join(f"{v} ({s.state})" for v, s in self._slots.items())
+            raise VersionConflict(f"this replica does not hold {version_id!r} ready; it has: {held}", field="version")
+        return slot.shard  # type: ignore[return-value]
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [slot.describe() for slot in self._slots.values()]
+
+    def info(self) -> dict[str, Any]:
+        """What ``GET /v1/info`` reports: the slot, every version with its state, and the first
+        ready version's details at the top level (for single-version callers)."""
+        held = self.describe()
+        primary = next((v for v in held if v["state"] == READY), {})
+        return {
+            "collection": self.collection, "shard_id": self.shard_id, "num_shards": self.num_shards,
+            "versions": held,
+            **{key: primary.get(key) for key in ("embedding_version", "count", "dim", "metric", "factory",
+                                                 "partitioner", "centroid", "on_gpu")},
+        }
+
+    # -- staging -------------------------------------------------------------------------------
+    def stage(self, version_id: str) -> VersionSlot:
+        """Start loading ``version_id`` next to the others. Idempotent: a version loading or ready
+        is left alone; a failed one is tried again."""
+        if not version_id or "/" in version_id or version_id.startswith("."):
+            raise InvalidRequest(f"invalid version id {version_id!r}", field="version")
+        with self._lock:
+            slot = self._slots.get(version_id)
+            if slot is not None and slot.state in (LOADING, READY):
+                return slot
+            directory = self.collection_dir / version_id / f"shard-{self.shard_id}"
+            if not (directory / SHARD_MANIFEST).is_file():
+                raise NotFound(f"version {version_id!r} of {self.collection!r} has no shard {self.shard_id} at "
+                               f"{directory} (not built, or its manifest is missing)", field="version")
+            held = [s for s in self._slots.values() if s.state != FAILED and s.version_id != version_id]
+            if len(held) >= self.max_versions:
+                raise ResourceExhausted(f"this replica already holds {len(held)} versions "
+                                        f"({', '.join(s.version_id for s in held)}); retire one first "
+                                        f"(max_versions={self.max_versions})", field="version")
+            self._check_memory(directory, version_id)
+            slot = VersionSlot(version_id, directory, LOADING, started_at=time.time())
+            self._slots[version_id] = slot
+        threading.Thread(target=self._load, args=(slot,), daemon=True, name=f"load-{version_id}").start()
+        logger.warning("staging version %s from %s", version_id, directory)
+        return slot
+
+    def _check_memory(self, directory: Path, version_id: str) -> None:
+        needed = (directory / INDEX_FILE).stat().st_size if (directory / INDEX_FILE).exists() else 0
+        available = available_memory_bytes()
+        if available is not None and needed > available * (1.0 - self.memory_headroom):
+            raise ResourceExhausted(
+                f"not enough memory to load {version_id}: its index needs {needed / 2**20:.0f} MiB, "
+                f"{available / 2**20:.0f} MiB is available (keeping {self.memory_headroom:.0%} headroom)",
+                field="version")
+
+    def _load(self, slot: VersionSlot) -> None:
+        try:
+            shard = Shard.load(slot.directory, device=self.device)
+            m = shard.manifest
+            if m.embedding_version.id != slot.version_id:
+                raise IndexIntegrityError(f"{slot.directory} holds version {m.embedding_version.id}, "
+                                          f"not {slot.version_id}")
+            if (m.collection, m.shard_id, m.num_shards) != (self.collection, self.shard_id, self.num_shards):
+                raise IndexIntegrityError(
+                    f"{slot.directory} is shard {m.shard_id}/{m.num_shards} of {m.collection!r}; this replica "
+                    f"serves shard {self.shard_id}/{self.num_shards} of {self.collection!r}")
+        except ShardragError as exc:
+            slot.state, slot.error = FAILED, exc.message
+            logger.error("version %s failed to load: %s", slot.version_id, exc.message)
+            return
+        except Exception as exc:  # noqa: BLE001 - reported through /v1/info, never crashes the server
+            slot.state, slot.error = FAILED, f"{type(exc).__name__}: {exc}"
+            logger.exception("version %s failed to load", slot.version_id)
+            return
+        slot.shard, slot.ready_at, slot.state = shard, time.time(), READY
+        logger.warning("version %s ready (%.1f s)", slot.version_id, slot.ready_at - slot.started_at)
+
+    def unload(self, version_id: str) -> bool:
+        """Drop ``version_id``. Idempotent (False when it was not held); the last ready version stays."""
+        with self._lock:
+            slot = self._slots.get(version_id)
+            if slot is None:
+                return False
+            if slot.state == READY and self.ready_ids() == [version_id]:
+                raise VersionConflict(f"{version_id} is the only version this replica holds; stage another "
+                                      "before unloading it", field="version")
+            del self._slots[version_id]
+        if slot.shard is not None:
+            slot.shard.docstore.close()
+        logger.warning("version %s unloaded", version_id)
+        return True
