@@ -77,7 +77,9 @@ async def run_open_loop(url: str, bodies: list[bytes], rate: float, duration_s: 
     session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s))
     headers = {"content-type": content_type}
     latencies: list[float] = []
+    timeline: list[tuple[float, float, float]] = []  # (scheduled wall time, latency s, ok)
     outcome = {"errors": 0, "partial": 0, "statuses": {}}
+    wall_offset = time.time() - clock()
     start = clock() + 0.05
     measure_from = start + warmup_s
     end = measure_from + duration_s
@@ -94,6 +96,7 @@ async def run_open_loop(url: str, bodies: list[bytes], rate: float, duration_s: 
         if scheduled < measure_from:
             return
         latencies.append(clock() - scheduled)
+        timeline.append((scheduled + wall_offset, latencies[-1], 1.0 if status == 200 else 0.0))
         if status != 200:
             outcome["errors"] += 1
             outcome["statuses"][str(status)] = outcome["statuses"].get(str(status), 0) + 1
@@ -128,7 +131,7 @@ async def run_open_loop(url: str, bodies: list[bytes], rate: float, duration_s: 
         **outcome,
         "loadgen_cpu_s": time.process_time() - cpu_before,
     }
-    return summary, values
+    return summary, values, np.asarray(timeline, dtype=np.float64).reshape(-1, 3)
 
 
 def main() -> None:
@@ -141,6 +144,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second (default: closed loop)")
     parser.add_argument("--timeout", type=float, default=10.0, help="open loop: client timeout per request, s")
     parser.add_argument("--latencies-out", help="open loop: save every measured latency (ms) to this .npy")
+    parser.add_argument("--timeline-out",
+                        help="open loop: save (scheduled wall-clock time, latency s, ok) rows to this .npy")
     args = parser.parse_args()
     content_type = "application/json"
     if args.bodies.endswith(".npy"):
@@ -156,10 +161,12 @@ def main() -> None:
     except ImportError:
         pass
     if args.rate > 0:
-        summary, values = asyncio.run(run_open_loop(args.url, bodies, args.rate, args.duration, args.warmup,
-                                                    content_type, args.timeout))
+        summary, values, timeline = asyncio.run(run_open_loop(args.url, bodies, args.rate, args.duration,
+                                                              args.warmup, content_type, args.timeout))
         if args.latencies_out:
             np.save(args.latencies_out, values)
+        if args.timeline_out:
+            np.save(args.timeline_out, timeline)
         print(json.dumps(summary))
         return
     print(json.dumps(asyncio.run(run(args.url, bodies, args.concurrency, args.duration, args.warmup, content_type))))

@@ -192,7 +192,10 @@ class RolloutService:
                 top_m=None, timeout_s=config.default_timeout_ms / 1000.0)
             rankings[version][query_id] = [hit.doc_id for hit in outcome.hits]
 
-        await asyncio.gather(*(run(q, t, v) for q, t in sample.items() for v in (old, new)))
+        # One gate query at a time: its texts join the live encoder batches one by one instead of
+        # queueing a whole sample in front of the live traffic (measured: a 400 ms stall otherwise).
+        for query_id, text in sample.items():
+            await asyncio.gather(run(query_id, text, old), run(query_id, text, new))
         overlaps = [overlap_at_k(rankings[new][q], rankings[old][q], 10) for q in sample]
         result["overlap_at_10"] = round(sum(overlaps) / len(overlaps), 4)
         reasons = []

@@ -1,0 +1,153 @@
+"""Latency and memory during an embedding-version rollout under load.
+
+    python -m benchmarks.rollout            # ~3 min (plus ~2 min to embed V2 the first time)
+
+Local cluster: msmarco (5k passages), 2 shards × 2 replicas, a gateway with real encoders.
+V1 = all-MiniLM-L6-v2; V2 = the same model with perturbed weights (a real second version, the
+corpus re-embedded with it; vectors cached). Open-loop *text* queries at a fixed rate run the
+whole time; meanwhile: stage V2 → wait until every replica and the V2 encoder are ready →
+activate (quality gate on the queries) → drain → retire V1. Reported: p50/p99/p99.9 and errors
+before, during and after the rollout (the phases before and after are the no-rollout baseline),
+time from stage to activate-ready, activation time, and each replica's resident memory holding
+one version vs two. JSON in benchmarks/results/rollout.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from benchmarks.common import REPO, data_dir, machine_info, write_result
+from index_shards.build import BuildConfig, build_collection
+from retrieval.datasets import load_beir
+from retrieval.embedding_cache import CachingEncoder, EmbeddingCache
+from retrieval.encoders import SentenceTransformerEncoder, default_model_dir, encode_documents, load_default_encoder
+from serving.cli import default_cache_dir
+from serving.config import GatewayConfig
+from serving.launcher import LocalCluster
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def replica_rss(cluster: LocalCluster) -> list[float]:
+    return [rss_mib(child.process.pid) for group in cluster.shards for child in group]  # type: ignore[union-attr]
+
+
+def perturbed(target: Path) -> Path:
+    sys.path.insert(0, str(REPO))
+    from tests.helpers.checkpoints import perturbed_checkpoint
+
+    return perturbed_checkpoint(default_model_dir(), target, seed=1, scale=0.02)
+
+
+def phase_stats(timeline: np.ndarray, start: float, end: float) -> dict[str, Any]:
+    rows = timeline[(timeline[:, 0] >= start) & (timeline[:, 0] < end)]
+    if rows.size == 0:
+        return {"requests": 0}
+    latencies = rows[:, 1] * 1000.0
+    return {"requests": int(len(rows)), "errors": int((rows[:, 2] == 0).sum()),
+            "p50_ms": float(np.percentile(latencies, 50)), "p99_ms": float(np.percentile(latencies, 99)),
+            "p999_ms": float(np.percentile(latencies, 99.9)), "seconds": end - start}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=40.0, help="open-loop text queries per second (default 40)")
+    parser.add_argument("--baseline", type=float, default=25.0, help="seconds before and after the rollout")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="shardrag-rollout-"))
+    dataset = load_beir(data_dir() / "msmarco")
+    cache = EmbeddingCache(default_cache_dir())
+    v1_encoder = CachingEncoder(load_default_encoder(device="cpu"), cache)
+    model_dir = perturbed(work / "minilm-tuned")
+    v2_encoder = CachingEncoder(SentenceTransformerEncoder(model_dir, device="cpu"), cache)
+    root = work / "root"
+    for encoder in (v1_encoder, v2_encoder):
+        vectors = encode_documents(encoder, dataset.corpus, show_progress=True)
+        build_collection(root, dataset.corpus, vectors, encoder.version, BuildConfig("msmarco", 2),
+                         show_progress=False)
+    v1, v2 = v1_encoder.version.id, v2_encoder.version.id
+    queries = [dataset.queries[q] for q in sorted(dataset.queries)]
+    bodies = work / "bodies.json"
+    bodies.write_text(json.dumps([{"text": q, "k": 10} for q in queries]))
+    config = GatewayConfig(poll_interval_s=0.5, drain_s=2.0, gate_sample=50)
+    with LocalCluster(root, "msmarco", version=v1, replicas=2, gateway=config, workdir=work / "logs") as cluster:
+        url = cluster.gateway_url
+        total_s = 2 * args.baseline + 60.0
+        timeline_path = work / "timeline.npy"
+        load = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.loadgen", "--url", f"{url}/v1/query", "--bodies", str(bodies),
+             "--rate", str(args.rate), "--duration", str(total_s), "--warmup", "2",
+             "--timeline-out", str(timeline_path)],
+            cwd=REPO, stdout=subprocess.PIPE, text=True)
+        time.sleep(2 + args.baseline)
+        rss_one = replica_rss(cluster)
+        marks: dict[str, float] = {"stage": time.time()}
+        staged = httpx.post(f"{url}/admin/rollout/stage", json={"version": v2, "model": str(model_dir)}, timeout=300)
+        staged.raise_for_status()
+        while True:
+            status = httpx.get(f"{url}/admin/rollout", timeout=30).json()
+            rows = [row for shard in status["replicas"][v2].values() for row in shard]
+            if all(r["state"] == "ready" for r in rows) and status["encoders"][v2]["state"] == "ready":
+                break
+            if any(r["state"] == "failed" for r in rows):
+                raise RuntimeError(f"staging failed: {rows}")
+            time.sleep(0.1)
+        marks["ready"] = time.time()
+        rss_two = replica_rss(cluster)
+        activated = httpx.post(f"{url}/admin/rollout/activate", json={"version": v2, "queries": queries}, timeout=300)
+        activated.raise_for_status()
+        marks["activated"] = time.time()
+        time.sleep(config.drain_s + 0.5)
+        httpx.post(f"{url}/admin/rollout/retire", json={"version": v1}, timeout=300).raise_for_status()
+        marks["retired"] = time.time()
+        time.sleep(2.0)
+        rss_after = replica_rss(cluster)
+        summary = json.loads(load.communicate(timeout=total_s + 120)[0].strip().splitlines()[-1])
+        timeline = np.load(timeline_path)
+    start, end = timeline[0, 0], timeline[-1, 0] + 1e-6
+    phases = {
+        "before": phase_stats(timeline, start, marks["stage"]),
+        "during": phase_stats(timeline, marks["stage"], marks["retired"]),
+        "after": phase_stats(timeline, marks["retired"], end),
+    }
+    result = {
+        "machine": machine_info(), "rate_qps": args.rate, "v1": v1, "v2": v2, "phases": phases,
+        "stage_to_ready_s": marks["ready"] - marks["stage"],
+        "activate_s": marks["activated"] - marks["ready"],
+        "gate": activated.json().get("gate"),
+        "replica_rss_mib": {"one_version": rss_one, "two_versions": rss_two, "after_retire": rss_after},
+        "load": summary,
+    }
+    print(f"\n== rollout under {args.rate:.0f} QPS of text queries (2 shards x 2 replicas, 5k docs) ==")
+    print(f"{'phase':8} {'requests':>8} {'errors':>6} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} {'p99 vs before':>13}")
+    for name, row in phases.items():
+        ratio = row["p99_ms"] / phases["before"]["p99_ms"] if row.get("requests") else float("nan")
+        print(f"{name:8} {row['requests']:8d} {row.get('errors', 0):6d} {row.get('p50_ms', 0):8.2f} "
+              f"{row.get('p99_ms', 0):8.2f} {row.get('p999_ms', 0):9.2f} {ratio:13.2f}")
+    print(f"stage → activate-ready: {result['stage_to_ready_s']:.2f} s (replicas load + V2 encoder); "
+          f"activate (readiness + quality gate): {result['activate_s']:.2f} s; gate: {result['gate']}")
+    rss = result["replica_rss_mib"]
+    print("replica RSS MiB, one version → two → after retire: "
+          + ", ".join(f"{a:.0f}→{b:.0f}→{c:.0f}" for a, b, c in zip(rss["one_version"], rss["two_versions"],
+                                                                   rss["after_retire"]))
+          + f"  (mean ×{np.mean(rss['two_versions']) / np.mean(rss['one_version']):.2f} with two)")
+    print(f"\nwrote {write_result('rollout', result)}")
+
+
+if __name__ == "__main__":
+    main()
