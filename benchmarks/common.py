@@ -37,7 +37,7 @@ def load_corpus(names: tuple[str, ...] = ("msmarco", "dbpedia")) -> Corpus:
     from retrieval.datasets import load_beir
     from retrieval.embedding_cache import CachingEncoder, EmbeddingCache
     from retrieval.encoders import encode_documents, load_default_encoder
-    from serving.cli import default_cache_dir
+    from retrieval.embedding_cache import default_cache_dir
 
     encoder = CachingEncoder(load_default_encoder(device="cpu"), EmbeddingCache(default_cache_dir()))
     documents, vectors, queries = [], [], []

@@ -31,7 +31,7 @@ from index_shards.build import BuildConfig, build_collection
 from retrieval.datasets import load_beir
 from retrieval.embedding_cache import CachingEncoder, EmbeddingCache
 from retrieval.encoders import SentenceTransformerEncoder, default_model_dir, encode_documents, load_default_encoder
-from serving.cli import default_cache_dir
+from retrieval.embedding_cache import default_cache_dir
 from serving.config import GatewayConfig
 from serving.launcher import LocalCluster
 

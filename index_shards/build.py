@@ -188,3 +188,26 @@ def encode_and_build(
     config.validate()
     vectors = encode_documents(encoder, documents, show_progress=show_progress)
     return build_collection(root, documents, vectors, encoder.version, config, show_progress=show_progress)
+
+
+def documents_of_version(root: str | Path, collection: str, version_id: str | None = None) -> list[Document]:
+    """Every document of a built collection version, read back from its shards' doc stores
+    (verified) — to rebuild the same slices with another encoder."""
+    from index_shards.docstore import DocStore
+    from index_shards.layout import DOCSTORE_FILE, resolve_version
+    from index_shards.manifest import verify_shard_dir
+
+    directory, manifest = resolve_version(root, collection, version_id)
+    documents: list[Document] = []
+    for shard_id in range(manifest.num_shards):
+        path = shard_dir(directory, shard_id)
+        verify_shard_dir(path)
+        store = DocStore(path / DOCSTORE_FILE)
+        try:
+            for int_id, doc in store.iter_all():
+                metadata = store.get_metadata(int_id) or {}
+                documents.append(Document(doc.doc_id, doc.text, doc.title, metadata))
+        finally:
+            store.close()
+    documents.sort(key=lambda d: d.doc_id)
+    return documents

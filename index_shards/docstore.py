@@ -11,7 +11,7 @@ import json
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from retrieval.errors import IndexIntegrityError
 from retrieval.types import Document
@@ -76,6 +76,13 @@ class DocStore:
             ):
                 found[int_id] = StoredDoc(doc_id, title, text)
         return found
+
+    def iter_all(self) -> Iterator[tuple[int, StoredDoc]]:
+        """Every document of the shard, by int id (a training slice reads its shard this way)."""
+        for int_id, doc_id, title, text in self._connection.execute(
+            "SELECT int_id, doc_id, title, text FROM docs ORDER BY int_id"
+        ):
+            yield int_id, StoredDoc(doc_id, title, text)
 
     def get_metadata(self, int_id: int) -> dict[str, Any] | None:
         row = self._connection.execute("SELECT metadata FROM docs WHERE int_id = ?", (int(int_id),)).fetchone()

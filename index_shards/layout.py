@@ -17,6 +17,14 @@ from index_shards.manifest import COLLECTION_MANIFEST, CollectionManifest, read_
 
 INDEX_FILE = "index.faiss"
 DOCSTORE_FILE = "docs.sqlite"
+DEFAULT_ROOT = "shardrag-data"
+
+
+def collections_root(flag: str | None) -> Path:
+    """The collections root a command-line tool uses: the flag, else $SHARDRAG_ROOT, else ./shardrag-data."""
+    import os
+
+    return Path(flag or os.environ.get("SHARDRAG_ROOT", DEFAULT_ROOT))
 
 
 def collection_dir(root: str | Path, collection: str) -> Path:

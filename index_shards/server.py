@@ -26,7 +26,7 @@ import orjson
 from fastapi import FastAPI, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from retrieval.errors import DeadlineExceeded, InvalidRequest, MalformedBody, VersionConflict
+from retrieval.errors import DeadlineExceeded, InvalidRequest, MalformedBody
 from retrieval.serve import FastPathApp, install_error_handlers, read_limited_body
 from retrieval.wire import decode_vectors
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +24,15 @@ from retrieval.types import EmbeddingVersion
 logger = logging.getLogger(__name__)
 
 _LOOKUP_CHUNK = 500  # keys per "IN (...)" lookup, under SQLite's variable limit
+
+
+def default_cache_dir() -> Path:
+    """$SHARDRAG_CACHE_DIR, else ~/.cache/shardrag/embeddings (XDG_CACHE_HOME honoured).
+    For the command-line tools; library code takes the directory as an argument."""
+    env = os.environ.get("SHARDRAG_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shardrag" / "embeddings"
 
 
 def text_key(text: str) -> bytes:

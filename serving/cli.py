@@ -7,6 +7,9 @@
   shardrag query "text"               ask a running gateway
   shardrag rollout stage|activate|retire|abort|rollback|status [VERSION]
                                       roll a new embedding version out through the gateway
+  shardrag train --collection NAME    fine-tune the retriever on the slices (DDP) → new version
+  shardrag eval --collection NAME --dataset DIR --models default,CKPT
+                                      nDCG@10 / recall / MRR through the sharded index
   shardrag gateway --cluster FILE     run only the gateway process (used by serve and Helm)
 
 Environment (flags override): SHARDRAG_ROOT (collections, default ./shardrag-data),
@@ -28,36 +31,32 @@ import time
 from pathlib import Path
 from typing import Any
 
+from retrieval.embedding_cache import default_cache_dir
 from retrieval.errors import ShardragError
+
+from index_shards.layout import DEFAULT_ROOT, collections_root
 
 logger = logging.getLogger("shardrag")
 
-DEFAULT_ROOT = "shardrag-data"
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def default_cache_dir() -> Path:
-    env = os.environ.get("SHARDRAG_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shardrag" / "embeddings"
-
-
 def _root(args: argparse.Namespace) -> Path:
-    return Path(args.root or os.environ.get("SHARDRAG_ROOT", DEFAULT_ROOT))
+    return collections_root(args.root)
 
 
 # -- build --------------------------------------------------------------------------------------
 def _add_build_args(parser: argparse.ArgumentParser, *, corpus_required: bool) -> None:
     parser.add_argument("--root", help=f"where collections live [env SHARDRAG_ROOT, default ./{DEFAULT_ROOT}]")
     parser.add_argument("--shards", type=int, default=2, help="number of shards (default 2)")
-    parser.add_argument("--partitioner", choices=("hash", "kmeans"), default="hash",
+    parser.add_argument("--partitioner", choices=("hash", "kmeans"), default=None,
                         help="hash: balanced by doc id; kmeans: regions, enables top_m routing (default hash)")
     parser.add_argument("--factory", default="Flat",
                         help="FAISS index factory string: Flat, HNSW32, IVF256,Flat, IVF256,PQ32 ... (default Flat)")
     parser.add_argument("--metric", choices=("ip", "l2"), default="ip", help="ip = cosine on normalised vectors")
-    parser.add_argument("--model", default=None,
-                        help="encoder: a sentence-transformers checkpoint dir (default all-MiniLM-L6-v2, offline)")
+    parser.add_argument("--model", "--encoder", dest="model", default=None,
+                        help="encoder: a sentence-transformers checkpoint dir, e.g. one `shardrag train` exported "
+                             "(default all-MiniLM-L6-v2, offline)")
     parser.add_argument("--device", default="auto", help="encoder device: auto, cpu, cuda (default auto)")
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default 64)")
     parser.add_argument("--cache-dir", type=Path, default=None,
@@ -78,18 +77,34 @@ def _make_encoder(args: argparse.Namespace) -> Any:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from index_shards.build import BuildConfig, encode_and_build
+    from index_shards.build import BuildConfig, documents_of_version, encode_and_build
+    from index_shards.layout import resolve_version
     from retrieval.datasets import load_documents
 
-    corpus = Path(args.corpus)
-    documents = load_documents(corpus)
+    shards, partitioner, factory, metric = args.shards, args.partitioner, args.factory, args.metric
+    if args.corpus:
+        corpus = Path(args.corpus)
+        documents = load_documents(corpus)
+        collection = args.collection or (corpus.name if corpus.is_dir() else corpus.stem)
+        source = str(corpus)
+    else:
+        # A new version of an existing collection, from the same slices (same documents and layout).
+        if not args.collection:
+            print("error: give --corpus, or --collection to rebuild an existing collection", file=sys.stderr)
+            return 2
+        collection = args.collection
+        _, existing = resolve_version(_root(args), collection, args.from_version)
+        documents = documents_of_version(_root(args), collection, existing.embedding_version.id)
+        shards = existing.num_shards
+        partitioner = existing.partitioner if args.partitioner is None else partitioner
+        factory, metric = existing.factory, existing.metric
+        source = f"{collection} @ {existing.embedding_version.id}"
     if args.max_docs:
         documents = documents[: args.max_docs]
-    collection = args.collection or (corpus.name if corpus.is_dir() else corpus.stem)
-    config = BuildConfig(collection=collection, num_shards=args.shards, partitioner=args.partitioner,
-                         factory=args.factory, metric=args.metric, overwrite=args.overwrite)
+    config = BuildConfig(collection=collection, num_shards=shards, partitioner=partitioner or "hash",
+                         factory=factory, metric=metric, overwrite=args.overwrite)
     config.validate()
-    print(f"{len(documents)} documents from {corpus}", file=sys.stderr)
+    print(f"{len(documents)} documents from {source}", file=sys.stderr)
     manifest = encode_and_build(_root(args), documents, _make_encoder(args), config)
     out = _root(args) / collection / manifest.embedding_version.id
     print(json.dumps({"collection": collection, "version": manifest.embedding_version.id, "path": str(out),
@@ -343,7 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     build = commands.add_parser("build", help="encode a corpus and build a sharded collection")
-    build.add_argument("--corpus", required=True, help="JSONL file (_id, title, text) or BEIR folder")
+    build.add_argument("--corpus", help="JSONL file (_id, title, text) or BEIR folder; without it, --collection's "
+                                        "documents are re-embedded into a new version with the same slices")
+    build.add_argument("--from-version", help="without --corpus: the version whose documents to rebuild "
+                                              "(default: the newest)")
     build.add_argument("--collection", help="collection name (default: corpus file/folder name)")
     build.add_argument("--max-docs", type=int, default=0, help="index only the first N documents (default all)")
     _add_build_args(build, corpus_required=True)
@@ -364,6 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
     query.add_argument("--json", action="store_true", help="print the raw JSON response")
     query.set_defaults(func=cmd_query)
+
+    # Training lives in the training package (serving must not import it): `shardrag train|eval ...`
+    # runs `python -m training train|eval ...` in this process (see main()).
+    commands.add_parser("train", add_help=False,
+                        help="fine-tune the retriever on the collection's slices (DDP) → a new embedding version")
+    commands.add_parser("eval", add_help=False, help="nDCG@10, recall@10/100, MRR@10 through the sharded index")
 
     rollout = commands.add_parser(
         "rollout", help="roll a new embedding version out: stage, activate, retire, abort, rollback, status",
@@ -395,7 +419,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DELEGATED = ("train", "eval")  # subcommands that belong to the training package
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        os.execv(sys.executable, [sys.executable, "-m", "training", *argv])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

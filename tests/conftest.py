@@ -43,7 +43,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     """The embedding cache shared with the CLI, so a machine encodes each corpus once."""
-    from serving.cli import default_cache_dir
+    from retrieval.embedding_cache import default_cache_dir
 
     return default_cache_dir()
 

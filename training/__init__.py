@@ -1,5 +1,15 @@
-"""The retriever trainer (DDP, one rank per index slice) — arrives with issue 5.
+"""The retriever trainer: DDP with one rank per index slice, the result shipped as a new
+embedding version.
 
-Empty for now: the package exists so the distribution's layout and the import-direction
-rules (training → retrieval, index_shards) are fixed from the start.
+    data.py        slice-aware training pairs (given pairs routed to the owning rank, or
+                   self-supervised pairs made from the slice), deterministic from (seed, rank, step)
+    model.py       bi-encoder: a sentence-transformers checkpoint (mean pooling, normalised)
+    loss.py        InfoNCE with in-batch negatives gathered across ranks (gradient through the local part)
+    checkpoint.py  atomic checkpoints: model, optimizer, scheduler, RNG states, step
+    train.py       the DDP loop (`python -m training.train`, what torchrun runs)
+    export.py      the trained model as a sentence-transformers dir = a new embedding version
+    launch.py      local torchrun and Ray Train launchers
+    evaluate.py    nDCG/recall/MRR through the sharded index, base vs trained
+
+Imports ``retrieval`` and ``index_shards``; torch is imported by the modules that need it.
 """

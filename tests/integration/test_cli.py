@@ -25,10 +25,12 @@ def run(args, **kwargs):
 def test_help_explains_every_command():
     result = run(["--help"])
     assert result.returncode == 0
-    for command in ("demo", "build", "serve", "query", "gateway"):
+    commands = ("demo", "build", "serve", "query", "gateway", "rollout", "train", "eval")
+    for command in commands:
         assert command in result.stdout
-    for command in ("demo", "build", "serve", "query", "gateway"):
-        assert run([command, "--help"]).returncode == 0
+    for command in commands:
+        helped = run([command, "--help"])
+        assert helped.returncode == 0 and f"shardrag {command}" in helped.stdout
 
 
 def test_build_serve_query_and_ctrl_c(tmp_path):

@@ -1,7 +1,6 @@
 """The rollout through the gateway's admin API, in process: two real FAISS versions of one
 collection, replicas that hold several versions, refusals with reasons, idempotent commands."""
 
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 

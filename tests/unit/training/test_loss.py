@@ -1,0 +1,57 @@
+"""Gathered in-batch negatives across 2 real gloo processes give the single-process loss on the
+concatenated batch, and (after DDP's averaging) its exact gradient."""
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tests.conftest import free_port
+from training.loss import contrastive_loss, info_nce
+
+WORLD, BATCH, DIM = 2, 4, 8
+
+
+def embeddings(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    queries = torch.nn.functional.normalize(torch.randn(WORLD * BATCH, DIM, generator=generator), dim=-1)
+    passages = torch.nn.functional.normalize(torch.randn(WORLD * BATCH, DIM, generator=generator), dim=-1)
+    return queries, passages
+
+
+def worker(rank: int, port: int, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    queries, passages = embeddings(0)
+    local_q = queries[rank * BATCH:(rank + 1) * BATCH].clone().requires_grad_(True)
+    local_p = passages[rank * BATCH:(rank + 1) * BATCH].clone().requires_grad_(True)
+    loss, value, global_batch = contrastive_loss(local_q, local_p, 20.0, gather=True)
+    loss.backward()
+    # DDP would average the parameter gradients over ranks: do the same to the embedding grads
+    results[rank] = (float(value), global_batch, (local_q.grad / WORLD).tolist(), (local_p.grad / WORLD).tolist())
+    dist.destroy_process_group()
+
+
+def test_gathered_loss_and_gradient_equal_the_single_process_ones():
+    results = mp.Manager().dict()
+    mp.spawn(worker, args=(free_port(), results), nprocs=WORLD, join=True)
+    queries, passages = embeddings(0)
+    queries.requires_grad_(True)
+    passages.requires_grad_(True)
+    expected = info_nce(queries, passages, 20.0)
+    expected.backward()
+    for rank in range(WORLD):
+        value, global_batch, q_grad, p_grad = results[rank]
+        assert global_batch == WORLD * BATCH  # negatives have the global batch shape
+        assert abs(value - float(expected.detach())) < 1e-6
+        rows = slice(rank * BATCH, (rank + 1) * BATCH)
+        # after averaging, each rank holds exactly the single-process gradient of its own rows
+        assert torch.allclose(torch.tensor(q_grad), queries.grad[rows], atol=1e-6)
+        assert torch.allclose(torch.tensor(p_grad), passages.grad[rows], atol=1e-6)
+
+
+def test_local_only_negatives_use_the_local_batch():
+    queries, passages = embeddings(1)
+    loss, value, global_batch = contrastive_loss(queries[:BATCH], passages[:BATCH], 20.0, gather=False)
+    assert global_batch == BATCH and torch.isclose(loss, info_nce(queries[:BATCH], passages[:BATCH], 20.0))

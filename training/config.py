@@ -1,0 +1,66 @@
+"""Training configuration: one dataclass, every field commented. The CLI and the torchrun entry
+point fill it from flags; JSON round-trips it into checkpoints."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from retrieval.errors import ConfigError
+
+
+@dataclass(slots=True, frozen=True)
+class TrainConfig:
+    root: str  # collections root
+    collection: str  # the collection whose slices the ranks train on
+    version: str | None = None  # its version to read (default: the newest complete one)
+    model: str = "default"  # initial encoder: "default" (MiniLM) or a sentence-transformers checkpoint dir
+    out: str = "train-out"  # run directory: checkpoints, metrics, the exported encoder
+    export_name: str = "minilm-shardrag"  # name of the exported encoder (part of its embedding version id)
+    train_queries: str | None = None  # given pairs: queries.jsonl (BEIR) ...
+    train_qrels: str | None = None  # ... and qrels whose positives pick the rank; else self-supervised pairs
+    max_steps: int = 100  # optimizer steps
+    batch_size: int = 16  # pairs per rank per micro-step
+    grad_accum: int = 1  # micro-steps per optimizer step
+    lr: float = 2e-5  # AdamW learning rate (peak)
+    warmup_steps: int = 10  # linear warm-up, then linear decay to 0
+    weight_decay: float = 0.01
+    max_length: int = 128  # tokens per query/passage during training
+    scale: float = 20.0  # InfoNCE logit scale (1 / temperature)
+    learn_scale: bool = False  # learn the scale (log-parametrised) instead of fixing it
+    gather_negatives: bool = True  # in-batch negatives from every rank (else local batch only)
+    comm_hook: str = "none"  # DDP gradient compression: none, fp16, bf16, powersgd
+    checkpoint_every: int = 20  # steps between atomic checkpoints (and at the end)
+    seed: int = 0
+    crop_min: float = 0.1  # self-supervised cropping: each span is crop_min..crop_max of the words
+    crop_max: float = 0.5
+    hard_negatives_url: str | None = None  # gateway to mine hard negatives from (None: off)
+    hard_negatives_every: int = 50  # refresh period of the mined negatives, in steps
+    straggler_factor: float = 1.5  # a rank this much slower than the median...
+    straggler_window: int = 10  # ...over this many steps is reported
+    diagnostics: bool = False  # per-rank JSON of what each rank read and computed (tests)
+    log_every: int = 1  # progress bar refresh, in steps
+
+    def validate(self) -> TrainConfig:
+        positive = ("max_steps", "batch_size", "grad_accum", "max_length", "checkpoint_every", "straggler_window",
+                    "hard_negatives_every", "log_every")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be ≥ 1", field=name)
+        if self.lr <= 0 or self.scale <= 0:
+            raise ConfigError("lr and scale must be > 0", field="lr")
+        if not 0 < self.crop_min <= self.crop_max <= 1:
+            raise ConfigError("need 0 < crop_min ≤ crop_max ≤ 1", field="crop_min")
+        if self.comm_hook not in ("none", "fp16", "bf16", "powersgd"):
+            raise ConfigError("comm_hook must be none, fp16, bf16 or powersgd", field="comm_hook")
+        if (self.train_queries is None) != (self.train_qrels is None):
+            raise ConfigError("give both train_queries and train_qrels, or neither", field="train_qrels")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known}).validate()

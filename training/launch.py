@@ -1,0 +1,80 @@
+"""Launchers: local torchrun (one process per slice on this machine, loopback rendezvous on a
+free port, ``--max-restarts`` for fault tolerance) and Ray Train (``TorchTrainer`` with one
+worker per slice, GPUs when the cluster has them). A Kubernetes Indexed Job runs
+``python -m torch.distributed.run ... -m training.train`` itself with the rendezvous from its
+environment; nothing here is needed there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+from retrieval.errors import ConfigError
+
+from training.config import TrainConfig
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def config_args(config: TrainConfig) -> list[str]:
+    """The flags of ``python -m training.train`` that reproduce ``config``."""
+    args = []
+    for name, value in config.to_dict().items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + name.replace("_", "-"))
+        elif value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+def torchrun_command(config: TrainConfig, nproc: int, *, max_restarts: int = 3, port: int | None = None) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
+            "--master-addr=127.0.0.1", f"--master-port={port or _free_port()}", f"--max-restarts={max_restarts}",
+            "--monitor-interval=0.5", "-m", "training.train", *config_args(config)]
+
+
+def launch_local(config: TrainConfig, nproc: int, *, max_restarts: int = 3, env: dict[str, str] | None = None,
+                 capture: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the job under torchrun and wait for it. Raises when it fails after its restarts."""
+    command = torchrun_command(config.validate(), nproc, max_restarts=max_restarts)
+    run_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
+    result = subprocess.run(command, env=run_env, text=True, capture_output=capture)
+    if result.returncode != 0:
+        tail = (result.stderr or "")[-3000:] if capture else ""
+        raise RuntimeError(f"training failed (exit {result.returncode}) after up to {max_restarts} restarts\n{tail}")
+    return result
+
+
+def launch_ray(config: TrainConfig, nproc: int, *, address: str | None = None) -> dict[str, Any]:
+    """Run the same training loop as Ray Train workers (one per slice)."""
+    try:
+        import ray
+        from ray.train import ScalingConfig
+        from ray.train.torch import TorchTrainer
+    except ImportError as exc:
+        raise ConfigError("--backend ray needs Ray Train: pip install -e '.[ray]'", field="backend") from exc
+    import torch
+
+    def worker(payload: dict[str, Any]) -> None:
+        from training.train import run  # inside the worker process; Ray set up torch.distributed
+
+        run(TrainConfig.from_dict(payload))
+
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, include_dashboard=False)
+    trainer = TorchTrainer(worker, train_loop_config=config.validate().to_dict(),
+                           scaling_config=ScalingConfig(num_workers=nproc, use_gpu=torch.cuda.is_available()))
+    result = trainer.fit()
+    summary_path = os.path.join(config.out, "summary.json")
+    summary = json.loads(open(summary_path).read()) if os.path.exists(summary_path) else {}
+    return {"ray_result": str(result), **summary}

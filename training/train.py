@@ -1,0 +1,275 @@
+"""The DDP training loop — what ``torchrun`` (or Ray Train, or a Kubernetes Indexed Job) runs:
+
+    python -m torch.distributed.run --nproc-per-node 2 -m training.train --root R --collection C ...
+
+One rank per slice: rank r trains on shard r of the collection (training.data). NCCL and bf16
+autocast on CUDA (fp16 + GradScaler where the GPU has no bf16), gloo and fp32 on CPU. One
+forward per micro-step over queries and passages together; in-batch negatives gathered across
+ranks (training.loss). Rank 0 alone logs (progress bar with loss and samples/s) and writes
+checkpoints; every rank restores its own RNG state on resume, so a run restarted by
+``torchrun --max-restarts`` ends where an uninterrupted one would.
+
+Rendezvous comes from the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
+as torchrun and Kubernetes set it. Fault injection for tests and game days:
+SHARDRAG_TRAIN_KILL_RANK and SHARDRAG_TRAIN_KILL_AT_STEP make that rank SIGKILL itself at that
+step on the first attempt only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import fields
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from training.config import TrainConfig
+from training.data import SliceData
+from training.loss import contrastive_loss
+from training.model import BiEncoder
+from training.stragglers import StragglerDetector
+
+logger = logging.getLogger("shardrag.train")
+
+
+def _comm_hook(model: DistributedDataParallel, name: str) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif name == "bf16":
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif name == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+
+def _optimizer(model: BiEncoder, config: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
+    decay, no_decay = [], []
+    for name, parameter in model.named_parameters():
+        (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
+
+    def schedule(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        return max(0.0, (config.max_steps - step) / max(1, config.max_steps - config.warmup_steps))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def _grad_checksum(model: torch.nn.Module) -> float:
+    return float(sum(p.grad.double().abs().sum() for p in model.parameters() if p.grad is not None))
+
+
+def _init_process_group(backend: str) -> None:
+    """Join the group from the environment. Under torchrun the workers share the agent's store,
+    which outlives a restart: namespace it by restart attempt, or a restarted rank reads the dead
+    rank's old address and the new group never connects."""
+    timeout = timedelta(seconds=300)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"shardrag/attempt-{attempt}", store),
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                                timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
+
+
+def run(config: TrainConfig) -> dict[str, Any]:
+    """Train; returns rank 0's summary (other ranks return theirs without the export)."""
+    config.validate()
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or dist.is_initialized()
+    if distributed and not dist.is_initialized():
+        _init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank() if distributed else 0
+    world = dist.get_world_size() if distributed else 1
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    master = rank == 0
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed + rank)
+
+    data = SliceData(config.root, config.collection, rank, world, version=config.version, seed=config.seed,
+                     crop=(config.crop_min, config.crop_max), train_queries=config.train_queries,
+                     train_qrels=config.train_qrels)
+    raw_model = BiEncoder.from_checkpoint(config.model, scale=config.scale, learn_scale=config.learn_scale,
+                                          max_length=config.max_length).to(device)
+    optimizer, scheduler = _optimizer(raw_model, config)
+    start_step, history = 0, {"loss": [], "step_s": []}
+    checkpoint = load_checkpoint(out)
+    if checkpoint is not None:
+        raw_model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        scheduler.load_state_dict(checkpoint["scheduler"])
+        start_step = int(checkpoint["step"])
+        history = checkpoint.get("history", history)
+        set_rng_state(checkpoint["rng"][rank])
+        if master:
+            logger.warning("resumed from %s at step %d", out / "checkpoint.pt", start_step)
+    model: torch.nn.Module = raw_model
+    if distributed:
+        model = DistributedDataParallel(raw_model, device_ids=[local_rank] if device.type == "cuda" else None)
+        _comm_hook(model, config.comm_hook)
+
+    use_cuda = device.type == "cuda"
+    bf16 = use_cuda and torch.cuda.is_bf16_supported()
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16 if bf16 else torch.float16) if use_cuda
+                else nullcontext())
+    scaler = torch.amp.GradScaler("cuda") if use_cuda and not bf16 else None
+    stragglers = StragglerDetector(world, factor=config.straggler_factor, window=config.straggler_window)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    kill_rank = os.environ.get("SHARDRAG_TRAIN_KILL_RANK")
+    kill_step = int(os.environ.get("SHARDRAG_TRAIN_KILL_AT_STEP", "-1"))
+    diagnostics: dict[str, Any] = {"rank": rank, "world": world, "shard_dir": str(data.shard_directory),
+                                   "slice_docs": len(data.documents), "doc_ids": set(), "global_batch": [],
+                                   "grad_checksums": [], "losses": [], "start_step": start_step, "restart": restart}
+    from tqdm.auto import tqdm
+
+    progress = tqdm(total=config.max_steps, initial=start_step, desc="training", unit="step", disable=not master)
+    model.train()
+    per_step_samples = config.batch_size * config.grad_accum * world
+    for step in range(start_step, config.max_steps):
+        if kill_rank is not None and int(kill_rank) == rank and step == kill_step and restart == 0:
+            logger.warning("fault injection: rank %d kills itself at step %d", rank, step)
+            os.kill(os.getpid(), signal.SIGKILL)
+        started = time.perf_counter()
+        local_s = 0.0
+        loss_value = torch.zeros((), device=device)
+        for micro in range(config.grad_accum):
+            batch = data.batch(step * config.grad_accum + micro, config.batch_size)
+            if config.diagnostics:
+                diagnostics["doc_ids"].update(pair.doc_id for pair in batch)
+            tokens = raw_model.tokenize([p.query for p in batch] + [p.passage for p in batch], device)
+            sync = model.no_sync() if distributed and micro < config.grad_accum - 1 else nullcontext()
+            with sync:
+                micro_started = time.perf_counter()
+                with autocast:
+                    embeddings = model(**tokens)  # one forward over queries and passages
+                local_s += time.perf_counter() - micro_started  # before any collective: this rank's own speed
+                queries, passages = embeddings[: len(batch)], embeddings[len(batch):]
+                loss, value, global_batch = contrastive_loss(queries, passages, raw_model.scale,
+                                                             gather=config.gather_negatives)
+                loss = loss / config.grad_accum
+                (scaler.scale(loss) if scaler else loss).backward()
+                loss_value += value / config.grad_accum
+        if config.diagnostics:
+            diagnostics["global_batch"].append(global_batch)
+            diagnostics["grad_checksums"].append(_grad_checksum(raw_model))
+        if scaler:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), 1.0)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if distributed:
+            times = [torch.zeros(1) for _ in range(world)]
+            dist.all_gather(times, torch.tensor([local_s]))
+            rank_times = [float(t) for t in times]
+            reduced = loss_value.detach().clone()
+            dist.all_reduce(reduced)
+            loss_global = float(reduced) / world
+        else:
+            rank_times, loss_global = [local_s], float(loss_value)
+        slow = stragglers.record(rank_times)
+        if slow and master:
+            means = stragglers.means_s()
+            logger.warning("straggler ranks %s: mean local step %s s over %d steps (median %.3f s)", slow,
+                           [round(means[r], 3) for r in slow], config.straggler_window, sorted(means)[len(means) // 2])
+            history.setdefault("stragglers", []).append({"step": step, "ranks": slow})
+        step_s = time.perf_counter() - started
+        history["loss"].append(loss_global)
+        history["step_s"].append(step_s)
+        history.setdefault("rank_local_s", []).append(rank_times)
+        diagnostics["losses"].append(loss_global)
+        if master and (step + 1) % config.log_every == 0:
+            progress.set_postfix(loss=f"{loss_global:.4f}", samples_s=f"{per_step_samples / step_s:.1f}")
+        progress.update(1)
+        done = step + 1
+        if done % config.checkpoint_every == 0 or done == config.max_steps:
+            rngs = [None] * world
+            if distributed:
+                dist.all_gather_object(rngs, rng_state())
+            else:
+                rngs = [rng_state()]
+            if master:
+                save_checkpoint(out, {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                                      "scheduler": scheduler.state_dict(), "step": done, "rng": rngs,
+                                      "history": history, "config": config.to_dict(),
+                                      "base_version": data.version.id})
+            if distributed:
+                dist.barrier()
+    progress.close()
+    summary: dict[str, Any] = {"rank": rank, "world": world, "steps": config.max_steps, "start_step": start_step,
+                               "base_version": data.version.id, "loss_first": history["loss"][0] if history["loss"]
+                               else None, "loss_last": history["loss"][-1] if history["loss"] else None,
+                               "samples_per_step": per_step_samples, "history": history}
+    if config.diagnostics:
+        diagnostics["doc_ids"] = sorted(diagnostics["doc_ids"])
+        (out / f"diagnostics-rank{rank}.json").write_text(json.dumps(diagnostics))
+    if master:
+        from training.export import export_encoder
+
+        version = export_encoder(raw_model, config.model, out, config.export_name)
+        summary["exported"] = {"path": str(out / config.export_name), "version": version.id}
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        logger.warning("exported %s as embedding version %s", out / config.export_name, version.id)
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for field in fields(TrainConfig):
+        flag = "--" + field.name.replace("_", "-")
+        if field.type in ("bool", bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+        else:
+            kind = {"int": int, "float": float}.get(str(field.type), str)
+            required = field.name in ("root", "collection")
+            parser.add_argument(flag, type=kind, default=None if required else field.default, required=required)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = vars(build_parser().parse_args(argv))
+    config = TrainConfig(**args)
+    summary = run(config)
+    if summary.get("exported"):
+        print(json.dumps({"exported": summary["exported"], "loss_first": summary["loss_first"],
+                          "loss_last": summary["loss_last"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
