@@ -38,6 +38,7 @@ class TrainConfig:
     hard_negatives_every: int = 50  # refresh period of the mined negatives, in steps
     straggler_factor: float = 1.5  # a rank this much slower than the median...
     straggler_window: int = 10  # ...over this many steps is reported
+    threads: int = 0  # CPU threads per rank (0: the machine's cores / local ranks)
     diagnostics: bool = False  # per-rank JSON of what each rank read and computed (tests)
     log_every: int = 1  # progress bar refresh, in steps
 

@@ -107,7 +107,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
     else:
         device = torch.device("cpu")
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
+        torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // max(1, local_world)))
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed + rank)
