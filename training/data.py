@@ -100,6 +100,12 @@ class SliceData:
         rng.shuffle(pairs)
         return pairs
 
+    def random_passages(self, key: str, count: int) -> list[str]:
+        """``count`` passages of the slice drawn with a seed derived from ``key`` (deterministic)."""
+        rng = random.Random(f"{self.seed}/{self.rank}/passages/{key}")
+        docs = [self.documents[rng.randrange(len(self.documents))] for _ in range(count)]
+        return [f"{doc.title} {doc.text}" if doc.title else doc.text for doc in docs]
+
     def __len__(self) -> int:
         return len(self.given) if self.given is not None else len(self.documents)
 

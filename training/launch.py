@@ -59,7 +59,7 @@ def launch_ray(config: TrainConfig, nproc: int, *, address: str | None = None) -
     """Run the same training loop as Ray Train workers (one per slice)."""
     try:
         import ray
-        from ray.train import ScalingConfig
+        from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
     except ImportError as exc:
         raise ConfigError("--backend ray needs Ray Train: pip install -e '.[ray]'", field="backend") from exc
@@ -73,7 +73,9 @@ def launch_ray(config: TrainConfig, nproc: int, *, address: str | None = None) -
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, include_dashboard=False)
     trainer = TorchTrainer(worker, train_loop_config=config.validate().to_dict(),
-                           scaling_config=ScalingConfig(num_workers=nproc, use_gpu=torch.cuda.is_available()))
+                           scaling_config=ScalingConfig(num_workers=nproc, use_gpu=torch.cuda.is_available()),
+                           run_config=RunConfig(storage_path=os.path.abspath(os.path.join(config.out, "ray")),
+                                                name="shardrag-train"))
     result = trainer.fit()
     summary_path = os.path.join(config.out, "summary.json")
     summary = json.loads(open(summary_path).read()) if os.path.exists(summary_path) else {}

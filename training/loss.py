@@ -25,20 +25,27 @@ def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
 
 
 def info_nce(queries: torch.Tensor, passages: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
-    """Mean cross-entropy of each query against every passage; its own passage is the positive."""
+    """Mean cross-entropy of each query against every passage; query i's positive is passage i
+    (passages beyond the queries' count are negatives only)."""
     logits = scale * queries @ passages.T
     labels = torch.arange(queries.shape[0], device=queries.device)
     return functional.cross_entropy(logits, labels)
 
 
 def contrastive_loss(queries: torch.Tensor, passages: torch.Tensor, scale: torch.Tensor | float, *,
-                     gather: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(loss to back-propagate, the global-batch loss value for logging, global batch size)."""
+                     gather: bool, negatives: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(loss to back-propagate, the global-batch loss value for logging, global batch size).
+
+    ``negatives``: extra passages (hard negatives), appended after every positive.
+    """
     if not gather:
-        loss = info_nce(queries, passages, scale)
+        candidates = passages if negatives is None else torch.cat([passages, negatives])
+        loss = info_nce(queries, candidates, scale)
         return loss, loss.detach(), queries.shape[0]
     all_queries = gather_with_grad(queries)
     all_passages = gather_with_grad(passages)
+    if negatives is not None:
+        all_passages = torch.cat([all_passages, gather_with_grad(negatives)])
     loss = info_nce(all_queries, all_passages, scale)
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     return loss * world, loss.detach(), all_queries.shape[0]

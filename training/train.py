@@ -39,6 +39,7 @@ from training.config import TrainConfig
 from training.data import SliceData
 from training.loss import contrastive_loss
 from training.model import BiEncoder
+from training.metrics import TrainMetrics
 from training.stragglers import StragglerDetector
 
 logger = logging.getLogger("shardrag.train")
@@ -146,6 +147,12 @@ def run(config: TrainConfig) -> dict[str, Any]:
     diagnostics: dict[str, Any] = {"rank": rank, "world": world, "shard_dir": str(data.shard_directory),
                                    "slice_docs": len(data.documents), "doc_ids": set(), "global_batch": [],
                                    "grad_checksums": [], "losses": [], "start_step": start_step, "restart": restart}
+    miner = None
+    if config.hard_negatives_url:
+        from training.hard_negatives import HardNegativeMiner
+
+        miner = HardNegativeMiner(config.hard_negatives_url, refresh_every=config.hard_negatives_every)
+    metrics = TrainMetrics(rank) if master else None
     from tqdm.auto import tqdm
 
     progress = tqdm(total=config.max_steps, initial=start_step, desc="training", unit="step", disable=not master)
@@ -162,16 +169,24 @@ def run(config: TrainConfig) -> dict[str, Any]:
             batch = data.batch(step * config.grad_accum + micro, config.batch_size)
             if config.diagnostics:
                 diagnostics["doc_ids"].update(pair.doc_id for pair in batch)
-            tokens = raw_model.tokenize([p.query for p in batch] + [p.passage for p in batch], device)
+            texts = [p.query for p in batch] + [p.passage for p in batch]
+            if miner is not None:
+                mined = miner.negatives(step, batch)
+                # where the index gave nothing usable, a random passage of the slice stands in
+                fallback = data.random_passages(f"{step}/{micro}", len(batch))
+                texts += [negative or other for negative, other in zip(mined, fallback)]
+            tokens = raw_model.tokenize(texts, device)
             sync = model.no_sync() if distributed and micro < config.grad_accum - 1 else nullcontext()
             with sync:
                 micro_started = time.perf_counter()
                 with autocast:
                     embeddings = model(**tokens)  # one forward over queries and passages
                 local_s += time.perf_counter() - micro_started  # before any collective: this rank's own speed
-                queries, passages = embeddings[: len(batch)], embeddings[len(batch):]
+                n = len(batch)
+                queries, passages = embeddings[:n], embeddings[n:2 * n]
+                negatives = embeddings[2 * n:] if miner is not None else None
                 loss, value, global_batch = contrastive_loss(queries, passages, raw_model.scale,
-                                                             gather=config.gather_negatives)
+                                                             gather=config.gather_negatives, negatives=negatives)
                 loss = loss / config.grad_accum
                 (scaler.scale(loss) if scaler else loss).backward()
                 loss_value += value / config.grad_accum
@@ -198,6 +213,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
         else:
             rank_times, loss_global = [local_s], float(loss_value)
         slow = stragglers.record(rank_times)
+        if metrics is not None:
+            metrics.observe(step + 1, loss_global, rank_times, per_step_samples / (time.perf_counter() - started), slow)
         if slow and master:
             means = stragglers.means_s()
             logger.warning("straggler ranks %s: mean local step %s s over %d steps (median %.3f s)", slow,
@@ -219,6 +236,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
             else:
                 rngs = [rng_state()]
             if master:
+                if metrics is not None:
+                    metrics.write(out)
                 save_checkpoint(out, {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                                       "scheduler": scheduler.state_dict(), "step": done, "rng": rngs,
                                       "history": history, "config": config.to_dict(),
@@ -230,6 +249,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
                                "base_version": data.version.id, "loss_first": history["loss"][0] if history["loss"]
                                else None, "loss_last": history["loss"][-1] if history["loss"] else None,
                                "samples_per_step": per_step_samples, "history": history}
+    if miner is not None:
+        diagnostics["hard_negatives"] = {"mined": miner.mined, "failures": miner.failures}
+        summary["hard_negatives"] = diagnostics["hard_negatives"]
+        miner.close()
     if config.diagnostics:
         diagnostics["doc_ids"] = sorted(diagnostics["doc_ids"])
         (out / f"diagnostics-rank{rank}.json").write_text(json.dumps(diagnostics))

@@ -104,3 +104,33 @@ def test_export_is_a_new_version_the_rebuilt_collection_serves(setup, tmp_path):
             torch.set_num_threads(torch.get_num_threads())  # yield while the encoder loads
         body = client.post("/v1/query", json={"text": documents[0].title or documents[0].text[:50], "k": 3}).json()
         assert body["version"] == encoder.version.id and len(body["hits"]) == 3
+
+
+def test_hard_negatives_mined_through_the_gateway(setup, tmp_path, dbpedia):
+    from serving.launcher import LocalCluster
+
+    root, _ = setup
+    with LocalCluster(root, "slices", version=dbpedia.version.id, replicas=1, workdir=tmp_path / "cluster") as cluster:
+        launch_local(config(setup, tmp_path / "out", max_steps=6, hard_negatives_url=cluster.gateway_url,
+                            hard_negatives_every=3), 2, capture=True)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    info = [diagnostics(tmp_path / "out", r) for r in (0, 1)]
+    assert all(d["hard_negatives"]["failures"] == 0 and d["hard_negatives"]["mined"] > 0 for d in info)
+    assert summary["hard_negatives"]["mined"] == info[0]["hard_negatives"]["mined"]
+    assert info[0]["grad_checksums"] == info[1]["grad_checksums"]
+    assert (tmp_path / "out" / "metrics.prom").read_text().count("shardrag_train_loss") >= 1
+
+
+def test_ray_train_backend_runs_the_same_loop(setup, tmp_path):
+    import ray
+
+    from training.launch import launch_ray
+
+    try:
+        summary = launch_ray(config(setup, tmp_path, max_steps=4), 2)
+    finally:
+        ray.shutdown()
+    assert summary["world"] == 2 and summary["exported"]["version"].startswith("tiny-trained.w")
+    ranks = [diagnostics(tmp_path, r) for r in (0, 1)]
+    assert [d["shard_dir"][-7:] for d in ranks] == ["shard-0", "shard-1"]
+    assert ranks[0]["grad_checksums"] == ranks[1]["grad_checksums"]

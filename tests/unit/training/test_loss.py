@@ -55,3 +55,13 @@ def test_local_only_negatives_use_the_local_batch():
     queries, passages = embeddings(1)
     loss, value, global_batch = contrastive_loss(queries[:BATCH], passages[:BATCH], 20.0, gather=False)
     assert global_batch == BATCH and torch.isclose(loss, info_nce(queries[:BATCH], passages[:BATCH], 20.0))
+
+
+def test_hard_negatives_join_the_candidates_but_never_as_positives():
+    queries, passages = embeddings(2)
+    negatives = passages.flip(0)
+    loss, _, _ = contrastive_loss(queries, passages, 20.0, gather=False, negatives=negatives)
+    logits = 20.0 * queries @ torch.cat([passages, negatives]).T
+    expected = torch.nn.functional.cross_entropy(logits, torch.arange(len(queries)))
+    assert torch.isclose(loss, expected)
+    assert loss > info_nce(queries, passages, 20.0)  # more negatives: a harder task
