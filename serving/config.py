@@ -40,6 +40,7 @@ class GatewayConfig:
     gate_min_overlap: float = 0.5  # quality gate: mean overlap@10 of old vs new top-10 at least this
     gate_max_ndcg_drop: float = 0.02  # quality gate with qrels: nDCG@10 may drop at most this much
     gate_sample: int = 50  # queries the gate runs (recent ones when none are given)
+    answer_timeout_s: float = 300.0  # /v1/answer: how long a generator may take
     coalesce: bool = True  # batch concurrent queries into one call per shard
     max_batch: int = 64  # most queries per coalesced shard call
     max_inflight_per_replica: int = 2  # concurrent calls per replica before queries queue
@@ -93,10 +94,11 @@ class ClusterSpec:
     collection: str
     shards: tuple[tuple[str, ...], ...]  # shard id → replica base URLs
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    generators: tuple[str, ...] = ()  # generator worker base URLs for /v1/answer
 
     def to_json(self) -> bytes:
         return json.dumps({"collection": self.collection, "shards": [list(r) for r in self.shards],
-                           "gateway": self.gateway.to_dict()}, indent=1).encode()
+                           "generators": list(self.generators), "gateway": self.gateway.to_dict()}, indent=1).encode()
 
     @classmethod
     def load(cls, path: str | Path) -> ClusterSpec:
@@ -108,4 +110,5 @@ class ClusterSpec:
             raise ConfigError(f"cannot read cluster spec {path}: {exc}", field="cluster") from exc
         if not shards or any(not replicas for replicas in shards):
             raise ConfigError(f"cluster spec {path} needs at least one replica per shard", field="shards")
-        return cls(collection=str(data.get("collection", "")), shards=shards, gateway=gateway)
+        return cls(collection=str(data.get("collection", "")), shards=shards, gateway=gateway,
+                   generators=tuple(str(url) for url in data.get("generators", [])))

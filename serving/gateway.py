@@ -23,6 +23,7 @@ from typing import Any, AsyncIterator, Sequence
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
@@ -47,6 +48,7 @@ from serving.api_models import (
     StageCommand,
     VersionCommand,
 )
+from serving.answer import AnswerRequest, AnswerService
 from serving.balancer import make_balancer
 from serving.config import GatewayConfig
 from serving.fanout import FanOut, ShardCall
@@ -71,6 +73,7 @@ class Gateway:
         transport: ShardTransport | None = None,
         encoder_loader: EncoderLoader | None = None,
         store: RolloutStore | None = None,
+        generators: Sequence[str] = (),
     ) -> None:
         config.validate()
         self.config = config
@@ -88,6 +91,7 @@ class Gateway:
         self.caller: ShardCaller | None = None
         self.rollout: RolloutService | None = None
         self.recent_queries: deque[str] = deque(maxlen=max(config.gate_sample * 4, 100))
+        self.answers = AnswerService(self, generators, timeout_s=config.answer_timeout_s)
         self._tasks: list[asyncio.Future[None]] = []
 
     async def start(self) -> None:
@@ -143,6 +147,7 @@ class Gateway:
             task.cancel()
         if self.registry is not None:
             self.registry.close()
+        await self.answers.close()
         await self.transport.close()
 
     def parse(self, body: bytes) -> QueryRequest:
@@ -340,6 +345,13 @@ def create_app(gateway: Gateway) -> FastPathApp:
         # Served by the fast path; this route documents it and answers without the wrapper.
         status, payload = await handle_query(request.scope, await read_limited_body(request, gateway.config.max_body_bytes))
         return Response(payload, status_code=status, media_type="application/json")
+
+    @app.post("/v1/answer", summary="Retrieve, then generate an answer that cites the passages",
+              responses=ERROR_RESPONSES)
+    async def answer(request: AnswerRequest) -> Response:
+        if request.stream:
+            return StreamingResponse(gateway.answers.stream(request), media_type="text/event-stream")
+        return _json(await gateway.answers.answer(request))
 
     @app.get("/v1/cluster", summary="Shards, replicas, versions and live health")
     async def cluster() -> Response:

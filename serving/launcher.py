@@ -1,4 +1,5 @@
-"""Local cluster: N shards × R replica processes plus a gateway process, on one machine.
+"""Local cluster: N shards × R replica processes, optional kv-nodes and answer generators, and a
+gateway process, on one machine.
 
 Each child binds port 0 and reports its real address with a ``SHARDRAG_READY`` line; the
 launcher waits for every line with a deadline and fails fast (with the child's log tail) when
@@ -117,9 +118,18 @@ class LocalCluster:
         faiss_threads: int = 1,
         ready_timeout_s: float = 120.0,
         python: str = sys.executable,
+        kv_nodes: int = 0,
+        kv_node_budget_mb: float = 512.0,
+        generators: int = 0,
+        generator_model: str = "smollm2",
+        generator_args: tuple[str, ...] = (),
     ) -> None:
         if replicas < 1:
             raise ConfigError("replicas must be ≥ 1", field="replicas")
+        if kv_nodes < 0 or generators < 0:
+            raise ConfigError("kv_nodes and generators must be ≥ 0", field="kv_nodes" if kv_nodes < 0 else "generators")
+        if kv_nodes and not generators:
+            raise ConfigError("kv-nodes are only used by generators: add generators", field="kv_nodes")
         gateway = gateway or GatewayConfig()
         if gateway.rollout_state_path is None:
             # The rollout state lives with the collection, so a restarted cluster resumes it.
@@ -138,7 +148,14 @@ class LocalCluster:
         self.faiss_threads = faiss_threads
         self.ready_timeout_s = ready_timeout_s
         self.python = python
+        self.kv_node_count = kv_nodes
+        self.kv_node_budget_mb = kv_node_budget_mb
+        self.generator_count = generators
+        self.generator_model = generator_model
+        self.generator_args = tuple(generator_args)
         self.shards: list[list[Child]] = []
+        self.kv_nodes: list[Child] = []
+        self.generators: list[Child] = []
         self.gateway: Child | None = None
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
@@ -150,6 +167,7 @@ class LocalCluster:
             raise LaunchError("this LocalCluster was already started; make a new one")
         try:
             self._start_shards()
+            self._start_answer_path()
             self._start_gateway()
         except BaseException:
             self.stop()
@@ -179,9 +197,39 @@ class LocalCluster:
                 child.wait_ready(deadline)
         logger.info("%d shard replicas ready", sum(len(g) for g in self.shards))
 
+    def _start_answer_path(self) -> None:
+        """kv-nodes first (the generators need their URLs), then the generator workers."""
+        for index in range(self.kv_node_count):
+            def kv_argv(port: int) -> list[str]:
+                return [self.python, "-m", "serving", "kv-node", "--host", self.host, "--port", str(port),
+                        "--budget-mb", str(self.kv_node_budget_mb)]
+
+            child = Child(f"kv-node-{index}", kv_argv, self.workdir / f"kv-node-{index}.log")
+            child.start(self.env)
+            self.kv_nodes.append(child)
+        deadline = time.monotonic() + self.ready_timeout_s
+        for child in self.kv_nodes:
+            child.wait_ready(deadline)
+        # A restarted kv-node comes back on its old port, so these URLs stay valid.
+        node_urls = ",".join(str(c.ready["url"]) for c in self.kv_nodes)  # type: ignore[index]
+        for index in range(self.generator_count):
+            def gen_argv(port: int) -> list[str]:
+                return [self.python, "-m", "serving", "generator", "--model", self.generator_model, "--host", self.host,
+                        "--port", str(port), "--kv-nodes", node_urls, *self.generator_args]
+
+            child = Child(f"generator-{index}", gen_argv, self.workdir / f"generator-{index}.log")
+            child.start(self.env)
+            self.generators.append(child)
+        deadline = time.monotonic() + max(self.ready_timeout_s, 300.0)  # the first SmolLM2 load converts the GGUF
+        for child in self.generators:
+            child.wait_ready(deadline)
+        if self.generators:
+            logger.info("%d kv-nodes and %d generators ready", len(self.kv_nodes), len(self.generators))
+
     def _start_gateway(self) -> None:
         spec = ClusterSpec(self.collection, tuple(tuple(c.ready["url"] for c in group) for group in self.shards),  # type: ignore[index]
-                           self.gateway_config)
+                           self.gateway_config,
+                           generators=tuple(str(c.ready["url"]) for c in self.generators))  # type: ignore[index]
         spec_path = self.workdir / "cluster.json"
         atomic_write_bytes(spec_path, spec.to_json())
 
@@ -221,8 +269,17 @@ class LocalCluster:
     def shard_urls(self) -> list[list[str]]:
         return [[str(c.ready["url"]) for c in group if c.ready] for group in self.shards]
 
+    @property
+    def kv_node_urls(self) -> list[str]:
+        return [str(c.ready["url"]) for c in self.kv_nodes if c.ready]
+
+    @property
+    def generator_urls(self) -> list[str]:
+        return [str(c.ready["url"]) for c in self.generators if c.ready]
+
     def children(self) -> list[Child]:
-        return [c for group in self.shards for c in group] + ([self.gateway] if self.gateway else [])
+        return ([c for group in self.shards for c in group] + self.kv_nodes + self.generators
+                + ([self.gateway] if self.gateway else []))
 
     def status(self) -> list[dict[str, Any]]:
         return [{"name": c.name, "pid": c.process.pid if c.process else None, "port": c.port,
@@ -258,6 +315,8 @@ class LocalCluster:
         self._stopping.set()
         if self.gateway is not None:
             self.gateway.stop()
+        for child in self.generators + self.kv_nodes:
+            child.stop()
         for group in self.shards:
             for child in group:
                 child.stop()
@@ -269,8 +328,11 @@ class LocalCluster:
         self.stop()
 
     def describe(self) -> dict[str, Any]:
-        return {"gateway": self.gateway_url, "shards": self.shard_urls, "version": self.manifest.embedding_version.id,
-                "workdir": str(self.workdir)}
+        described: dict[str, Any] = {"gateway": self.gateway_url, "shards": self.shard_urls,
+                                     "version": self.manifest.embedding_version.id, "workdir": str(self.workdir)}
+        if self.generators:
+            described.update(generators=self.generator_urls, kv_nodes=self.kv_node_urls)
+        return described
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
