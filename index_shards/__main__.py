@@ -1,4 +1,5 @@
 """``python -m index_shards serve --dir SHARD_DIR --host 127.0.0.1 --port 0``
+``python -m index_shards pack --dir SHARD_DIR --out shard-0.tar.gz`` / ``fetch --url URL --dest DIR``
 
 Loads one shard directory (refusing it if its checksums do not match) and serves it. With
 ``--port 0`` the server picks a free port and reports it: a ``SHARDRAG_READY {json}`` line on
@@ -39,11 +40,37 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fault injection spec, e.g. 'stall=0.05:100,latency=lognormal:1:0.5' "
                             "(see index_shards/faults.py; default off) [env SHARDRAG_FAULTS]")
     serve.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+
+    pack = commands.add_parser("pack", help="write a verified shard directory as one .tar.gz (to publish it)")
+    pack.add_argument("--dir", required=True, help="shard directory (holds manifest.json)")
+    pack.add_argument("--out", required=True, help="archive to write, e.g. shard-0.tar.gz")
+    fetch = commands.add_parser("fetch", help="download a packed shard, verify it, move it into place atomically")
+    fetch.add_argument("--url", required=True, help="http(s):// or file:// URL of a packed shard")
+    fetch.add_argument("--dest", required=True, help="shard directory to create (left alone if it verifies)")
+    fetch.add_argument("--timeout", type=float, default=600.0, help="download timeout, seconds (default 600)")
     return parser
+
+
+def _pack_or_fetch(args: argparse.Namespace) -> int:
+    from index_shards.fetch import fetch_shard, pack_shard
+
+    try:
+        if args.command == "pack":
+            print(pack_shard(args.dir, args.out))
+        else:
+            manifest = fetch_shard(args.url, args.dest, timeout_s=args.timeout)
+            print(f"{args.dest}: shard {manifest.shard_id} of {manifest.num_shards}, verified")
+    except ShardragError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 3
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("pack", "fetch"):
+        logging.basicConfig(level="INFO", format="%(levelname)s %(message)s")
+        return _pack_or_fetch(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.dir:
         print("error: --dir is required (or set SHARDRAG_SHARD_DIR)", file=sys.stderr)

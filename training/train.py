@@ -204,8 +204,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         if distributed:
-            times = [torch.zeros(1) for _ in range(world)]
-            dist.all_gather(times, torch.tensor([local_s]))
+            # NCCL only moves CUDA tensors: the step times travel on the training device
+            times = [torch.zeros(1, device=device) for _ in range(world)]
+            dist.all_gather(times, torch.tensor([local_s], device=device))
             rank_times = [float(t) for t in times]
             reduced = loss_value.detach().clone()
             dist.all_reduce(reduced)
@@ -248,7 +249,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
     summary: dict[str, Any] = {"rank": rank, "world": world, "steps": config.max_steps, "start_step": start_step,
                                "base_version": data.version.id, "loss_first": history["loss"][0] if history["loss"]
                                else None, "loss_last": history["loss"][-1] if history["loss"] else None,
-                               "samples_per_step": per_step_samples, "history": history}
+                               "samples_per_step": per_step_samples, "history": history,
+                               "device": str(device), "backend": dist.get_backend() if distributed else None,
+                               "precision": "bf16" if bf16 else "fp16" if scaler is not None else "fp32"}
     if miner is not None:
         diagnostics["hard_negatives"] = {"mined": miner.mined, "failures": miner.failures}
         summary["hard_negatives"] = diagnostics["hard_negatives"]
