@@ -147,16 +147,21 @@ def _port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def _start_cluster(args: argparse.Namespace, root: Path, collection: str, version: str | None) -> Any:
+def _gateway_config(args: argparse.Namespace) -> Any:
     from serving.config import GatewayConfig
+
+    return GatewayConfig(transport=args.transport, coalesce=not args.no_coalesce, load_encoder=not args.no_encoder,
+                         balancer=args.balancer, hedging=not args.no_hedging)
+
+
+def _start_cluster(args: argparse.Namespace, root: Path, collection: str, version: str | None) -> Any:
     from serving.launcher import LocalCluster
 
     port = args.port
     if port and not _port_is_free(args.host, port):
         print(f"port {port} is busy; the gateway takes a free one", file=sys.stderr)
         port = 0
-    gateway = GatewayConfig(transport=args.transport, coalesce=not args.no_coalesce, load_encoder=not args.no_encoder,
-                            balancer=args.balancer, hedging=not args.no_hedging)
+    gateway = _gateway_config(args)
     cluster = LocalCluster(root, collection, version=version, replicas=args.replicas, host=args.host,
                            gateway_port=port, gateway=gateway, workdir=args.workdir, faiss_threads=args.faiss_threads,
                            generators=args.generators, generator_model=args.generator_model, kv_nodes=args.kv_nodes,
@@ -204,26 +209,63 @@ shardrag is up: {url}
 Ctrl-C stops every process.""", flush=True)
 
 
+def _serve_on_ray(args: argparse.Namespace) -> int:
+    """Shard replicas as Ray actors; the gateway runs here, reaching them through RayTransport."""
+    from dataclasses import replace
+
+    from index_shards.layout import collection_dir
+    from retrieval.serve import serve_app
+    from serving.gateway import Gateway, create_app
+    from serving.ray_backend import RayShardCluster
+
+    if args.generators or args.kv_nodes:
+        raise SystemExit("error: --generators/--kv-nodes run with the process backend only (omit --backend ray)")
+    root = _root(args)
+    cluster = RayShardCluster(root, args.collection, version=args.version, replicas=args.replicas,
+                              address=args.ray_address, faiss_threads=args.faiss_threads)
+    print(f"starting {cluster.manifest.num_shards} shards × {args.replicas} replica actors on Ray "
+          f"({args.ray_address or 'local'}) ...", file=sys.stderr, flush=True)
+    cluster.start()
+    config = replace(_gateway_config(args),
+                     rollout_state_path=str(collection_dir(root, args.collection) / "rollout.json"))
+    gateway = Gateway(config, cluster.replica_names, transport=cluster.transport(),
+                      encoder_loader=_encoder_loader(config))
+    try:
+        serve_app(create_app(gateway), host=args.host, port=args.port, name="gateway", log_level="warning")
+    except KeyboardInterrupt:  # Ctrl-C reaches Ray's processes too; stop in order all the same
+        pass
+    finally:
+        print("stopping the Ray shard actors ...", file=sys.stderr)
+        cluster.stop()
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.backend == "ray":
+        return _serve_on_ray(args)
     cluster = _start_cluster(args, _root(args), args.collection, args.version)
     _print_banner(cluster, "how do I open a file")
     return _run_until_interrupted(cluster)
 
 
 # -- gateway ------------------------------------------------------------------------------------
-def cmd_gateway(args: argparse.Namespace) -> int:
+def _encoder_loader(config: Any) -> Any:
     from retrieval.encoders import load_encoder
+
+    def loader(model: str) -> Any:
+        return load_encoder(None if model == "default" else model, device=config.encoder_device)
+
+    return loader
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
     from retrieval.serve import serve_app
     from serving.config import ClusterSpec
     from serving.gateway import Gateway, create_app
 
     spec = ClusterSpec.load(args.cluster)
-    config = spec.gateway
-
-    def loader(model: str) -> Any:
-        return load_encoder(None if model == "default" else model, device=config.encoder_device)
-
-    gateway = Gateway(config, spec.shards, encoder_loader=loader, generators=spec.generators)
+    gateway = Gateway(spec.gateway, spec.shards, encoder_loader=_encoder_loader(spec.gateway),
+                      generators=spec.generators)
     serve_app(create_app(gateway), host=args.host, port=args.port, port_file=args.port_file, name="gateway",
               log_level=args.log_level)
     return 0
@@ -418,6 +460,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--collection", required=True, help="collection name")
     serve.add_argument("--root", help=f"where collections live [env SHARDRAG_ROOT, default ./{DEFAULT_ROOT}]")
     serve.add_argument("--version", help="embedding version id (default: the newest complete one)")
+    serve.add_argument("--backend", choices=("process", "ray"), default="process",
+                       help="process: one OS process per replica, HTTP (default); ray: replicas as Ray actors")
+    serve.add_argument("--ray-address", default=None,
+                       help="--backend ray: an existing Ray cluster (e.g. ray://head:10001 or auto); default local")
     _add_serve_args(serve)
     serve.set_defaults(func=cmd_serve)
 

@@ -19,7 +19,7 @@ ALLOWED = {
     "training": {"retrieval", "index_shards"},
 }
 # serving may touch index_shards only to embed shards in-process, launch or build them
-SERVING_MODULES_USING_INDEX_SHARDS = {"embedded.py", "launcher.py", "cli.py"}
+SERVING_MODULES_USING_INDEX_SHARDS = {"embedded.py", "launcher.py", "cli.py", "ray_backend.py"}
 
 
 def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:

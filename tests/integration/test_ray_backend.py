@@ -1,0 +1,150 @@
+"""The Ray backend on a local Ray (2 CPUs): 2 shards × 2 replica actors behind the same gateway
+code as HTTP. Same answers as the HTTP backend; a killed replica actor costs no query; clean
+shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from index_shards.build import BuildConfig, build_collection
+from serving.api_models import QueryRequest
+from serving.config import GatewayConfig
+from serving.gateway import Gateway, create_app
+from serving.launcher import LocalCluster
+from serving.ray_backend import RayShardCluster
+
+pytestmark = pytest.mark.slow
+
+CONFIG = GatewayConfig(load_encoder=False, eject_base_s=0.5, probe_interval_s=0.2)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory, msmarco):
+    root = tmp_path_factory.mktemp("root")
+    build_collection(root, msmarco.documents, msmarco.vectors, msmarco.version, BuildConfig("rayc", 2),
+                     show_progress=False)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(root):
+    cluster = RayShardCluster(root, "rayc", replicas=2, ray_init={"num_cpus": 2}).start()
+    yield cluster
+    cluster.stop()
+
+
+def ranked(response: dict) -> list[tuple[str, float]]:
+    return [(h["doc_id"], h["score"]) for h in response["hits"]]
+
+
+def test_same_answers_as_the_http_backend(root, ray_cluster, msmarco):
+    vectors = [v.tolist() for v in msmarco.query_vectors[:40]]
+    with LocalCluster(root, "rayc", replicas=2, gateway=CONFIG) as http_cluster:
+        with httpx.Client(base_url=http_cluster.gateway_url, timeout=30) as client:
+            over_http = [client.post("/v1/query", json={"vector": v, "k": 10}).json() for v in vectors]
+    with TestClient(create_app(Gateway(CONFIG, ray_cluster.replica_names, transport=ray_cluster.transport()))) as client:
+        over_ray = [client.post("/v1/query", json={"vector": v, "k": 10}) for v in vectors]
+        assert all(r.status_code == 200 for r in over_ray)
+        over_ray = [r.json() for r in over_ray]
+        cluster_view = client.get("/v1/cluster").json()
+    for a, b in zip(over_http, over_ray):
+        assert [d for d, _ in ranked(a)] == [d for d, _ in ranked(b)]
+        assert np.allclose([s for _, s in ranked(a)], [s for _, s in ranked(b)], atol=1e-6)
+        assert a["version"] == b["version"] and not b["partial"]
+    replicas = [r for shard in cluster_view["shards"] for r in shard["replicas"]]
+    assert len(replicas) == 4 and all(r["url"].startswith("ray://") and r["healthy"] for r in replicas)
+
+
+def test_killing_a_replica_actor_fails_no_query(ray_cluster, msmarco):
+    vectors = [v.tolist() for v in msmarco.query_vectors]
+
+    async def scenario() -> tuple[list, int]:
+        gateway = Gateway(CONFIG, ray_cluster.replica_names, transport=ray_cluster.transport())
+        await gateway.start()
+        results: list = []
+        stop = asyncio.Event()
+
+        async def stream(offset: int) -> None:
+            i = offset
+            while not stop.is_set():
+                try:
+                    response = await gateway.query(QueryRequest(vector=vectors[i % len(vectors)], k=10,
+                                                                timeout_ms=5000))
+                    results.append(("ok", response["partial"]))
+                except Exception as exc:  # noqa: BLE001 - counted as a failure
+                    results.append(("error", repr(exc)))
+                i += 3
+
+        streams = [asyncio.create_task(stream(n)) for n in range(3)]
+        await asyncio.sleep(1.5)
+        before = len(results)
+        ray_cluster.kill(0, 1)  # no restart: the replica is gone for good
+        await asyncio.sleep(3.0)
+        stop.set()
+        await asyncio.gather(*streams)
+        await gateway.close()
+        return results, before
+
+    results, before = asyncio.run(scenario())
+    assert before > 10 and len(results) > before + 10
+    failures = [r for r in results if r[0] == "error" or r[1]]
+    assert not failures, failures[:3]
+
+
+def test_clean_shutdown(root):
+    import ray
+
+    # The module's cluster started Ray; a second cluster object reuses it and stops only its actors.
+    cluster = RayShardCluster(root, "rayc", replicas=1, namespace="shutdown-test").start()
+    names = [n for group in cluster.replica_names for n in group]
+    cluster.stop()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [n for n in names if _exists(ray, n[len("ray://"):], "shutdown-test")]
+        if not alive:
+            break
+        time.sleep(0.2)
+    assert not alive
+    assert ray.is_initialized()  # not ours to shut down
+
+
+def _exists(ray, name: str, namespace: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=namespace)
+        return True
+    except ValueError:
+        return False
+
+
+def test_shardrag_serve_backend_ray_cli(root, msmarco):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--backend", "ray", "--collection", "rayc",
+                                "--root", str(root), "--replicas", "1", "--port", "0", "--no-encoder"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if not line and process.poll() is not None:
+                raise AssertionError(process.stderr.read()[-2000:])
+            if line.startswith("SHARDRAG_READY "):
+                url = json.loads(line.split(" ", 1)[1])["url"]
+        assert url, "the Ray-backed gateway never became ready"
+        response = httpx.post(f"{url}/v1/query", json={"vector": msmarco.query_vectors[0].tolist(), "k": 5}, timeout=30)
+        assert response.status_code == 200 and len(response.json()["hits"]) == 5
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(60) == 0
