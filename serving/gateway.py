@@ -18,6 +18,7 @@ import logging
 import time
 from collections import deque
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
 
 import numpy as np
@@ -266,9 +267,16 @@ class Gateway:
                     "on_gpu": info.get("on_gpu"), "latency_ms": (time.perf_counter() - started) * 1000.0,
                     "ejection": state}
 
+        supervision = self._supervision()
+        by_url = {c.get("url"): c for c in (supervision or {}).get("children", []) if c.get("url")}
         shards = []
         for shard in active.shards:
             replicas = await asyncio.gather(*(probe(r) for r in shard.replicas))
+            for replica in replicas:
+                child = by_url.get(replica["url"])
+                if child is not None:
+                    replica["restarts"] = child.get("restarts", 0)
+                    replica["last_exit_code"] = child.get("last_exit_code")
             shards.append({"shard": shard.shard_id, "count": shard.count, "replicas": replicas,
                            "healthy_replicas": sum(r["healthy"] for r in replicas)})
         return {
@@ -283,7 +291,20 @@ class Gateway:
             "encoders": {v: {"state": e.state, "error": e.error} for v, e in self.registry.encoders.items()},
             "balancer": self.config.balancer,
             "hedging": self._hedging_state(),
+            "supervision": supervision,
         }
+
+    def _supervision(self) -> dict[str, Any] | None:
+        """Restarts of every process the local launcher supervises (None when not launched by it)."""
+        if not self.config.supervision_path:
+            return None
+        try:
+            payload = orjson.loads(Path(self.config.supervision_path).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        children = payload.get("children", [])
+        return {"updated_at": payload.get("updated_at"), "total_restarts": sum(c.get("restarts", 0) for c in children),
+                "children": children}
 
     def _hedging_state(self) -> dict[str, Any]:
         if self.caller is None:

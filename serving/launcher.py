@@ -45,6 +45,8 @@ class Child:
     process: subprocess.Popen[str] | None = None
     ready: dict[str, Any] | None = None
     restarts: int = 0
+    last_exit_code: int | None = None
+    last_restart_at: float | None = None  # wall-clock time of the last restart
     last_start: float = 0.0
     backoff_s: float = 1.0
     _ready_event: threading.Event = field(default_factory=threading.Event)
@@ -134,6 +136,9 @@ class LocalCluster:
         if gateway.rollout_state_path is None:
             # The rollout state lives with the collection, so a restarted cluster resumes it.
             gateway = replace(gateway, rollout_state_path=str(collection_dir(root, collection) / "rollout.json"))
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="shardrag-cluster-"))
+        if gateway.supervision_path is None:
+            gateway = replace(gateway, supervision_path=str(self.workdir / "supervision.json"))
         if version is None:
             state = FileRolloutStore(gateway.rollout_state_path).load()
             version = state.active if state is not None else None  # else: the newest complete version
@@ -143,7 +148,6 @@ class LocalCluster:
         self.host = host
         self.gateway_port = gateway_port
         self.gateway_config = gateway
-        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="shardrag-cluster-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.faiss_threads = faiss_threads
         self.ready_timeout_s = ready_timeout_s
@@ -172,6 +176,7 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+        self._write_supervision()
         self._supervisor = threading.Thread(target=self._supervise, daemon=True, name="supervisor")
         self._supervisor.start()
         return self
@@ -282,9 +287,17 @@ class LocalCluster:
                 + ([self.gateway] if self.gateway else []))
 
     def status(self) -> list[dict[str, Any]]:
-        return [{"name": c.name, "pid": c.process.pid if c.process else None, "port": c.port,
-                 "alive": bool(c.process and c.process.poll() is None), "restarts": c.restarts}
+        return [{"name": c.name, "url": c.ready.get("url") if c.ready else None,
+                 "pid": c.process.pid if c.process else None, "port": c.port,
+                 "alive": bool(c.process and c.process.poll() is None), "restarts": c.restarts,
+                 "last_exit_code": c.last_exit_code, "last_restart_at": c.last_restart_at}
                 for c in self.children()]
+
+    def _write_supervision(self) -> None:
+        """The restart log the gateway shows in /v1/cluster (atomic: it may read at any time)."""
+        path = self.gateway_config.supervision_path
+        if path:
+            write_json(Path(path), {"updated_at": time.time(), "children": self.status()})
 
     # -- supervision -------------------------------------------------------------------------
     def _supervise(self) -> None:
@@ -302,8 +315,11 @@ class LocalCluster:
                 logger.warning("%s exited with code %s; restarting on port %d (restart %d)\n%s", child.name,
                                process.returncode, child.port, child.restarts + 1, child.log_tail(5))
                 child.restarts += 1
+                child.last_exit_code = process.returncode
+                child.last_restart_at = time.time()
                 child.backoff_s = min(child.backoff_s * 2, 30.0)
                 child.start(self.env)
+                self._write_supervision()
 
     def wait(self) -> None:
         """Block until :meth:`stop` (or Ctrl-C in the caller)."""
