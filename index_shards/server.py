@@ -30,6 +30,8 @@ from retrieval.errors import DeadlineExceeded, InvalidRequest, MalformedBody
 from retrieval.serve import FastPathApp, install_error_handlers, read_limited_body
 from retrieval.wire import decode_vectors
 
+from retrieval.auth import guard_from_env, internal_policy
+
 from index_shards.faults import FaultConfig, FaultInjector, wait_unless_gone
 from index_shards.metrics import ShardMetrics
 from index_shards.shard import Shard
@@ -223,8 +225,9 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
             counter = counters[status] = metrics.requests.labels(endpoint="search", status=str(status))
         counter.inc()  # type: ignore[attr-defined]
 
-    return FastPathApp(app, {("POST", "/v1/search"): handle_search}, max_body_bytes=config.max_body_bytes,
+    fast = FastPathApp(app, {("POST", "/v1/search"): handle_search}, max_body_bytes=config.max_body_bytes,
                        on_result=count)
+    return guard_from_env(fast, internal_policy)  # SHARDRAG_INTERNAL_TOKEN: only the gateway may call
 
 
 def _json(payload: object, status_code: int = 200) -> Response:

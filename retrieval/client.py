@@ -14,27 +14,36 @@ from typing import Any, Sequence
 from retrieval.errors import (
     DeadlineExceeded,
     EncoderError,
+    Forbidden,
     InvalidRequest,
     MalformedBody,
     NotFound,
     PayloadTooLarge,
+    RateLimited,
     ShardragError,
     ShardUnavailable,
+    Unauthorized,
     VersionConflict,
 )
 
 _BY_STATUS: dict[int, type[ShardragError]] = {
-    400: MalformedBody, 404: NotFound, 409: VersionConflict, 413: PayloadTooLarge, 422: InvalidRequest,
-    503: ShardUnavailable, 504: DeadlineExceeded,
+    400: MalformedBody, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: VersionConflict,
+    413: PayloadTooLarge, 422: InvalidRequest,
+    429: RateLimited, 503: ShardUnavailable, 504: DeadlineExceeded,
 }
 
 
 class ShardragClient:
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0, api_key: str | None = None) -> None:
+        """``api_key``: sent as ``Authorization: Bearer``; default ``$SHARDRAG_API_KEY`` (none if unset)."""
+        import os
+
         import httpx
 
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        key = api_key if api_key is not None else os.environ.get("SHARDRAG_API_KEY")
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
     def __enter__(self) -> ShardragClient:
         return self
@@ -55,7 +64,11 @@ class ShardragClient:
         cls = _BY_STATUS.get(response.status_code, ShardragError)
         if cls is ShardUnavailable and error.get("code") == EncoderError.code:
             cls = EncoderError
-        exc = cls(error.get("message", response.text[:200]), field=error.get("field"), shard=error.get("shard"))
+        message = error.get("message", response.text[:200])
+        if cls is RateLimited:
+            exc: ShardragError = RateLimited(message, retry_after_s=float(response.headers.get("retry-after", "1")))
+        else:
+            exc = cls(message, field=error.get("field"), shard=error.get("shard"))
         exc.status_code = response.status_code
         raise exc
 

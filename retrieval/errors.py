@@ -70,6 +70,29 @@ class PayloadTooLarge(ShardragError):
     code = "payload_too_large"
 
 
+class Unauthorized(ShardragError):
+    """No credentials, or credentials that match no key."""
+
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(ShardragError):
+    """A valid key whose scope does not cover the endpoint."""
+
+    status_code = 403
+    code = "forbidden"
+
+
+class RateLimited(ShardragError):
+    status_code = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: float, field: str | None = "rate_limit") -> None:
+        super().__init__(message, field=field)
+        self.retry_after_s = retry_after_s
+
+
 class NotFound(ShardragError):
     status_code = 404
     code = "not_found"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from retrieval.auth import internal_headers
 from retrieval.errors import EncoderError, InvalidRequest, ShardUnavailable
 
 from serving.api_models import QueryRequest
@@ -48,7 +49,7 @@ class AnswerService:
 
         self.gateway = gateway
         self.generators = [g.rstrip("/") for g in generators]
-        self._http = httpx.AsyncClient(timeout=timeout_s)
+        self._http = httpx.AsyncClient(timeout=timeout_s, headers=internal_headers())
 
     async def close(self) -> None:
         await self._http.aclose()

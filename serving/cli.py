@@ -129,6 +129,9 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-encoder", action="store_true", help="vector queries only (skips loading torch)")
     parser.add_argument("--faiss-threads", type=int, default=1, help="FAISS threads per shard process (default 1)")
     parser.add_argument("--workdir", type=Path, default=None, help="logs and cluster.json (default: a temp dir)")
+    parser.add_argument("--open", action="store_true",
+                        help="no API keys (only with a loopback --host; a warning is printed). Default: fresh "
+                             "read and admin keys are generated and printed")
     parser.add_argument("--generators", type=int, default=0,
                         help="answer generator processes for POST /v1/answer (default 0: no answer endpoint)")
     parser.add_argument("--generator-model", default="smollm2",
@@ -154,6 +157,21 @@ def _gateway_config(args: argparse.Namespace) -> Any:
                          balancer=args.balancer, hedging=not args.no_hedging)
 
 
+def _access(args: argparse.Namespace) -> tuple[list[str] | None, str]:
+    """(API key entries or None when --open, the internal token). Fresh secrets every start."""
+    import secrets
+
+    token = secrets.token_urlsafe(32)
+    if args.open:
+        if args.host not in ("127.0.0.1", "localhost", "::1"):
+            raise SystemExit(f"error: --open serves without API keys, which is only allowed on a loopback --host "
+                             f"(not {args.host})")
+        print("WARNING: --open: no API keys; anyone on this machine can query and administer the cluster",
+              file=sys.stderr)
+        return None, token
+    return [f"read:{secrets.token_urlsafe(24)}", f"admin:{secrets.token_urlsafe(24)}"], token
+
+
 def _start_cluster(args: argparse.Namespace, root: Path, collection: str, version: str | None) -> Any:
     from serving.launcher import LocalCluster
 
@@ -162,10 +180,11 @@ def _start_cluster(args: argparse.Namespace, root: Path, collection: str, versio
         print(f"port {port} is busy; the gateway takes a free one", file=sys.stderr)
         port = 0
     gateway = _gateway_config(args)
+    keys, token = _access(args)
     cluster = LocalCluster(root, collection, version=version, replicas=args.replicas, host=args.host,
                            gateway_port=port, gateway=gateway, workdir=args.workdir, faiss_threads=args.faiss_threads,
                            generators=args.generators, generator_model=args.generator_model, kv_nodes=args.kv_nodes,
-                           kv_node_budget_mb=args.kv_node_budget_mb)
+                           kv_node_budget_mb=args.kv_node_budget_mb, api_keys=keys, internal_token=token)
     extra = f" + {args.generators} generators + {args.kv_nodes} kv-nodes" if args.generators else ""
     print(f"starting {cluster.manifest.num_shards} shards × {args.replicas} replicas{extra} + gateway "
           f"({cluster.manifest.embedding_version.id}) ...", file=sys.stderr, flush=True)
@@ -189,20 +208,34 @@ def _run_until_interrupted(cluster: Any) -> int:
     return 0
 
 
+def _key(cluster: Any, scope: str) -> str | None:
+    for entry in getattr(cluster, "api_keys", None) or []:
+        if entry.startswith(scope + ":"):
+            return entry.split(":", 1)[1]
+    return None
+
+
 def _print_banner(cluster: Any, example_query: str) -> None:
     url = cluster.gateway_url
     body = json.dumps({"text": example_query, "k": 3})
+    read_key, admin_key = _key(cluster, "read"), _key(cluster, "admin")
+    auth = f" -H \"authorization: Bearer $SHARDRAG_API_KEY\"" if read_key else ""
     answer_hint = ""
     if cluster.generators:
         answer_body = json.dumps({"question": example_query, "k": 3})
-        answer_hint = f"\n  curl -s {url}/v1/answer -H 'content-type: application/json' -d '{answer_body}'"
+        answer_hint = f"\n  curl -s {url}/v1/answer{auth} -H 'content-type: application/json' -d '{answer_body}'"
+    keys = (f"""
+  API keys (new each start; also in {cluster.workdir}/api-keys):
+    read  {read_key}
+    admin {admin_key}
+  export SHARDRAG_API_KEY={read_key}""" if read_key else "\n  no API keys (--open)")
     print(f"""
 shardrag is up: {url}
   collection {cluster.collection} @ {cluster.manifest.embedding_version.id}
-  {cluster.manifest.num_shards} shards × {cluster.replicas} replicas, logs in {cluster.workdir}
+  {cluster.manifest.num_shards} shards × {cluster.replicas} replicas, logs in {cluster.workdir}{keys}
 
-  curl -s {url}/v1/query -H 'content-type: application/json' -d '{body}'
-  curl -s {url}/v1/cluster
+  curl -s {url}/v1/query{auth} -H 'content-type: application/json' -d '{body}'
+  curl -s {url}/v1/cluster{auth}
   shardrag query --url {url} "{example_query}"{answer_hint}
   API docs: {url}/docs        metrics: {url}/metrics
 
@@ -220,6 +253,11 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
 
     if args.generators or args.kv_nodes:
         raise SystemExit("error: --generators/--kv-nodes run with the process backend only (omit --backend ray)")
+    keys, _ = _access(args)  # actors are reached through Ray, not HTTP: no internal token needed
+    if keys:
+        os.environ["SHARDRAG_API_KEYS"] = ",".join(keys)  # read by the gateway's auth guard
+        print("API keys (new each start):\n" + "\n".join(f"  {k.replace(':', '  ', 1)}" for k in keys),
+              file=sys.stderr)
     root = _root(args)
     cluster = RayShardCluster(root, args.collection, version=args.version, replicas=args.replicas,
                               address=args.ray_address, faiss_threads=args.faiss_threads)
@@ -272,11 +310,16 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 
 # -- query --------------------------------------------------------------------------------------
+def _auth_headers(args: argparse.Namespace) -> dict[str, str]:
+    key = args.api_key or os.environ.get("SHARDRAG_API_KEY")
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     from retrieval.client import ShardragClient
 
     url = args.url or os.environ.get("SHARDRAG_URL", DEFAULT_URL)
-    with ShardragClient(url, timeout_s=args.timeout) as client:
+    with ShardragClient(url, timeout_s=args.timeout, api_key=args.api_key) as client:
         response = client.query(text=args.text, k=args.k, top_m=args.top_m)
     if args.json:
         print(json.dumps(response, indent=1))
@@ -321,7 +364,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     url = (args.url or os.environ.get("SHARDRAG_URL", DEFAULT_URL)).rstrip("/")
     if args.action == "status":
-        response = httpx.get(f"{url}/admin/rollout", timeout=args.timeout)
+        response = httpx.get(f"{url}/admin/rollout", timeout=args.timeout, headers=_auth_headers(args))
     else:
         if not args.version:
             print(f"error: rollout {args.action} needs a VERSION", file=sys.stderr)
@@ -337,7 +380,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             body["queries"] = load_queries(args.queries)
             if args.qrels:
                 body["qrels"] = load_qrels(args.qrels)
-        response = httpx.post(f"{url}/admin/rollout/{args.action}", json=body, timeout=args.timeout)
+        response = httpx.post(f"{url}/admin/rollout/{args.action}", json=body, timeout=args.timeout,
+                              headers=_auth_headers(args))
     payload = response.json()
     if response.status_code != 200:
         error = payload.get("error", {})
@@ -403,7 +447,7 @@ def _demo_check(cluster: Any) -> int:
     from retrieval.client import ShardragClient
 
     try:
-        with ShardragClient(cluster.gateway_url, timeout_s=120) as client:
+        with ShardragClient(cluster.gateway_url, timeout_s=120, api_key=_key(cluster, "read") or "") as client:
             for text in DEMO_QUERIES:
                 started = time.perf_counter()
                 response = client.query(text=text, k=3)
@@ -411,6 +455,13 @@ def _demo_check(cluster: Any) -> int:
                       f"{response['diagnostics']['shards_answered']}/{response['diagnostics']['shards_total']} shards)")
                 for hit in response["hits"]:
                     print(f"   {hit['score']:.3f} {hit['doc_id']}")
+            if cluster.api_keys:
+                import httpx
+
+                refused = httpx.post(f"{cluster.gateway_url}/v1/query", json={"text": DEMO_QUERIES[0]}, timeout=30)
+                if refused.status_code != 401:
+                    raise SystemExit(f"error: a query without an API key got {refused.status_code}, not 401")
+                print(f"\na query without an API key: {refused.status_code} (refused, as it should be)")
             print(f"\ncluster: {json.dumps(client.cluster()['shards'][0]['healthy_replicas'])} healthy replicas "
                   "on shard 0; demo check passed")
     finally:
@@ -474,6 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--top-m", type=int, default=None, help="kmeans collections: nearest shards to visit")
     query.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
     query.add_argument("--json", action="store_true", help="print the raw JSON response")
+    query.add_argument("--api-key", default=None, help="API key [env SHARDRAG_API_KEY]")
     query.set_defaults(func=cmd_query)
 
     # Training lives in the training package (serving must not import it): `shardrag train|eval ...`
@@ -500,6 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--qrels", help="activate: qrels for nDCG@10 in the gate (BEIR tsv)")
     rollout.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
     rollout.add_argument("--json", action="store_true", help="also print the full JSON answer")
+    rollout.add_argument("--api-key", default=None, help="an admin API key [env SHARDRAG_API_KEY]")
     rollout.set_defaults(func=cmd_rollout)
 
     kv_node = commands.add_parser("kv-node", help="run a KV-cache node (blocks shared by the generators)")

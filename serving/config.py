@@ -41,6 +41,8 @@ class GatewayConfig:
     gate_max_ndcg_drop: float = 0.02  # quality gate with qrels: nDCG@10 may drop at most this much
     gate_sample: int = 50  # queries the gate runs (recent ones when none are given)
     answer_timeout_s: float = 300.0  # /v1/answer: how long a generator may take
+    rate_limit_qps: float = 0.0  # per API key (per client address without keys); 0 = no limit
+    rate_limit_burst: float = 50.0  # requests a key may send at once before the rate applies
     supervision_path: str | None = None  # the local launcher's restart log (JSON), shown in /v1/cluster
     coalesce: bool = True  # batch concurrent queries into one call per shard
     max_batch: int = 64  # most queries per coalesced shard call

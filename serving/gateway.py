@@ -49,6 +49,7 @@ from serving.api_models import (
     StageCommand,
     VersionCommand,
 )
+from retrieval.auth import RateLimiter, gateway_policy, guard_from_env
 from serving.answer import AnswerRequest, AnswerService
 from serving.balancer import make_balancer
 from serving.config import GatewayConfig
@@ -332,7 +333,7 @@ def _json(payload: object, status_code: int = 200, headers: dict[str, str] | Non
     return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json", headers=headers)
 
 
-def create_app(gateway: Gateway) -> FastPathApp:
+def create_app(gateway: Gateway) -> Any:
     """The gateway's ASGI app: a fast path for POST /v1/query around the FastAPI app."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -444,5 +445,9 @@ def create_app(gateway: Gateway) -> FastPathApp:
     def count(path: str, status: int) -> None:
         metrics.requests.labels(endpoint="query", status=str(status)).inc()
 
-    return FastPathApp(app, {("POST", "/v1/query"): handle_query}, max_body_bytes=gateway.config.max_body_bytes,
+    fast = FastPathApp(app, {("POST", "/v1/query"): handle_query}, max_body_bytes=gateway.config.max_body_bytes,
                        on_result=count)
+    config = gateway.config
+    limiter = RateLimiter(config.rate_limit_qps, config.rate_limit_burst) if config.rate_limit_qps > 0 else None
+    # API keys (SHARDRAG_API_KEYS[_FILE]) and the per-key rate limit, checked before anything else.
+    return guard_from_env(fast, gateway_policy, limiter=limiter, with_keys=True)

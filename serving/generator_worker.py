@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from retrieval.auth import guard_from_env, internal_policy
 from retrieval.errors import InvalidRequest
 from retrieval.serve import install_error_handlers
 
@@ -56,7 +57,7 @@ def _sse(event: str, payload: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(payload)}\n\n".encode()
 
 
-def create_generator_app(generator: Generator) -> FastAPI:
+def create_generator_app(generator: Generator) -> Any:
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
     registry = CollectorRegistry()
     ttft = Histogram("shardrag_generator_ttft_seconds", "Time to first token",
@@ -157,4 +158,4 @@ def create_generator_app(generator: Generator) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    return guard_from_env(app, internal_policy)  # SHARDRAG_INTERNAL_TOKEN: only the gateway may call

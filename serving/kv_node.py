@@ -17,6 +17,7 @@ import orjson
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+from retrieval.auth import guard_from_env, internal_policy
 from retrieval.errors import MalformedBody
 from retrieval.serve import FastPathApp, install_error_handlers
 
@@ -26,7 +27,7 @@ from serving.kv_pool import BlockPool
 BINARY = b"application/octet-stream"
 
 
-def create_kv_node_app(budget_bytes: int, *, max_body_bytes: int = 512 << 20) -> FastPathApp:
+def create_kv_node_app(budget_bytes: int, *, max_body_bytes: int = 512 << 20) -> Any:
     pool = BlockPool(budget_bytes)
     registry = CollectorRegistry()
     blocks_in = Counter("shardrag_kvnode_blocks_stored_total", "Blocks written to this node", registry=registry)
@@ -81,4 +82,5 @@ def create_kv_node_app(budget_bytes: int, *, max_body_bytes: int = 512 << 20) ->
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     routes = {("POST", "/v1/blocks/put"): put, ("POST", "/v1/blocks/get"): get}
-    return FastPathApp(app, routes, max_body_bytes=max_body_bytes, content_types={"/v1/blocks/get": BINARY})
+    fast = FastPathApp(app, routes, max_body_bytes=max_body_bytes, content_types={"/v1/blocks/get": BINARY})
+    return guard_from_env(fast, internal_policy)  # SHARDRAG_INTERNAL_TOKEN: only generators may call

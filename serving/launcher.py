@@ -125,7 +125,12 @@ class LocalCluster:
         generators: int = 0,
         generator_model: str = "smollm2",
         generator_args: tuple[str, ...] = (),
+        api_keys: list[str] | None = None,
+        internal_token: str | None = None,
     ) -> None:
+        """``api_keys`` ("read:<key>", "admin:<key>"): the gateway requires them (None: open).
+        ``internal_token``: shard servers, kv-nodes and generators accept only calls that carry it
+        (the gateway and generators are given it); None: no internal auth."""
         if replicas < 1:
             raise ConfigError("replicas must be ≥ 1", field="replicas")
         if kv_nodes < 0 or generators < 0:
@@ -152,6 +157,7 @@ class LocalCluster:
         self.faiss_threads = faiss_threads
         self.ready_timeout_s = ready_timeout_s
         self.python = python
+        self.api_keys = list(api_keys) if api_keys else None
         self.kv_node_count = kv_nodes
         self.kv_node_budget_mb = kv_node_budget_mb
         self.generator_count = generators
@@ -164,6 +170,17 @@ class LocalCluster:
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(faiss_threads)}
+        for name in ("SHARDRAG_API_KEYS", "SHARDRAG_API_KEYS_FILE", "SHARDRAG_INTERNAL_TOKEN",
+                     "SHARDRAG_INTERNAL_TOKEN_FILE"):
+            self.env.pop(name, None)  # only what this cluster is given, never an ambient secret
+        if internal_token:
+            self.env["SHARDRAG_INTERNAL_TOKEN"] = internal_token
+        self.gateway_env = dict(self.env)
+        if api_keys:
+            keys_path = self.workdir / "api-keys"
+            atomic_write_bytes(keys_path, ("\n".join(api_keys) + "\n").encode())
+            keys_path.chmod(0o600)
+            self.gateway_env["SHARDRAG_API_KEYS_FILE"] = str(keys_path)  # a file: keys stay out of `ps`
 
     # -- start -------------------------------------------------------------------------------
     def start(self) -> LocalCluster:
@@ -243,7 +260,7 @@ class LocalCluster:
                     "--port", str(port)]
 
         self.gateway = Child("gateway", argv, self.workdir / "gateway.log", port=self.gateway_port)
-        self.gateway.start(self.env)
+        self.gateway.start(self.gateway_env)
         deadline = time.monotonic() + self.ready_timeout_s
         self.gateway.wait_ready(deadline)
         self._wait_for_encoder(deadline)
@@ -318,7 +335,7 @@ class LocalCluster:
                 child.last_exit_code = process.returncode
                 child.last_restart_at = time.time()
                 child.backoff_s = min(child.backoff_s * 2, 30.0)
-                child.start(self.env)
+                child.start(self.gateway_env if child is self.gateway else self.env)
                 self._write_supervision()
 
     def wait(self) -> None:

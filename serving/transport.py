@@ -35,6 +35,7 @@ from retrieval.errors import (
     ShardUnavailable,
     VersionConflict,
 )
+from retrieval.auth import internal_headers
 from retrieval.wire import CONTENT_TYPE, encode_vectors
 
 TIMEOUT_HEADER = "x-shardrag-timeout-ms"  # the caller's remaining budget; shards drop expired work
@@ -137,7 +138,8 @@ class AiohttpTransport(ShardTransport):
 
             connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
                                              keepalive_timeout=60, enable_cleanup_closed=True)
-            self._session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
+            self._session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",),
+                                                  headers=internal_headers())
         return self._session
 
     async def search(
@@ -190,7 +192,7 @@ class HttpxTransport(ShardTransport):
 
         self._client = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            timeout=None,
+            timeout=None, headers=internal_headers(),
         )
 
     async def search(
@@ -231,6 +233,8 @@ class PooledHttpTransport(ShardTransport):
         from serving.http_pool import HttpPool
 
         self._pool = HttpPool()
+        # the internal token as a raw header line (the pool writes requests by hand)
+        self._auth = "".join(f"{name}: {value}\r\n" for name, value in internal_headers().items())
 
     async def search(
         self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams, timeout_s: float
@@ -241,7 +245,7 @@ class PooledHttpTransport(ShardTransport):
         try:
             status, body = await self._pool.request("POST", f"{replica}/v1/search?{params.query_string()}",
                                                     encode_vectors(vectors), timeout_s=timeout_s,
-                                                    headers=f"{TIMEOUT_HEADER}: {timeout_s * 1000:.1f}\r\n")
+                                                    headers=f"{TIMEOUT_HEADER}: {timeout_s * 1000:.1f}\r\n{self._auth}")
         except asyncio.TimeoutError as exc:
             raise DeadlineExceeded(f"shard {shard_id} ({replica}) did not answer in {timeout_s:.3f}s", shard=shard_id) from exc
         except HttpError as exc:
@@ -257,7 +261,8 @@ class PooledHttpTransport(ShardTransport):
         try:
             status, payload = await self._pool.request(method, f"{replica}{path}",
                                                        orjson.dumps(body) if body is not None else b"",
-                                                       content_type="application/json", timeout_s=timeout_s)
+                                                       content_type="application/json", timeout_s=timeout_s,
+                                                       headers=self._auth)
         except (asyncio.TimeoutError, HttpError) as exc:
             raise ShardUnavailable(f"{replica}{path} unreachable: {exc!r}") from exc
         return _json_or_error(status, payload, replica)

@@ -59,14 +59,21 @@ def test_build_serve_query_and_ctrl_c(tmp_path):
             banner += line
             assert time.monotonic() < deadline, banner
         assert f"http://127.0.0.1:{port}" in banner and "curl" in banner
+        read_key = re.search(r"^\s+read\s+(\S+)$", banner, flags=re.M).group(1)  # keys are on by default
+        assert (workdir / "api-keys").stat().st_mode & 0o077 == 0  # the key file is private
 
-        asked = run(["query", "--url", f"http://127.0.0.1:{port}", "what is the temperature scale", "-k", "3"])
+        anonymous = run(["query", "--url", f"http://127.0.0.1:{port}", "what is the temperature scale"])
+        assert anonymous.returncode != 0 and "API key" in anonymous.stderr
+        key = ["--api-key", read_key]
+        asked = run(["query", "--url", f"http://127.0.0.1:{port}", "what is the temperature scale", "-k", "3", *key])
         assert asked.returncode == 0, asked.stderr
         assert "3 hits" in asked.stdout and "2/2 shards" in asked.stdout
-        raw = run(["query", "--url", f"http://127.0.0.1:{port}", "--json", "fahrenheit", "--top-m", "1"])
+        raw = run(["query", "--url", f"http://127.0.0.1:{port}", "--json", "fahrenheit", "--top-m", "1", *key])
         assert json.loads(raw.stdout)["diagnostics"]["shards_queried"] == 1
-        refused = run(["query", "--url", f"http://127.0.0.1:{port}", "x", "-k", "0"])
+        refused = run(["query", "--url", f"http://127.0.0.1:{port}", "x", "-k", "0", *key])
         assert refused.returncode == 2 and "error: k:" in refused.stderr
+        for log in workdir.glob("*.log"):  # keys never reach a log
+            assert read_key not in log.read_text()
 
         pids = []
         for log in workdir.glob("*.log"):

@@ -1,0 +1,45 @@
+"""retrieval.auth without processes: key parsing, lookup, the token bucket."""
+
+from __future__ import annotations
+
+import pytest
+
+from retrieval.auth import KeyRing, RateLimiter, gateway_policy, internal_headers, internal_policy
+from retrieval.errors import ConfigError
+
+READ, ADMIN = "r" * 20, "a" * 20
+
+
+def test_keys_from_env_and_file(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"# comment\nadmin:{ADMIN}\n\n")
+    ring = KeyRing.from_env({"SHARDRAG_API_KEYS": f"read:{READ}", "SHARDRAG_API_KEYS_FILE": str(path)})
+    assert ring.find(READ).scope == "read" and ring.find(ADMIN).scope == "admin"
+    assert ring.find("x" * 20) is None and ring.find("") is None
+    assert ADMIN not in repr(ring.keys) and ring.find(ADMIN).key_id != ADMIN[:8]  # only digests are kept
+    assert KeyRing.from_env({}) is None
+
+
+@pytest.mark.parametrize("entry", ["root:" + "k" * 20, "read:short", "nocolon"])
+def test_bad_key_entries_are_config_errors(entry):
+    with pytest.raises(ConfigError):
+        KeyRing([entry])
+
+
+def test_token_bucket_allows_burst_then_the_rate():
+    now = [0.0]
+    limiter = RateLimiter(2.0, 3, clock=lambda: now[0])
+    assert [limiter.take("k") for _ in range(3)] == [0.0, 0.0, 0.0]
+    wait = limiter.take("k")
+    assert wait == pytest.approx(0.5)
+    assert limiter.take("other") == 0.0  # per caller
+    now[0] += 0.5
+    assert limiter.take("k") == 0.0
+
+
+def test_policies_and_internal_headers():
+    assert gateway_policy("GET", "/healthz") is None and gateway_policy("POST", "/v1/query") == "read"
+    assert gateway_policy("POST", "/admin/rollout/stage") == "admin"
+    assert internal_policy("POST", "/v1/search") == "internal" and internal_policy("GET", "/healthz") is None
+    assert internal_headers({"SHARDRAG_INTERNAL_TOKEN": "t"}) == {"x-shardrag-token": "t"}
+    assert internal_headers({}) == {}
