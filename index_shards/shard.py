@@ -79,6 +79,9 @@ class Shard:
         if self.manifest.count == 0:
             return [QueryHits([], [], [], []) for _ in range(len(queries))]
         scores, ids = self.index.search(queries, min(k, self.manifest.count), nprobe=nprobe, ef_search=ef_search)
+        if not np.isfinite(scores[ids >= 0]).all():
+            # float32 overflow (huge query components): such scores cannot be ranked or sent as JSON
+            raise InvalidRequest("the query vector's scores overflow float32; scale the vector down", field="vector")
         if self._negate:
             scores = -scores
         docs = self.docstore.get_many(ids[ids >= 0].tolist(), with_text=with_text)

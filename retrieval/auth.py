@@ -201,8 +201,28 @@ class AuthGuard:
                             field="authorization")
         return f"key:{key.key_id}"
 
+    def _routed(self, scope: dict[str, Any]) -> bool:
+        """Whether some route serves this method and path. Unknown paths and methods go to the
+        app, which answers 404/405 (they reveal nothing and need no key). When in doubt: routed
+        (the credentials are checked)."""
+        app = self.app
+        fast_routes = getattr(app, "routes", None)
+        if isinstance(fast_routes, dict):  # a FastPathApp: its hot routes, then its FastAPI app's
+            if (scope.get("method"), scope.get("path")) in fast_routes:
+                return True
+            app = getattr(app, "app", None)
+        routes = getattr(app, "routes", None)
+        if not isinstance(routes, list) or not routes:
+            return True
+        try:
+            from starlette.routing import Match
+        except ImportError:  # pragma: no cover - every shardrag server runs on starlette
+            return True
+        return any(getattr(route, "matches", None) is None or route.matches(scope)[0] == Match.FULL
+                   for route in routes)
+
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not self._routed(scope):
             await self.app(scope, receive, send)
             return
         headers: list[tuple[bytes, bytes]] = []

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from retrieval.auth import internal_headers
 from retrieval.errors import EncoderError, InvalidRequest, ShardUnavailable
 
-from serving.api_models import QueryRequest
+from serving.api_models import PositiveInt, QueryRequest, json_int
 from serving.rag import build_messages
 
 if TYPE_CHECKING:
@@ -29,12 +29,12 @@ class AnswerRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     question: str = Field(min_length=1, max_length=4096)
-    k: int = Field(3, ge=1, le=10, description="passages retrieved into the prompt")
-    max_new_tokens: int = Field(64, ge=1, le=512)
+    k: json_int(ge=1, le=10) = Field(3, description="passages retrieved into the prompt")
+    max_new_tokens: json_int(ge=1, le=512) = Field(64)
     stream: bool = Field(False, description="server-sent events: retrieval, token..., done")
     greedy: bool = True
     use_cache: bool = Field(True, description="false: recompute the whole prompt (the cold baseline)")
-    timeout_ms: int | None = Field(None, ge=1, description="retrieval deadline (generation has its own)")
+    timeout_ms: PositiveInt | None = Field(None, description="retrieval deadline (generation has its own)")
 
 
 def ranked_generators(doc_ids: Sequence[str], generators: Sequence[str]) -> list[str]:

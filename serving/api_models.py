@@ -4,9 +4,32 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def _json_integer(value: Any) -> Any:
+    """JSON has one number type: 5.0 is the integer 5 (JSON Schema agrees); 5.5, "5" and true are not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+
+
+def json_int(**bounds: int) -> Any:
+    """An integer field type with bounds that land in the JSON schema (minimum/maximum)."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_json_integer)]
+
+
+PositiveInt = json_int(ge=1)
+KnobInt = json_int(ge=1, le=65536)
+# Embedding version ids: encoder name, weights hash, preprocessing hash — a file-name-safe token.
+VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$"
 
 
 class QueryRequest(BaseModel):
@@ -16,13 +39,14 @@ class QueryRequest(BaseModel):
 
     text: str | None = Field(None, description="query text, embedded by the gateway's encoder")
     vector: list[FiniteFloat] | None = Field(None, description="query vector of the collection's dimension")
-    k: int | None = Field(None, ge=1, description="hits to return (default from config, at most max_k)")
-    nprobe: int | None = Field(None, ge=1, le=65536, description="IVF lists to visit per shard")
-    ef_search: int | None = Field(None, ge=1, le=65536, description="HNSW search breadth per shard")
-    top_m: int | None = Field(None, ge=1, description="kmeans collections: query only the top_m nearest shards")
-    timeout_ms: int | None = Field(None, ge=1, description="deadline for the whole query")
+    k: PositiveInt | None = Field(None, description="hits to return (default from config, at most max_k)")
+    nprobe: KnobInt | None = Field(None, description="IVF lists to visit per shard")
+    ef_search: KnobInt | None = Field(None, description="HNSW search breadth per shard")
+    top_m: PositiveInt | None = Field(None, description="kmeans collections: query only the top_m nearest shards")
+    timeout_ms: PositiveInt | None = Field(None, description="deadline for the whole query")
     with_text: bool = Field(True, description="return titles and texts with the hits")
-    version: str | None = Field(None, description="embedding version to pin; 409 unless it is served")
+    version: str | None = Field(None, pattern=VERSION_PATTERN,
+                                description="embedding version to pin; 409 unless it is served")
     allow_partial: bool | None = Field(None, description="answer with the shards that made the deadline "
                                        "(default from config); false: 504 naming the missing shards")
 
@@ -83,6 +107,9 @@ class ErrorResponse(BaseModel):
 
 ERROR_RESPONSES: dict[int | str, dict] = {
     400: {"model": ErrorResponse, "description": "malformed JSON body"},
+    401: {"model": ErrorResponse, "description": "no API key, or an unknown one (when the gateway has keys)"},
+    403: {"model": ErrorResponse, "description": "the API key's scope does not cover this endpoint"},
+    429: {"model": ErrorResponse, "description": "this key's rate limit is exceeded; see Retry-After"},
     409: {"model": ErrorResponse, "description": "embedding version not served / encoder mismatch"},
     413: {"model": ErrorResponse, "description": "body over the size limit"},
     422: {"model": ErrorResponse, "description": "a field is invalid; `field` names it"},
@@ -93,9 +120,10 @@ ERROR_RESPONSES: dict[int | str, dict] = {
 
 
 class VersionCommand(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    version: str = Field(min_length=1, description="embedding version id, e.g. all-MiniLM-L6-v2.w7e54b3bcd8c7bda9.p522cae28")
+    version: str = Field(pattern=VERSION_PATTERN,
+                         description="embedding version id, e.g. all-MiniLM-L6-v2.w7e54b3bcd8c7bda9.p522cae28")
 
 
 class StageCommand(VersionCommand):

@@ -219,7 +219,7 @@ def _print_banner(cluster: Any, example_query: str) -> None:
     url = cluster.gateway_url
     body = json.dumps({"text": example_query, "k": 3})
     read_key, admin_key = _key(cluster, "read"), _key(cluster, "admin")
-    auth = f" -H \"authorization: Bearer $SHARDRAG_API_KEY\"" if read_key else ""
+    auth = " -H \"authorization: Bearer $SHARDRAG_API_KEY\"" if read_key else ""
     answer_hint = ""
     if cluster.generators:
         answer_body = json.dumps({"question": example_query, "k": 3})

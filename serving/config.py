@@ -19,6 +19,8 @@ class GatewayConfig:
     max_body_bytes: int = 1 << 20  # larger request bodies get 413
     default_timeout_ms: int = 5000  # deadline of a query that gives no timeout_ms
     max_timeout_ms: int = 60000  # largest timeout_ms accepted
+    max_vector_abs: float = 1e6  # largest |component| of a query vector (scores must stay finite in float32)
+    min_timeout_ms: int = 1  # smallest timeout_ms accepted (a deadline no shard can meet is a 504)
     transport: str = "pooled"  # gateway→shard HTTP client: "pooled" (ours, httptools), "aiohttp", "httpx"
     balancer: str = "p2c_peak_ewma"  # replica choice: round_robin, random, least_outstanding, p2c_peak_ewma
     hedging: bool = True  # send a second copy of a shard call that is slower than usual
@@ -55,7 +57,7 @@ class GatewayConfig:
 
     def validate(self) -> None:
         for name in ("default_k", "max_k", "max_text_chars", "max_body_bytes", "default_timeout_ms",
-                     "max_timeout_ms", "max_batch", "max_inflight_per_replica"):
+                     "max_timeout_ms", "min_timeout_ms", "max_batch", "max_inflight_per_replica"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be ≥ 1", field=name)
         for name in ("hedge_percentile", "hedge_floor_ms", "hedge_cap_ms", "hedge_budget_ratio", "eject_base_s",
@@ -73,8 +75,9 @@ class GatewayConfig:
             raise ConfigError("max_hedges must be ≥ 0 and eject_after_failures ≥ 1", field="max_hedges")
         if self.default_k > self.max_k:
             raise ConfigError("default_k is above max_k", field="default_k")
-        if self.default_timeout_ms > self.max_timeout_ms:
-            raise ConfigError("default_timeout_ms is above max_timeout_ms", field="default_timeout_ms")
+        if not self.min_timeout_ms <= self.default_timeout_ms <= self.max_timeout_ms:
+            raise ConfigError("default_timeout_ms must be between min_timeout_ms and max_timeout_ms",
+                              field="default_timeout_ms")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GatewayConfig:

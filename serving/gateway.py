@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator, Sequence
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
@@ -167,6 +167,14 @@ class Gateway:
             raise EncoderError(f"no query encoder for version {version}", field="text")
         return encoder
 
+    def active_topology(self) -> Any | None:
+        """The active version's topology (None before it is known)."""
+        try:
+            assert self.registry is not None and self.registry.state is not None
+            return self.registry.topology(self.registry.state.active)
+        except Exception:  # noqa: BLE001 - not started yet
+            return None
+
     async def query(self, request: QueryRequest) -> dict[str, Any]:
         assert self.registry is not None and self.fanout is not None
         config = self.config
@@ -177,8 +185,9 @@ class Gateway:
         if k > config.max_k:
             raise InvalidRequest(f"k must be between 1 and {config.max_k}, got {k}", field="k")
         timeout_ms = request.timeout_ms if request.timeout_ms is not None else config.default_timeout_ms
-        if timeout_ms > config.max_timeout_ms:
-            raise InvalidRequest(f"timeout_ms must be at most {config.max_timeout_ms}", field="timeout_ms")
+        if not config.min_timeout_ms <= timeout_ms <= config.max_timeout_ms:
+            raise InvalidRequest(f"timeout_ms must be between {config.min_timeout_ms} and {config.max_timeout_ms}",
+                                 field="timeout_ms")
         version = state.active
         if request.version is not None and request.version != version:
             if request.version not in state.loaded():
@@ -197,6 +206,9 @@ class Gateway:
                 raise DimensionMismatch(f"vector has {vector.size} dims, version {version} has {topology.dim}",
                                         field="vector")
             check_finite(vector, field="vector")
+            if vector.size and float(np.abs(vector).max()) > config.max_vector_abs:
+                raise InvalidRequest(f"vector components must be within ±{config.max_vector_abs:g} "
+                                     "(larger ones overflow float32 scores)", field="vector")
         else:
             text = request.text.strip() if request.text is not None else ""
             if not text:
@@ -333,6 +345,40 @@ def _json(payload: object, status_code: int = 200, headers: dict[str, str] | Non
     return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json", headers=headers)
 
 
+def query_request_schema(gateway: Gateway) -> dict[str, Any]:
+    """QueryRequest's JSON schema with this gateway's limits and the collection's dimension in it,
+    so that every request the schema allows is one the gateway accepts (what fuzzers check)."""
+    schema = QueryRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    config, props = gateway.config, schema["properties"]
+    bound = float(config.max_vector_abs)
+
+    def set_in(name: str, **limits: Any) -> None:
+        for option in props[name].get("anyOf", [props[name]]):
+            if option.get("type") != "null":
+                option.update(limits)
+
+    set_in("k", maximum=config.max_k)
+    set_in("timeout_ms", minimum=config.min_timeout_ms, maximum=config.max_timeout_ms)
+    set_in("text", maxLength=config.max_text_chars, pattern=r"\S")
+    vector: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "items": {"type": "number", "minimum": -bound, "maximum": bound}}
+    topology = gateway.active_topology()
+    if topology is not None:
+        vector.update(minItems=int(topology.dim), maxItems=int(topology.dim))
+        n = int(topology.num_shards)  # top_m < n needs kmeans centroids to route with
+        set_in("top_m", minimum=1 if topology.centroids is not None else n, maximum=n)
+        factory = str(topology.factory or "")
+        for name, applies in (("nprobe", "IVF" in factory), ("ef_search", "HNSW" in factory)):
+            if not applies:  # the index has no such knob: the field may only be null
+                props[name] = {"type": "null", "title": props[name].get("title", name),
+                               "description": props[name].get("description", "") + f" (not for {factory})"}
+    set_in("vector", **{k: v for k, v in vector.items() if k != "type"})
+    # exactly one of text and vector
+    schema["oneOf"] = [{"required": ["text"], "properties": {"text": {"type": "string"}}},
+                       {"required": ["vector"], "properties": {"vector": {"type": "array"}}}]
+    return schema
+
+
 def create_app(gateway: Gateway) -> Any:
     """The gateway's ASGI app: a fast path for POST /v1/query around the FastAPI app."""
     @asynccontextmanager
@@ -368,14 +414,15 @@ def create_app(gateway: Gateway) -> Any:
         status, payload = await handle_query(request.scope, await read_limited_body(request, gateway.config.max_body_bytes))
         return Response(payload, status_code=status, media_type="application/json")
 
-    @app.post("/v1/answer", summary="Retrieve, then generate an answer that cites the passages",
-              responses=ERROR_RESPONSES)
-    async def answer(request: AnswerRequest) -> Response:
-        if request.stream:
-            return StreamingResponse(gateway.answers.stream(request), media_type="text/event-stream")
-        return _json(await gateway.answers.answer(request))
+    if gateway.answers.generators:  # the endpoint exists only with generator workers behind it
+        @app.post("/v1/answer", summary="Retrieve, then generate an answer that cites the passages",
+                  responses=ERROR_RESPONSES)
+        async def answer(request: AnswerRequest) -> Response:
+            if request.stream:
+                return StreamingResponse(gateway.answers.stream(request), media_type="text/event-stream")
+            return _json(await gateway.answers.answer(request))
 
-    @app.get("/v1/cluster", summary="Shards, replicas, versions and live health")
+    @app.get("/v1/cluster", summary="Shards, replicas, versions and live health", responses=ERROR_RESPONSES)
     async def cluster() -> Response:
         return _json(await gateway.cluster())
 
@@ -391,7 +438,8 @@ def create_app(gateway: Gateway) -> Any:
             "encoder": encoder.state if encoder else "disabled",
         })
 
-    @app.get("/admin/rollout", summary="Rollout state, per-replica versions, encoders, recent events")
+    @app.get("/admin/rollout", summary="Rollout state, per-replica versions, encoders, recent events",
+             responses=ERROR_RESPONSES)
     async def rollout_status() -> Response:
         assert gateway.rollout is not None
         return _json(await gateway.rollout.status())
@@ -426,7 +474,8 @@ def create_app(gateway: Gateway) -> Any:
         assert gateway.rollout is not None
         return _json(await gateway.rollout.rollback(command.version))
 
-    @app.get("/metrics", summary="Prometheus metrics")
+    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -435,7 +484,7 @@ def create_app(gateway: Gateway) -> Any:
             from fastapi.openapi.utils import get_openapi
 
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            request_schema = QueryRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            request_schema = query_request_schema(gateway)
             schema.setdefault("components", {}).setdefault("schemas", {})["QueryRequest"] = request_schema
             app.openapi_schema = schema
         return app.openapi_schema
