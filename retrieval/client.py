@@ -34,8 +34,11 @@ _BY_STATUS: dict[int, type[ShardragError]] = {
 
 
 class ShardragClient:
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0, api_key: str | None = None) -> None:
-        """``api_key``: sent as ``Authorization: Bearer``; default ``$SHARDRAG_API_KEY`` (none if unset)."""
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0, api_key: str | None = None,
+                 verify: Any = None) -> None:
+        """``api_key``: sent as ``Authorization: Bearer``; default ``$SHARDRAG_API_KEY`` (none if unset).
+        ``verify``: for https URLs, a CA bundle path or SSLContext (default ``$SHARDRAG_TLS_CA``, else the
+        system's trust store)."""
         import os
 
         import httpx
@@ -43,7 +46,13 @@ class ShardragClient:
         self.base_url = base_url.rstrip("/")
         key = api_key if api_key is not None else os.environ.get("SHARDRAG_API_KEY")
         headers = {"authorization": f"Bearer {key}"} if key else {}
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+        if verify is None:
+            verify = os.environ.get("SHARDRAG_TLS_CA") or True
+        if isinstance(verify, str):
+            import ssl
+
+            verify = ssl.create_default_context(cafile=verify)
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers, verify=verify)
 
     def __enter__(self) -> ShardragClient:
         return self

@@ -52,15 +52,19 @@ def serve_app(
     log_level: str = "warning",
     extra_ready: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
-    """Run ``app`` until SIGINT/SIGTERM. Blocks."""
+    """Run ``app`` until SIGINT/SIGTERM. Blocks. HTTPS when SHARDRAG_TLS_CERT/KEY are set."""
     import uvicorn
 
+    from retrieval.tls import server_tls
+
+    tls = server_tls()
+    scheme = "https" if tls else "http"
     sock = bind_socket(host, port)
     actual_port = sock.getsockname()[1]
     url_host = f"[{host}]" if ":" in host else host
 
     def report() -> None:
-        payload = {"name": name, "url": f"http://{url_host}:{actual_port}", "port": actual_port, "pid": os.getpid()}
+        payload = {"name": name, "url": f"{scheme}://{url_host}:{actual_port}", "port": actual_port, "pid": os.getpid()}
         if extra_ready:
             payload.update(extra_ready())
         if port_file:
@@ -89,6 +93,8 @@ def serve_app(
         lifespan="on",
         timeout_graceful_shutdown=5,
         timeout_keep_alive=75,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
     ReportingServer(config).run(sockets=[sock])
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from retrieval.auth import internal_headers
+from retrieval.tls import client_ssl_context
 from retrieval.errors import EncoderError, InvalidRequest, ShardUnavailable
 
 from serving.api_models import PositiveInt, QueryRequest, json_int
@@ -49,7 +50,7 @@ class AnswerService:
 
         self.gateway = gateway
         self.generators = [g.rstrip("/") for g in generators]
-        self._http = httpx.AsyncClient(timeout=timeout_s, headers=internal_headers())
+        self._http = httpx.AsyncClient(timeout=timeout_s, headers=internal_headers(), verify=client_ssl_context())
 
     async def close(self) -> None:
         await self._http.aclose()

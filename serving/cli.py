@@ -132,6 +132,10 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--open", action="store_true",
                         help="no API keys (only with a loopback --host; a warning is printed). Default: fresh "
                              "read and admin keys are generated and printed")
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate: every process serves HTTPS with it")
+    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-ca", default=None,
+                        help="CA bundle the processes verify each other with (default: --tls-cert itself)")
     parser.add_argument("--generators", type=int, default=0,
                         help="answer generator processes for POST /v1/answer (default 0: no answer endpoint)")
     parser.add_argument("--generator-model", default="smollm2",
@@ -172,6 +176,18 @@ def _access(args: argparse.Namespace) -> tuple[list[str] | None, str]:
     return [f"read:{secrets.token_urlsafe(24)}", f"admin:{secrets.token_urlsafe(24)}"], token
 
 
+def _tls(args: argparse.Namespace) -> tuple[str, str, str] | None:
+    if not args.tls_cert and not args.tls_key:
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise SystemExit("error: --tls-cert and --tls-key go together")
+    for path in (args.tls_cert, args.tls_key, args.tls_ca):
+        if path and not Path(path).is_file():
+            raise SystemExit(f"error: TLS file {path} does not exist")
+    return str(Path(args.tls_cert).resolve()), str(Path(args.tls_key).resolve()), \
+        str(Path(args.tls_ca or args.tls_cert).resolve())
+
+
 def _start_cluster(args: argparse.Namespace, root: Path, collection: str, version: str | None) -> Any:
     from serving.launcher import LocalCluster
 
@@ -184,7 +200,8 @@ def _start_cluster(args: argparse.Namespace, root: Path, collection: str, versio
     cluster = LocalCluster(root, collection, version=version, replicas=args.replicas, host=args.host,
                            gateway_port=port, gateway=gateway, workdir=args.workdir, faiss_threads=args.faiss_threads,
                            generators=args.generators, generator_model=args.generator_model, kv_nodes=args.kv_nodes,
-                           kv_node_budget_mb=args.kv_node_budget_mb, api_keys=keys, internal_token=token)
+                           kv_node_budget_mb=args.kv_node_budget_mb, api_keys=keys, internal_token=token,
+                           tls=_tls(args))
     extra = f" + {args.generators} generators + {args.kv_nodes} kv-nodes" if args.generators else ""
     print(f"starting {cluster.manifest.num_shards} shards × {args.replicas} replicas{extra} + gateway "
           f"({cluster.manifest.embedding_version.id}) ...", file=sys.stderr, flush=True)
@@ -447,7 +464,8 @@ def _demo_check(cluster: Any) -> int:
     from retrieval.client import ShardragClient
 
     try:
-        with ShardragClient(cluster.gateway_url, timeout_s=120, api_key=_key(cluster, "read") or "") as client:
+        with ShardragClient(cluster.gateway_url, timeout_s=120, api_key=_key(cluster, "read") or "",
+                            verify=cluster.tls[2] if cluster.tls else None) as client:
             for text in DEMO_QUERIES:
                 started = time.perf_counter()
                 response = client.query(text=text, k=3)
@@ -458,7 +476,8 @@ def _demo_check(cluster: Any) -> int:
             if cluster.api_keys:
                 import httpx
 
-                refused = httpx.post(f"{cluster.gateway_url}/v1/query", json={"text": DEMO_QUERIES[0]}, timeout=30)
+                refused = httpx.post(f"{cluster.gateway_url}/v1/query", json={"text": DEMO_QUERIES[0]}, timeout=30,
+                                     verify=False)  # only the status matters here
                 if refused.status_code != 401:
                     raise SystemExit(f"error: a query without an API key got {refused.status_code}, not 401")
                 print(f"\na query without an API key: {refused.status_code} (refused, as it should be)")

@@ -84,13 +84,19 @@ class _Connection(asyncio.Protocol):
 
 class HttpPool:
     def __init__(self, *, max_idle_per_host: int = 64) -> None:
-        self._idle: dict[tuple[str, int], deque[_Connection]] = {}
+        self._idle: dict[tuple[str, int, bool], deque[_Connection]] = {}
         self._max_idle = max_idle_per_host
 
-    async def _connect(self, host: str, port: int) -> _Connection:
+    async def _connect(self, host: str, port: int, tls: bool = False) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, connection = await loop.create_connection(_Connection, host, port)
+            if tls:
+                from retrieval.tls import client_ssl_context
+
+                _, connection = await loop.create_connection(_Connection, host, port, ssl=client_ssl_context(),
+                                                             server_hostname=host)
+            else:
+                _, connection = await loop.create_connection(_Connection, host, port)
         except OSError as exc:
             raise HttpError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from exc
         return connection
@@ -102,12 +108,13 @@ class HttpPool:
         ``headers``: extra header lines, each ending in CRLF.
         """
         parts = urlsplit(url)
-        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        tls = parts.scheme == "https"
+        host, port = parts.hostname or "127.0.0.1", parts.port or (443 if tls else 80)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         head = (f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\n{headers}\r\n").encode("latin-1")
         request = head + body
-        key = (host, port)
+        key = (host, port, tls)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         for attempt in (0, 1):
@@ -120,7 +127,7 @@ class HttpPool:
                     connection, reused = candidate, True
                     break
             if connection is None:
-                connection = await asyncio.wait_for(self._connect(host, port), max(deadline - loop.time(), 0.001))
+                connection = await asyncio.wait_for(self._connect(host, port, tls), max(deadline - loop.time(), 0.001))
             waiter = connection.send(request)
             timer = loop.call_later(max(deadline - loop.time(), 0.0), _expire, waiter)
             try:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from retrieval.auth import internal_headers
+from retrieval.tls import client_ssl_context
 
 from serving.kv_blocks import BlockKey, pack_puts, unpack_blocks
 from serving.kv_pool import BlockPool
@@ -65,7 +66,8 @@ class KVClient:
         self.retry_after_s = retry_after_s
         self.stats = KVStats()
         self._down_until: dict[str, float] = {}
-        self._http = httpx.Client(timeout=timeout_s, limits=httpx.Limits(max_connections=32), headers=internal_headers())
+        self._http = httpx.Client(timeout=timeout_s, limits=httpx.Limits(max_connections=32), headers=internal_headers(),
+                                  verify=client_ssl_context())
         self._fetchers = ThreadPoolExecutor(max_workers=max(1, len(self.nodes)), thread_name_prefix="kv-fetch")
         self._writes: queue.Queue[list[tuple[bytes, bytes | None, bytes]] | None] = queue.Queue(write_queue)
         self._pending = 0  # batches queued or being sent

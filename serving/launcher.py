@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -127,10 +128,12 @@ class LocalCluster:
         generator_args: tuple[str, ...] = (),
         api_keys: list[str] | None = None,
         internal_token: str | None = None,
+        tls: tuple[str, str, str] | None = None,
     ) -> None:
         """``api_keys`` ("read:<key>", "admin:<key>"): the gateway requires them (None: open).
         ``internal_token``: shard servers, kv-nodes and generators accept only calls that carry it
-        (the gateway and generators are given it); None: no internal auth."""
+        (the gateway and generators are given it); None: no internal auth. ``tls`` (cert, key, CA):
+        every process serves HTTPS with that certificate and verifies the others against the CA."""
         if replicas < 1:
             raise ConfigError("replicas must be ≥ 1", field="replicas")
         if kv_nodes < 0 or generators < 0:
@@ -175,6 +178,11 @@ class LocalCluster:
             self.env.pop(name, None)  # only what this cluster is given, never an ambient secret
         if internal_token:
             self.env["SHARDRAG_INTERNAL_TOKEN"] = internal_token
+        for name in ("SHARDRAG_TLS_CERT", "SHARDRAG_TLS_KEY", "SHARDRAG_TLS_CA"):
+            self.env.pop(name, None)
+        self.tls = tls
+        if tls:
+            self.env.update(SHARDRAG_TLS_CERT=tls[0], SHARDRAG_TLS_KEY=tls[1], SHARDRAG_TLS_CA=tls[2])
         self.gateway_env = dict(self.env)
         if api_keys:
             keys_path = self.workdir / "api-keys"
@@ -272,7 +280,8 @@ class LocalCluster:
         import httpx
 
         while True:
-            state = httpx.get(f"{self.gateway_url}/healthz", timeout=5).json().get("encoder")
+            verify = ssl.create_default_context(cafile=self.tls[2]) if self.tls else True
+            state = httpx.get(f"{self.gateway_url}/healthz", timeout=5, verify=verify).json().get("encoder")
             if state == "ready":
                 return
             if state != "loading":

@@ -36,6 +36,7 @@ from retrieval.errors import (
     VersionConflict,
 )
 from retrieval.auth import internal_headers
+from retrieval.tls import client_ssl_context
 from retrieval.wire import CONTENT_TYPE, encode_vectors
 
 TIMEOUT_HEADER = "x-shardrag-timeout-ms"  # the caller's remaining budget; shards drop expired work
@@ -137,7 +138,8 @@ class AiohttpTransport(ShardTransport):
             import aiohttp
 
             connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
-                                             keepalive_timeout=60, enable_cleanup_closed=True)
+                                             keepalive_timeout=60, enable_cleanup_closed=True,
+                                             ssl=client_ssl_context())
             self._session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",),
                                                   headers=internal_headers())
         return self._session
@@ -192,7 +194,7 @@ class HttpxTransport(ShardTransport):
 
         self._client = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            timeout=None, headers=internal_headers(),
+            timeout=None, headers=internal_headers(), verify=client_ssl_context(),
         )
 
     async def search(
