@@ -42,7 +42,7 @@ def _errors(result: dict[str, Any]) -> int:
 
 def start_ray_gateway(root: Path) -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--backend", "ray", "--collection", "bench",
-                                "--root", str(root), "--replicas", "2", "--port", "0", "--no-encoder"],
+                                "--root", str(root), "--replicas", "2", "--port", "0", "--no-encoder", "--open"],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     deadline = time.monotonic() + 180

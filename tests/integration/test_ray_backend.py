@@ -130,7 +130,7 @@ def test_shardrag_serve_backend_ray_cli(root, msmarco):
     import sys
 
     process = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--backend", "ray", "--collection", "rayc",
-                                "--root", str(root), "--replicas", "1", "--port", "0", "--no-encoder"],
+                                "--root", str(root), "--replicas", "1", "--port", "0", "--no-encoder", "--open"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     try:
