@@ -148,3 +148,4 @@ def test_shardrag_serve_backend_ray_cli(root, msmarco):
     finally:
         os.killpg(process.pid, signal.SIGINT)
         assert process.wait(60) == 0
+
