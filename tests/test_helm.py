@@ -165,12 +165,21 @@ def test_large_profile_fetches_indexes_and_wires_the_answer_path(rendered):
     generator = container(next(d for d in of_kind(objects, "Deployment")
                                if d["metadata"]["name"] == "rel-shardrag-generator"), "generator")
     nodes = generator["args"][generator["args"].index("--kv-nodes") + 1].split(",")
-    assert len(nodes) == 3 and nodes[0].startswith("http://rel-shardrag-kv-0.rel-shardrag-kv.search.svc")
+    assert len(nodes) == 3 and nodes[0].startswith("https://rel-shardrag-kv-0.rel-shardrag-kv.search.svc")
     config = json.loads(of_kind(objects, "ConfigMap")[0]["data"]["cluster.json"])
-    assert config["generators"] == ["http://rel-shardrag-generator.search.svc.cluster.local:8003"]
+    assert config["generators"] == ["https://rel-shardrag-generator.search.svc.cluster.local:8003"]
     assert len(config["shards"]) == 4 and all(len(g) == 3 for g in config["shards"])
     assert of_kind(objects, "Secret")[0]["stringData"]["internal-token"]
     assert of_kind(objects, "ServiceMonitor")
+    # TLS: every URL is https, every server gets the certificate and probes speak HTTPS
+    assert all(url.startswith("https://") for group in config["shards"] for url in group)
+    for obj in of_kind(objects, "StatefulSet") + of_kind(objects, "Deployment"):
+        main = obj["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in main["env"]}
+        assert env["SHARDRAG_TLS_CERT"] == "/etc/shardrag/tls/tls.crt"
+        assert main["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+        volumes = {v["name"]: v for v in obj["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == "shardrag-tls"
 
 
 def test_helm_test_hook_checks_health_and_runs_a_query(rendered):
@@ -189,6 +198,7 @@ def test_helm_test_hook_checks_health_and_runs_a_query(rendered):
     ({"gateway": {"port": 70000}}, "port"),
     ({"shards": {"replica": 2}}, "replica"),  # a typo is an unknown key, not silently ignored
     ({"auth": {"enabled": True, "apiKeys": ["root:short"]}}, "apiKeys"),
+    ({"tls": {"enabled": True}}, "existingSecret"),
 ])
 def test_bad_values_are_refused_by_the_schema(helm, tmp_path, values, complaint):
     path = tmp_path / "bad.yaml"

@@ -67,14 +67,14 @@ shardrag.io/shard: {{ .shard | quote }}
 {{/* In-cluster URL of replica r of shard i (StatefulSet pod DNS through the headless Service). */}}
 {{- define "shardrag.shardReplicaURL" -}}
 {{- $name := include "shardrag.shardName" (dict "root" .root "shard" .shard) -}}
-{{- printf "http://%s-%d.%s.%s.svc.%s:%d" $name (int .replica) $name .root.Release.Namespace .root.Values.clusterDomain (int .root.Values.shards.port) -}}
+{{- printf "%s://%s-%d.%s.%s.svc.%s:%d" (include "shardrag.scheme" .root) $name (int .replica) $name .root.Release.Namespace .root.Values.clusterDomain (int .root.Values.shards.port) -}}
 {{- end -}}
 
 {{- define "shardrag.kvNodeURLs" -}}
 {{- $name := include "shardrag.componentName" (dict "root" . "component" "kv") -}}
 {{- $urls := list -}}
 {{- range $i := until (int .Values.kvCache.replicas) -}}
-{{- $urls = append $urls (printf "http://%s-%d.%s.%s.svc.%s:%d" $name $i $name $.Release.Namespace $.Values.clusterDomain (int $.Values.kvCache.port)) -}}
+{{- $urls = append $urls (printf "%s://%s-%d.%s.%s.svc.%s:%d" (include "shardrag.scheme" $) $name $i $name $.Release.Namespace $.Values.clusterDomain (int $.Values.kvCache.port)) -}}
 {{- end -}}
 {{- join "," $urls -}}
 {{- end -}}
@@ -126,6 +126,24 @@ tolerations:
 {{- toYaml $resources -}}
 {{- end -}}
 
+{{/* http, or https when tls.enabled (every process serves TLS and verifies the others). */}}
+{{- define "shardrag.scheme" -}}
+{{- ternary "https" "http" .Values.tls.enabled -}}
+{{- end -}}
+
+{{- define "shardrag.tlsVolumeMount" -}}
+{{- if .Values.tls.enabled }}
+- {name: tls, mountPath: /etc/shardrag/tls, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "shardrag.tlsVolume" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  secret: {secretName: {{ .Values.tls.existingSecret }}}
+{{- end }}
+{{- end -}}
+
 {{- define "shardrag.commonEnv" -}}
 - name: PYTHONUNBUFFERED
   value: "1"
@@ -136,6 +154,14 @@ tolerations:
 {{- if .Values.auth.enabled }}
 - name: SHARDRAG_INTERNAL_TOKEN_FILE
   value: /etc/shardrag/secrets/internal-token
+{{- end }}
+{{- if .Values.tls.enabled }}
+- name: SHARDRAG_TLS_CERT
+  value: /etc/shardrag/tls/tls.crt
+- name: SHARDRAG_TLS_KEY
+  value: /etc/shardrag/tls/tls.key
+- name: SHARDRAG_TLS_CA
+  value: /etc/shardrag/tls/ca.crt
 {{- end }}
 {{- end -}}
 
