@@ -151,6 +151,8 @@ class LocalCluster:
             state = FileRolloutStore(gateway.rollout_state_path).load()
             version = state.active if state is not None else None  # else: the newest complete version
         self.version_dir, self.manifest = resolve_version(root, collection, version)
+        self.root = Path(root)
+        self._shards_launched = False
         self.collection = collection
         self.replicas = replicas
         self.host = host
@@ -208,12 +210,14 @@ class LocalCluster:
 
     def _start_shards(self) -> None:
         for shard_id in range(self.manifest.num_shards):
-            directory = shard_dir(self.version_dir, shard_id)
             group = []
             for replica in range(self.replicas):
                 name = f"shard-{shard_id}-r{replica}"
 
-                def argv(port: int, directory: Path = directory) -> list[str]:
+                def argv(port: int, shard_id: int = shard_id) -> list[str]:
+                    # A restarted replica comes back with the version active *now*, so it serves at
+                    # once instead of waiting for the gateways to reconcile it after a rollout.
+                    directory = shard_dir(self._active_version_dir(), shard_id)
                     return [self.python, "-m", "index_shards", "serve", "--dir", str(directory), "--host", self.host,
                             "--port", str(port), "--faiss-threads", str(self.faiss_threads)]
 
@@ -225,7 +229,22 @@ class LocalCluster:
         for group in self.shards:
             for child in group:
                 child.wait_ready(deadline)
+        self._shards_launched = True
         logger.info("%d shard replicas ready", sum(len(g) for g in self.shards))
+
+    def _active_version_dir(self) -> Path:
+        """The directory of the version the rollout state says is active (the launch version
+        before any rollout, or when the state cannot be read)."""
+        path = self.gateway_config.rollout_state_path
+        if not self._shards_launched or not path:  # first start: the version asked for
+            return self.version_dir
+        try:
+            state = FileRolloutStore(path).load()
+            if state is not None and state.active:
+                return resolve_version(self.root, self.collection, state.active)[0]
+        except Exception as exc:  # noqa: BLE001 - a restart must not fail on the state file
+            logger.warning("cannot read the rollout state (%s); restarting on the launch version", exc)
+        return self.version_dir
 
     def _start_answer_path(self) -> None:
         """kv-nodes first (the generators need their URLs), then the generator workers."""

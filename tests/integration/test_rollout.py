@@ -169,6 +169,22 @@ def test_full_rollout_under_load_never_mixes_versions(cluster, versions, queries
     assert before and set(before) == {v1}
 
 
+
+def test_a_replica_restarted_after_a_rollout_comes_back_on_the_active_version(cluster, versions):
+    v2 = versions["v2"]
+    assert status(cluster)["state"]["active"] == v2  # after the full rollout above
+    victim = cluster.shards[0][1]
+    old_pid = victim.process.pid
+    os.kill(old_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while victim.process.pid == old_pid or victim.ready is None:
+        assert time.monotonic() < deadline, "the supervisor did not restart the replica"
+        time.sleep(0.1)
+    assert victim.ready["version"] == v2  # loaded V2 itself, no reconciliation needed to serve
+    info = httpx.get(f"{victim.ready['url']}/v1/info", timeout=10).json()
+    assert [v["id"] for v in info["versions"] if v.get("state") == "ready"] == [v2]
+
+
 def test_gateway_killed_during_activation_comes_back_consistent(cluster, versions, queries):
     v1, v2 = versions["v1"], versions["v2"]
     current = status(cluster)["state"]
