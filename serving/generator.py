@@ -217,6 +217,16 @@ def _sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _fsync_tree(directory: Path, *, files: bool = True) -> None:
+    paths = [p for p in directory.rglob("*") if p.is_file()] if files else []
+    for path in paths + [directory]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def smollm2_dir(cache_root: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct as a plain fp32 Hugging Face directory, converted from the GGUF the
     first time (about 30 s) and kept under the shardrag cache."""
@@ -245,8 +255,10 @@ def smollm2_dir(cache_root: Path | None = None) -> Path:
     plain.save_pretrained(str(staging))
     tokenizer.save_pretrained(str(staging))
     (staging / "SOURCE").write_text(f"{gguf.name} sha256 prefix {digest}\n")
+    _fsync_tree(staging)  # a crash leaves no half-written copy under the final name
     try:
         staging.rename(target)
+        _fsync_tree(root, files=False)
     except OSError:  # another process converted it meanwhile
         shutil.rmtree(staging, ignore_errors=True)
     return target
