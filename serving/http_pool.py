@@ -65,12 +65,21 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
+    @property
+    def usable(self) -> bool:
+        """Open on both ends as far as we know (a peer that died may not have been noticed yet)."""
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
     def send(self, request: bytes) -> asyncio.Future[tuple[int, bytes]]:
         assert self.transport is not None
         self._received_any = False
-        self._waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
-        return self._waiter
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            self.transport.write(request)
+        except (RuntimeError, OSError) as exc:  # the transport closed under us (uvloop raises RuntimeError)
+            self.closed = True
+            self._fail(HttpError(f"connection closed before the request was sent: {exc}"))
+        return waiter
 
     @property
     def received_any(self) -> bool:
@@ -123,9 +132,10 @@ class HttpPool:
             connection = None
             while idle:
                 candidate = idle.pop()
-                if not candidate.closed:
+                if candidate.usable:
                     connection, reused = candidate, True
                     break
+                candidate.close()
             if connection is None:
                 connection = await asyncio.wait_for(self._connect(host, port, tls), max(deadline - loop.time(), 0.001))
             waiter = connection.send(request)

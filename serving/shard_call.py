@@ -14,6 +14,7 @@ Time goes through a :class:`Timer` so tests run on a fake clock without sleeping
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -21,12 +22,21 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from retrieval.errors import DeadlineExceeded, ShardUnavailable, VersionConflict
+from retrieval.errors import DeadlineExceeded, ShardragError, ShardUnavailable, VersionConflict
 
 from serving.balancer import Balancer
 from serving.health import OutlierDetector
 from serving.hedging import AdaptiveHedgeDelay, HedgeBudget
 from serving.transport import SearchParams, ShardReply, ShardTransport
+
+logger = logging.getLogger(__name__)
+
+
+def _consume_outcome(task: asyncio.Future[ShardReply]) -> None:
+    """Mark a finished attempt's exception as seen: losers of a hedge race fail silently by design."""
+    if not task.cancelled():
+        task.exception()
+
 
 # Failures that say "this replica, now" — worth another replica. A 409 (the replica does not
 # hold the version) also sends the call on, and marks the replica not eligible for that version.
@@ -144,6 +154,7 @@ class ShardCaller:
             self.balancer.on_start(replica)
             remaining_s = max(deadline - timer.now(), 0.001)
             task = asyncio.ensure_future(self.transport.search(replica, shard_id, vectors, params, remaining_s))
+            task.add_done_callback(_consume_outcome)
             running[task] = _Attempt(replica, timer.now(), is_hedge)
             return True
 
@@ -173,7 +184,12 @@ class ShardCaller:
                         # not a sick replica, just one without this version: not eligible, try another
                         if self.on_not_eligible is not None:
                             self.on_not_eligible(attempt.replica, params.version)
-                    elif isinstance(error, RETRYABLE):
+                    elif isinstance(error, RETRYABLE) or not isinstance(error, ShardragError):
+                        # an unexpected transport error is the replica's failure, not the query's
+                        if not isinstance(error, ShardragError):
+                            logger.warning("replica %s failed unexpectedly: %r", attempt.replica, error)
+                            error = ShardUnavailable(f"shard {shard_id} ({attempt.replica}) failed: {error!r}",
+                                                     shard=shard_id)
                         self.stats.failures += 1
                         self.detector.record_failure(attempt.replica)
                     else:
