@@ -34,7 +34,7 @@ import httpx
 import numpy as np
 
 from benchmarks.common import REPO, RESULTS, load_corpus, machine_info, write_result
-from index_shards.atomic import atomic_write_bytes
+from retrieval.atomic import atomic_write_bytes
 from index_shards.build import BuildConfig, build_collection
 from serving.config import ClusterSpec, GatewayConfig
 from serving.launcher import Child, LocalCluster

@@ -21,7 +21,7 @@ from retrieval.encoders import Encoder, encode_documents
 from retrieval.errors import BuildError, ConfigError
 from retrieval.types import Document, EmbeddingVersion
 
-from index_shards.atomic import fsync_dir, fsync_tree
+from retrieval.atomic import fsync_dir, fsync_tree
 from index_shards.docstore import write_docstore
 from index_shards.faiss_index import build_index, metric_code, write_index
 from index_shards.ids import doc_int_ids

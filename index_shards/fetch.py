@@ -20,7 +20,7 @@ from pathlib import Path
 
 from retrieval.errors import ConfigError, IndexIntegrityError, ShardragError
 
-from index_shards.atomic import fsync_dir, fsync_tree
+from retrieval.atomic import fsync_dir, fsync_tree
 from index_shards.manifest import ShardManifest, verify_shard_dir
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from typing import Any
 from retrieval.errors import ChecksumMismatch, IndexIntegrityError, ManifestMissing
 from retrieval.types import EmbeddingVersion
 
-from index_shards.atomic import atomic_write_bytes
+from retrieval.atomic import atomic_write_bytes
 
 SHARD_MANIFEST = "manifest.json"
 COLLECTION_MANIFEST = "collection.json"

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.embedding_cache import default_cache_dir
-from retrieval.errors import ShardragError
+from retrieval.cli_support import run_command
 
 from index_shards.layout import DEFAULT_ROOT, collections_root
 
@@ -606,15 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in DELEGATED:
         os.execv(sys.executable, [sys.executable, "-m", "training", *argv])
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return int(args.func(args) or 0)
-    except ShardragError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_command(args, verbose=args.verbose)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from retrieval.atomic import fsync_dir, fsync_tree
 from retrieval.embedding_cache import default_cache_dir
 from retrieval.errors import ConfigError
 
@@ -217,16 +218,6 @@ def _sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync_tree(directory: Path, *, files: bool = True) -> None:
-    paths = [p for p in directory.rglob("*") if p.is_file()] if files else []
-    for path in paths + [directory]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def smollm2_dir(cache_root: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct as a plain fp32 Hugging Face directory, converted from the GGUF the
     first time (about 30 s) and kept under the shardrag cache."""
@@ -255,10 +246,10 @@ def smollm2_dir(cache_root: Path | None = None) -> Path:
     plain.save_pretrained(str(staging))
     tokenizer.save_pretrained(str(staging))
     (staging / "SOURCE").write_text(f"{gguf.name} sha256 prefix {digest}\n")
-    _fsync_tree(staging)  # a crash leaves no half-written copy under the final name
+    fsync_tree(staging)  # a crash leaves no half-written copy under the final name
     try:
         staging.rename(target)
-        _fsync_tree(root, files=False)
+        fsync_dir(root)
     except OSError:  # another process converted it meanwhile
         shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from retrieval.errors import ConfigError, ShardragError
 from retrieval.serve import parse_ready_line
 
-from index_shards.atomic import atomic_write_bytes
+from retrieval.atomic import atomic_write_bytes
 from index_shards.layout import collection_dir, resolve_version, shard_dir
 from serving.config import ClusterSpec, GatewayConfig
 from serving.rollout_store import FileRolloutStore

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import threading
 from pathlib import Path
 from typing import Callable, Protocol
 
+from retrieval.atomic import atomic_write_bytes
 from retrieval.errors import ConfigError
 from retrieval.rollout import RolloutState
 
@@ -75,17 +75,7 @@ class FileRolloutStore:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _write(self, state: RolloutState) -> None:
-        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(temp, "w") as handle:
-            json.dump(state.to_dict(), handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        atomic_write_bytes(self.path, json.dumps(state.to_dict(), indent=1).encode())
 
 
 def make_store(path: str | None) -> RolloutStore:

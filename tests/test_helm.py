@@ -82,7 +82,8 @@ def test_one_statefulset_per_shard_with_a_pdb_that_keeps_the_last_replica(render
         assert statefulset["spec"]["replicas"] == replicas
         assert statefulset["spec"]["serviceName"] == f"rel-shardrag-shard-{i}"
         pdb = pdbs[f"rel-shardrag-shard-{i}"]
-        assert 1 <= pdb["spec"]["minAvailable"] == replicas - 1
+        # maxUnavailable 1: every replica but one must stay; never fewer than one
+        assert pdb["spec"]["minAvailable"] == max(1, replicas - 1)
         assert pdb["spec"]["selector"]["matchLabels"] == statefulset["spec"]["selector"]["matchLabels"]
         args = container(statefulset, "shard")["args"]
         assert args[:4] == ["python", "-m", "index_shards", "serve"]

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from retrieval.atomic import fsync_dir
+
 CHECKPOINT = "checkpoint.pt"
 
 
@@ -42,11 +44,7 @@ def save_checkpoint(directory: Path, payload: dict[str, Any]) -> Path:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temp, path)
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(directory)
     return path
 
 

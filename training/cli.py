@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 
 from retrieval.embedding_cache import default_cache_dir
-from retrieval.errors import ShardragError
+from retrieval.cli_support import run_command
 
 from index_shards.layout import DEFAULT_ROOT, collections_root
 
@@ -132,12 +131,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return int(args.func(args) or 0)
-    except ShardragError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_command(build_parser().parse_args(argv))
