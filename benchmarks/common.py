@@ -13,13 +13,15 @@ from typing import Any
 
 import numpy as np
 
+from retrieval import env
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def data_dir() -> Path:
-    configured = os.environ.get("SHARDRAG_DATA_DIR")
+    configured = env.read("SHARDRAG_DATA_DIR")
     return Path(configured) if configured else REPO.parent / "shared" / "data"
 
 
@@ -35,9 +37,8 @@ class Corpus:
 def load_corpus(names: tuple[str, ...] = ("msmarco", "dbpedia")) -> Corpus:
     """Both shared corpora (10k passages) embedded with MiniLM, through the embedding cache."""
     from retrieval.datasets import load_beir
-    from retrieval.embedding_cache import CachingEncoder, EmbeddingCache
+    from retrieval.embedding_cache import CachingEncoder, EmbeddingCache, default_cache_dir
     from retrieval.encoders import encode_documents, load_default_encoder
-    from retrieval.embedding_cache import default_cache_dir
 
     encoder = CachingEncoder(load_default_encoder(device="cpu"), EmbeddingCache(default_cache_dir()))
     documents, vectors, queries = [], [], []

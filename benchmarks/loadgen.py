@@ -91,7 +91,7 @@ async def run_open_loop(url: str, bodies: list[bytes], rate: float, duration_s: 
             async with session.post(url, data=body, headers=headers) as response:
                 payload = await response.read()
                 status = response.status
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             status, payload = -1, b""
         if scheduled < measure_from:
             return

@@ -40,8 +40,13 @@ from index_shards.build import BuildConfig, build_collection
 from index_shards.faiss_index import build_index
 from index_shards.ids import doc_int_ids
 from retrieval.ir_metrics import overlap_at_k
-from serving.config import GatewayConfig
-from serving.launcher import LocalCluster
+from serving.gateway.config import GatewayConfig
+from serving.local.child import Child
+from serving.local.launcher import LocalCluster
+from serving.shardcall.fanout import FanOutSettings
+from serving.versions.query_encoder import EncoderSettings
+
+VECTORS_ONLY = GatewayConfig(encoder=EncoderSettings(load=False))
 
 
 def exact_top10(corpus) -> list[list[str]]:
@@ -158,7 +163,7 @@ def main() -> None:
             collection = f"bench-{factory.replace(',', '_')}-{num_shards}"
             build_collection(work / "root", corpus.documents, corpus.vectors, corpus.version,
                              BuildConfig(collection, num_shards, "hash", factory), show_progress=False)
-            with start(work / "root", collection, num_shards, GatewayConfig(load_encoder=False)) as cluster:
+            with start(work / "root", collection, num_shards, VECTORS_ONLY) as cluster:
                 recall = gateway_recall(cluster.gateway_url, corpus, exact)
                 if factory == factories[0] and num_shards == 1:
                     print("direct shard hop ...", file=sys.stderr, flush=True)
@@ -179,22 +184,35 @@ def main() -> None:
                                                "recall_at_10": recall, "transport": "pooled", "coalesce": True,
                                                **load})
 
-    # Variants at 4 shards: no coalescing, and httpx for the gateway→shard hop.
+    # Variants at 4 shards: no coalescing, and aiohttp / httpx for the gateway→shard hop (those
+    # run as a second gateway process, benchmarks/transports.py, next to the cluster's own).
     largest = max(shard_counts)
     collection = f"bench-{factories[0].replace(',', '_')}-{largest}"
-    for label, gateway in (("no coalescing", GatewayConfig(load_encoder=False, coalesce=False)),
-                           ("aiohttp transport", GatewayConfig(load_encoder=False, transport="aiohttp")),
-                           ("httpx transport", GatewayConfig(load_encoder=False, transport="httpx")),
-                           ("httpx, no coalescing", GatewayConfig(load_encoder=False, transport="httpx",
-                                                                  coalesce=False))):
+    no_coalescing = GatewayConfig(encoder=EncoderSettings(load=False), calls=FanOutSettings(coalesce=False))
+    for label, gateway, client in (("no coalescing", no_coalescing, None),
+                                   ("aiohttp transport", VECTORS_ONLY, "aiohttp"),
+                                   ("httpx transport", VECTORS_ONLY, "httpx"),
+                                   ("httpx, no coalescing", no_coalescing, "httpx")):
         with start(work / "root", collection, largest, gateway) as cluster:
-            for concurrency in (1, max(concurrencies)):
-                print(f"variant {label}, c={concurrency} ...", file=sys.stderr, flush=True)
-                load = run_load(f"{cluster.gateway_url}/v1/query", bodies, concurrency, args.duration,
-                                cluster_pids(cluster))
-                load["cpu_ms_per_query"] = summarise_pids(load["cpu_ms_per_query"])
-                results["variants"].append({"variant": label, "factory": factories[0], "shards": largest,
-                                            "concurrency": concurrency, **load})
+            url, pids, other = cluster.gateway_url, cluster_pids(cluster), None
+            if client is not None:
+                other = Child(f"gateway-{client}", lambda port, c=client: [
+                    sys.executable, "-m", "benchmarks.transports", "--client", c, "--cluster",
+                    str(cluster.workdir / "cluster.json"), "--port", str(port)], work / f"gateway-{client}.log")
+                other.start(dict(cluster.gateway_env))
+                url = str(other.wait_ready(time.monotonic() + 120)["url"])
+                assert other.process is not None
+                pids = {**{n: p for n, p in pids.items() if n != "gateway"}, "gateway": other.process.pid}
+            try:
+                for concurrency in (1, max(concurrencies)):
+                    print(f"variant {label}, c={concurrency} ...", file=sys.stderr, flush=True)
+                    load = run_load(f"{url}/v1/query", bodies, concurrency, args.duration, pids)
+                    load["cpu_ms_per_query"] = summarise_pids(load["cpu_ms_per_query"])
+                    results["variants"].append({"variant": label, "factory": factories[0], "shards": largest,
+                                                "concurrency": concurrency, **load})
+            finally:
+                if other is not None:
+                    other.stop()
 
     report(results)
     print(f"\nwrote {write_result('query_latency', results)}")

@@ -37,8 +37,8 @@ import numpy as np
 
 from benchmarks.common import data_dir, load_corpus, machine_info, percentiles_ms, write_result
 from retrieval.datasets import load_beir
-from serving.launcher import Child
-from serving.rag import build_messages
+from serving.answer.prompt import build_messages
+from serving.local.launcher import Child
 
 PYTHON = sys.executable
 
@@ -167,7 +167,8 @@ def main() -> None:
     print(f"\ntrace: {args.requests} requests over {args.queries} questions (Zipf {args.zipf}), "
           f"{len(set(trace))} distinct; prompt ≈ {baseline['prompt_tokens_mean']:.0f} tokens; "
           f"{args.max_new_tokens} new tokens, greedy")
-    print(f"{'set-up':<12} {'TTFT p50':>9} {'p99':>8} {'hit p50':>8} {'partial':>8} {'hits':>5} {'cold/hit':>9} {'req/s':>7} "
+    print(f"{'set-up':<12} {'TTFT p50':>9} {'p99':>8} {'hit p50':>8} {'partial':>8} {'hits':>5} {'cold/hit':>9} "
+          f"{'req/s':>7} "
           f"{'×off':>6} {'hit rate':>9} {'local':>6} {'remote':>7} {'MB fetched':>11} {'MB written':>11} identical")
     for name, s in setups.items():
         hit_p50 = s["ttft_hits"]["p50_ms"]
@@ -175,7 +176,8 @@ def main() -> None:
         s["cold_over_hit_ttft_p50"] = speedup
         s["throughput_vs_off"] = s["requests_per_s"] / baseline["requests_per_s"]
         print(f"{name:<12} {s['ttft']['p50_ms']:>7.0f}ms {s['ttft']['p99_ms']:>6.0f}ms {hit_p50:>6.0f}ms "
-              f"{s['ttft_partial']['p50_ms']:>6.0f}ms {s['hit_requests']:>5} {speedup:>8.2f}× {s['requests_per_s']:>7.3f} "
+              f"{s['ttft_partial']['p50_ms']:>6.0f}ms {s['hit_requests']:>5} {speedup:>8.2f}× "
+              f"{s['requests_per_s']:>7.3f} "
               f"{s['throughput_vs_off']:>5.2f}× {s['hit_rate']:>8.1%} {s['local_hit_rate']:>6.1%} "
               f"{s['remote_hit_rate']:>7.1%} {s['bytes_fetched'] / 1e6:>11.1f} {s['bytes_written'] / 1e6:>11.1f} "
               f"{identical[name]}")

@@ -24,8 +24,8 @@ from typing import Any
 
 from benchmarks.common import REPO, load_corpus, machine_info, write_result
 from index_shards.build import BuildConfig, build_collection
-from serving.config import GatewayConfig
-from serving.launcher import LocalCluster
+from serving.gateway.config import GatewayConfig
+from serving.local.launcher import LocalCluster
 
 
 def load(url: str, bodies: Path, concurrency: int, duration_s: float) -> dict[str, Any]:
@@ -71,7 +71,8 @@ def main() -> None:
     bodies.write_text(json.dumps([{"vector": v.tolist(), "k": 10} for v in corpus.query_vectors[:200]]))
 
     results: dict[str, dict[str, Any]] = {"http": {}, "ray": {}}
-    with LocalCluster(work / "root", "bench", replicas=2, gateway=GatewayConfig(load_encoder=False)) as cluster:
+    vectors_only = GatewayConfig.from_dict({"encoder": {"load": False}})
+    with LocalCluster(work / "root", "bench", replicas=2, gateway=vectors_only) as cluster:
         for c in concurrencies:
             results["http"][str(c)] = load(cluster.gateway_url, bodies, c, args.duration)
             print(f"http c={c}: {results['http'][str(c)]['qps']:.0f} QPS", flush=True)

@@ -29,11 +29,10 @@ import numpy as np
 from benchmarks.common import REPO, data_dir, machine_info, write_result
 from index_shards.build import BuildConfig, build_collection
 from retrieval.datasets import load_beir
-from retrieval.embedding_cache import CachingEncoder, EmbeddingCache
+from retrieval.embedding_cache import CachingEncoder, EmbeddingCache, default_cache_dir
 from retrieval.encoders import SentenceTransformerEncoder, default_model_dir, encode_documents, load_default_encoder
-from retrieval.embedding_cache import default_cache_dir
-from serving.config import GatewayConfig
-from serving.launcher import LocalCluster
+from serving.gateway.config import GatewayConfig
+from serving.local.launcher import LocalCluster
 
 
 def rss_mib(pid: int) -> float:
@@ -84,7 +83,7 @@ def main() -> None:
     queries = [dataset.queries[q] for q in sorted(dataset.queries)]
     bodies = work / "bodies.json"
     bodies.write_text(json.dumps([{"text": q, "k": 10} for q in queries]))
-    config = GatewayConfig(poll_interval_s=0.5, drain_s=2.0, gate_sample=50)
+    config = GatewayConfig.from_dict({"rollout": {"poll_interval_s": 0.5, "drain_s": 2.0}, "gate": {"sample": 50}})
     with LocalCluster(root, "msmarco", version=v1, replicas=2, gateway=config, workdir=work / "logs") as cluster:
         url = cluster.gateway_url
         total_s = 2 * args.baseline + 60.0
@@ -134,7 +133,8 @@ def main() -> None:
         "load": summary,
     }
     print(f"\n== rollout under {args.rate:.0f} QPS of text queries (2 shards x 2 replicas, 5k docs) ==")
-    print(f"{'phase':8} {'requests':>8} {'errors':>6} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} {'p99 vs before':>13}")
+    print(f"{'phase':8} {'requests':>8} {'errors':>6} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} "
+          f"{'p99 vs before':>13}")
     for name, row in phases.items():
         ratio = row["p99_ms"] / phases["before"]["p99_ms"] if row.get("requests") else float("nan")
         print(f"{name:8} {row['requests']:8d} {row.get('errors', 0):6d} {row.get('p50_ms', 0):8.2f} "

@@ -34,10 +34,10 @@ import httpx
 import numpy as np
 
 from benchmarks.common import REPO, RESULTS, load_corpus, machine_info, write_result
-from retrieval.atomic import atomic_write_bytes
 from index_shards.build import BuildConfig, build_collection
-from serving.config import ClusterSpec, GatewayConfig
-from serving.launcher import Child, LocalCluster
+from retrieval.atomic import atomic_write_bytes
+from serving.gateway.config import ClusterSpec, GatewayConfig
+from serving.local.launcher import Child, LocalCluster
 
 POLICIES = {
     "round_robin": {"balancer": "round_robin", "hedging": False},
@@ -59,7 +59,8 @@ def set_faults(url: str, faults: dict[str, Any]) -> None:
 
 def start_gateway(cluster: LocalCluster, policy: dict[str, Any], workdir: Path, name: str) -> Child:
     spec = ClusterSpec(cluster.collection, tuple(tuple(group) for group in cluster.shard_urls),
-                       GatewayConfig(load_encoder=False, **policy))
+                       GatewayConfig.from_dict({"encoder": {"load": False}, "calls": {"balancer": policy["balancer"]},
+                                                "hedging": {"enabled": policy["hedging"]}}))
     spec_path = workdir / f"{name}.json"
     atomic_write_bytes(spec_path, spec.to_json())
     child = Child(name, lambda port: [sys.executable, "-m", "serving", "gateway", "--cluster", str(spec_path),
@@ -180,7 +181,8 @@ def main() -> None:
         collection = f"tail-{num_shards}"
         build_collection(work / "root", corpus.documents, corpus.vectors, corpus.version,
                          BuildConfig(collection, num_shards, "hash", "Flat", overwrite=True), show_progress=False)
-        with LocalCluster(work / "root", collection, replicas=replicas, gateway=GatewayConfig(load_encoder=False),
+        vectors_only = GatewayConfig.from_dict({"encoder": {"load": False}})
+        with LocalCluster(work / "root", collection, replicas=replicas, gateway=vectors_only,
                           workdir=work / f"{topology}-logs") as cluster:
             for scenario in args.scenarios.split(","):
                 apply_scenario(cluster, scenario)

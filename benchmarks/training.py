@@ -92,10 +92,10 @@ def main() -> None:
     local = None if args.quality_only else train(root, "both-2", work / "local", 2, max_steps=args.steps,
                                                  export_name="minilm-local", gather_negatives=False, **common)
     eval_root = work / "eval"
+    base = CachingEncoder(SentenceTransformerEncoder(_base_dir(), name="all-MiniLM-L6-v2", device="cpu"),
+                          EmbeddingCache(default_cache_dir()))
     quality = {
-        "base": evaluate(None, CachingEncoder(SentenceTransformerEncoder(_base_dir(), name="all-MiniLM-L6-v2",
-                                                                         device="cpu"), EmbeddingCache(default_cache_dir())),
-                         eval_root),
+        "base": evaluate(None, base, eval_root),
         "trained (gathered negatives)": evaluate(Path(gathered["exported"]["path"]), None, eval_root),
     }
     if local is not None:

@@ -11,17 +11,12 @@ import logging
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from retrieval.encoders import Encoder, encode_documents
-from retrieval.errors import BuildError, ConfigError
-from retrieval.types import Document, EmbeddingVersion
-
-from retrieval.atomic import fsync_dir, fsync_tree
 from index_shards.docstore import write_docstore
 from index_shards.faiss_index import build_index, metric_code, write_index
 from index_shards.ids import doc_int_ids
@@ -34,6 +29,10 @@ from index_shards.manifest import (
     sha256_file,
 )
 from index_shards.partition import make_partitioner
+from retrieval.atomic import fsync_dir, fsync_tree
+from retrieval.encoders import Encoder, encode_documents
+from retrieval.errors import BuildError, ConfigError
+from retrieval.types import DocId, Document, EmbeddingVersion
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +93,7 @@ def build_collection(
             centroid = partition.centroids[shard_id] if partition.centroids is not None else None
             manifest = _build_shard(
                 shard_dir(staging, shard_id), shard_id, config, version,
-                [documents[i] for i in members], vectors[members], int_ids[members], centroid,
+                [documents[int(i)] for i in members], vectors[members], int_ids[members], centroid,
             )
             shard_manifests.append(manifest)
         collection = CollectionManifest(
@@ -206,7 +205,7 @@ def documents_of_version(root: str | Path, collection: str, version_id: str | No
         try:
             for int_id, doc in store.iter_all():
                 metadata = store.get_metadata(int_id) or {}
-                documents.append(Document(doc.doc_id, doc.text, doc.title, metadata))
+                documents.append(Document(DocId(doc.doc_id), doc.text, doc.title, metadata))
         finally:
             store.close()
     documents.sort(key=lambda d: d.doc_id)

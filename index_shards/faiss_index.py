@@ -113,4 +113,5 @@ class SearchableIndex:
         try:
             self._space.set_index_parameter(self.index, name, value)
         except RuntimeError as exc:
-            raise InvalidRequest(f"{field} does not apply to this index ({type(self.index).__name__})", field=field) from exc
+            raise InvalidRequest(f"{field} does not apply to this index ({type(self.index).__name__})",
+                                 field=field) from exc

@@ -21,11 +21,12 @@ import asyncio
 import math
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Awaitable, Callable
+from typing import Any
 
+from httpkit.asgi import ClientDisconnected, Receive
 from retrieval.errors import InvalidRequest, ShardragError
-from retrieval.serve import ClientDisconnected
 
 
 class InjectedFault(ShardragError):
@@ -190,7 +191,7 @@ def _status_error(status: int) -> InjectedFault:
     return error
 
 
-async def wait_unless_gone(receive: Callable[[], Awaitable[dict[str, Any]]], seconds: float,
+async def wait_unless_gone(receive: Receive, seconds: float,
                            deadline: float | None, clock: Callable[[], float] = time.monotonic) -> None:
     """Sleep ``seconds`` (capped at the request deadline), waking early if the client disconnects."""
     if deadline is not None:

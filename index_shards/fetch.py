@@ -18,10 +18,9 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from retrieval.errors import ConfigError, IndexIntegrityError, ShardragError
-
-from retrieval.atomic import fsync_dir, fsync_tree
 from index_shards.manifest import ShardManifest, verify_shard_dir
+from retrieval.atomic import fsync_dir, fsync_tree
+from retrieval.errors import ConfigError, IndexIntegrityError, ShardragError
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ build, every shard and every machine, so deletes and upserts can address it late
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

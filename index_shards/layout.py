@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from retrieval.errors import ManifestMissing, NotFound
-
 from index_shards.manifest import COLLECTION_MANIFEST, CollectionManifest, read_collection_manifest
+from retrieval.errors import ManifestMissing, NotFound
 
 INDEX_FILE = "index.faiss"
 DOCSTORE_FILE = "docs.sqlite"
@@ -22,9 +21,9 @@ DEFAULT_ROOT = "shardrag-data"
 
 def collections_root(flag: str | None) -> Path:
     """The collections root a command-line tool uses: the flag, else $SHARDRAG_ROOT, else ./shardrag-data."""
-    import os
+    from retrieval import env
 
-    return Path(flag or os.environ.get("SHARDRAG_ROOT", DEFAULT_ROOT))
+    return Path(flag or env.read("SHARDRAG_ROOT", DEFAULT_ROOT) or DEFAULT_ROOT)
 
 
 def collection_dir(root: str | Path, collection: str) -> Path:
@@ -52,7 +51,8 @@ def list_versions(root: str | Path, collection: str) -> list[CollectionManifest]
     return sorted(manifests, key=lambda m: m.created_at)
 
 
-def resolve_version(root: str | Path, collection: str, version_id: str | None = None) -> tuple[Path, CollectionManifest]:
+def resolve_version(root: str | Path, collection: str,
+                    version_id: str | None = None) -> tuple[Path, CollectionManifest]:
     """The directory and manifest of ``version_id`` (default: the newest complete version)."""
     if version_id is None:
         versions = list_versions(root, collection)

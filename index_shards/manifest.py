@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retrieval.atomic import atomic_write_bytes
 from retrieval.errors import ChecksumMismatch, IndexIntegrityError, ManifestMissing
 from retrieval.types import EmbeddingVersion
-
-from retrieval.atomic import atomic_write_bytes
 
 SHARD_MANIFEST = "manifest.json"
 COLLECTION_MANIFEST = "collection.json"

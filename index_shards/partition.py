@@ -49,9 +49,11 @@ class KMeansPartitioner:
 
         if num_shards == 1:
             centroid = vectors.mean(axis=0, keepdims=True).astype(np.float32)
-            return Partition(np.zeros(len(vectors), dtype=np.int64), _normalise(centroid) if self.spherical else centroid)
+            return Partition(np.zeros(len(vectors), dtype=np.int64),
+                             _normalise(centroid) if self.spherical else centroid)
         if len(vectors) < num_shards:
-            raise BuildError(f"kmeans needs at least {num_shards} documents for {num_shards} shards, got {len(vectors)}")
+            raise BuildError(f"kmeans needs at least {num_shards} documents for {num_shards} shards, "
+                             f"got {len(vectors)}")
         kmeans = faiss.Kmeans(
             vectors.shape[1], num_shards, niter=self.niter, seed=self.seed, spherical=self.spherical,
             gpu=False, verbose=False, min_points_per_centroid=1,
@@ -64,14 +66,16 @@ class KMeansPartitioner:
 
 def _normalise(matrix: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return (matrix / np.maximum(norms, 1e-12)).astype(np.float32)
+    normalised: np.ndarray = (matrix / np.maximum(norms, 1e-12)).astype(np.float32)
+    return normalised
 
 
-PARTITIONERS = {"hash": HashPartitioner, "kmeans": KMeansPartitioner}
+PARTITIONERS: dict[str, type[Partitioner]] = {"hash": HashPartitioner, "kmeans": KMeansPartitioner}
 
 
 def make_partitioner(name: str) -> Partitioner:
     try:
         return PARTITIONERS[name]()
     except KeyError:
-        raise ConfigError(f"unknown partitioner {name!r}; use one of {sorted(PARTITIONERS)}", field="partitioner") from None
+        raise ConfigError(f"unknown partitioner {name!r}; use one of {sorted(PARTITIONERS)}",
+                          field="partitioner") from None

@@ -17,30 +17,30 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
-from dataclasses import dataclass, field
-from typing import Annotated
+from dataclasses import dataclass, field, replace
+from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
 import orjson
 from fastapi import FastAPI, Query, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from retrieval.errors import DeadlineExceeded, InvalidRequest, MalformedBody
-from retrieval.serve import FastPathApp, install_error_handlers, read_limited_body
-from retrieval.wire import decode_vectors
-
-from retrieval.auth import guard_from_env, internal_policy
-
+from httpkit.asgi import FastPathApp, Receive, Scope, read_request_body
+from httpkit.auth import guard_from_env, internal_policy
+from httpkit.errors import install_error_handlers
+from httpkit.metrics import add_metrics_route, status_counter
+from httpkit.responses import json_response
 from index_shards.faults import FaultConfig, FaultInjector, wait_unless_gone
 from index_shards.metrics import ShardMetrics
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
+from retrieval.contract import TIMEOUT_HEADER, SearchParams
+from retrieval.errors import DeadlineExceeded, InvalidRequest, MalformedBody
+from retrieval.wire import decode_vectors
 
 logger = logging.getLogger(__name__)
 
 VERSION_HEADER = b"x-shardrag-version"
-TIMEOUT_HEADER = b"x-shardrag-timeout-ms"
+_TIMEOUT_HEADER = TIMEOUT_HEADER.encode()
 
 
 @dataclass(slots=True, frozen=True)
@@ -58,9 +58,9 @@ _INT_PARAMS = {"k": (1, None), "nprobe": (1, 65536), "ef_search": (1, 65536)}
 _KNOWN_PARAMS = {"k", "version", "nprobe", "ef_search", "with_text"}
 
 
-def parse_search_params(query_string: bytes, max_k: int) -> dict[str, object]:
+def parse_search_params(query_string: bytes, max_k: int) -> SearchParams:
     """The search's query parameters, validated; errors name the parameter."""
-    params: dict[str, object] = {"k": 10, "version": None, "nprobe": None, "ef_search": None, "with_text": True}
+    params: dict[str, Any] = {"k": 10, "version": None, "nprobe": None, "ef_search": None, "with_text": True}
     for name, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
         if name not in _KNOWN_PARAMS:
             raise InvalidRequest(f"unknown query parameter {name!r}", field=name)
@@ -80,10 +80,10 @@ def parse_search_params(query_string: bytes, max_k: int) -> dict[str, object]:
             params[name] = value.lower() in ("true", "1")
         else:
             params[name] = value
-    return params
+    return SearchParams(**params)
 
 
-def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = None) -> FastPathApp:
+def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = None) -> Any:
     """The shard server's ASGI app: a fast path for POST /v1/search around a FastAPI app."""
     config = config or ShardServerConfig()
     versions = shard if isinstance(shard, ShardVersions) else ShardVersions(shard, max_versions=config.max_versions,
@@ -95,20 +95,20 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
 
     faults = FaultInjector(config.faults)
 
-    async def handle_search(scope: dict, body: bytes, receive: Any = None) -> tuple[int, bytes]:
+    async def handle_search(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
         arrived = time.monotonic()
         params = parse_search_params(scope.get("query_string", b""), config.max_k)
-        wanted = params["version"]
         timeout_ms = None
         for name, value in scope.get("headers", ()):
-            if name == VERSION_HEADER and wanted is None:
-                wanted = value.decode("latin-1")
-            elif name == TIMEOUT_HEADER:
+            if name == VERSION_HEADER and params.version is None:
+                params = replace(params, version=value.decode("latin-1"))
+            elif name == _TIMEOUT_HEADER:
                 try:
                     timeout_ms = float(value)
                 except ValueError:
-                    raise MalformedBody("x-shardrag-timeout-ms is not a number", field="x-shardrag-timeout-ms") from None
-        served = versions.get(wanted)  # 409 naming the versions held when it is not one of them
+                    raise MalformedBody("x-shardrag-timeout-ms is not a number",
+                                        field="x-shardrag-timeout-ms") from None
+        served = versions.get(params.version)  # 409 naming the versions held when it is not one of them
         queries = decode_vectors(body, served.manifest.dim, field="body", max_rows=config.max_batch)
         deadline = arrived + timeout_ms / 1000.0 if timeout_ms is not None else None
         if faults.active:
@@ -121,8 +121,8 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
             metrics.expired.inc()
             raise DeadlineExceeded(f"request expired after {timeout_ms:.0f} ms before the search ran", field="deadline")
         started = time.perf_counter()
-        results = served.search(queries, params["k"], nprobe=params["nprobe"], ef_search=params["ef_search"],
-                                with_text=params["with_text"])
+        results = served.search(queries, params.k, nprobe=params.nprobe, ef_search=params.ef_search,
+                                with_text=params.with_text)
         took_s = time.perf_counter() - started
         if faults.active and faults.config.slowdown > 1.0:
             await wait_unless_gone(receive, faults.extra_service_s(took_s), deadline)
@@ -132,7 +132,7 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
             "shard_id": shard_id,
             "version": served.version_id,
             "took_ms": took_s * 1000.0,
-            "results": [r.to_dict() for r in results],
+            "results": results,
         })
 
     app = FastAPI(
@@ -163,72 +163,57 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
     ) -> Response:
         # Served by the fast path below; this route documents it and answers when the
         # FastAPI app is mounted without the wrapper.
-        body = await read_limited_body(request, config.max_body_bytes)
+        body = await read_request_body(request, config.max_body_bytes)
         status, payload = await handle_search(request.scope, body, request.receive)
         return Response(payload, status_code=status, media_type="application/json")
 
     @app.get("/v1/info", summary="What this replica holds: every version with its state")
     async def get_info() -> Response:
-        return _json({**versions.info(), "pid": os.getpid(), "started_at": started_at,
-                      "uptime_s": time.time() - started_at})
+        info = replace(versions.info(), pid=os.getpid(), started_at=started_at, uptime_s=time.time() - started_at)
+        return json_response(info.to_dict())
 
     @app.get("/healthz", summary="Liveness")
     async def healthz() -> Response:
-        return _json({"status": "ok", "shard_id": shard_id, "versions": versions.ready_ids()})
+        return json_response(versions.health().to_dict())
 
     @app.get("/admin/versions", summary="Versions held, with state (loading / ready / failed)")
     async def list_versions() -> Response:
-        return _json({"versions": versions.describe()})
+        return json_response({"versions": [v.to_dict() for v in versions.describe()]})
 
     @app.post("/admin/versions", status_code=202, summary="Stage (load) another version next to the others")
     async def stage_version(request: Request) -> Response:
         try:
-            data = orjson.loads(await read_limited_body(request, 64 * 1024) or b"{}")
+            data = orjson.loads(await read_request_body(request, 64 * 1024) or b"{}")
         except orjson.JSONDecodeError as exc:
             raise MalformedBody(f"body is not valid JSON: {exc}", field="body") from exc
         version = data.get("version") if isinstance(data, dict) else None
         if not isinstance(version, str):
             raise InvalidRequest("give the version id to load as {\"version\": \"...\"}", field="version")
-        slot = versions.stage(version)
-        return _json({"version": slot.describe(), "versions": versions.describe()}, status_code=202)
+        return json_response(versions.stage_reply(version).to_dict(), status_code=202)
 
     @app.delete("/admin/versions/{version_id}", summary="Unload a version (idempotent)")
     async def unload_version(version_id: str) -> Response:
-        removed = versions.unload(version_id)
-        return _json({"unloaded": removed, "versions": versions.describe()})
+        return json_response(versions.unload_reply(version_id).to_dict())
 
-    @app.get("/metrics", summary="Prometheus metrics")
-    async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    add_metrics_route(app, metrics.registry)
 
     @app.get("/admin/faults", summary="Current fault injection settings and counts")
     async def get_faults() -> Response:
-        return _json({"faults": faults.config.to_dict(), "active": faults.active, "injected": faults.injected})
+        return json_response({"faults": faults.config.to_dict(), "active": faults.active, "injected": faults.injected})
 
     @app.put("/admin/faults", summary="Replace the fault injection settings (an empty object turns faults off)")
     async def put_faults(request: Request) -> Response:
         try:
-            data = orjson.loads(await read_limited_body(request, 64 * 1024) or b"{}")
+            data = orjson.loads(await read_request_body(request, 64 * 1024) or b"{}")
         except orjson.JSONDecodeError as exc:
             raise MalformedBody(f"body is not valid JSON: {exc}", field="body") from exc
         if not isinstance(data, dict):
             raise InvalidRequest("body must be a JSON object of fault settings", field="body")
         faults.set(FaultConfig.from_dict(data))
         logger.warning("fault injection set to %s", faults.config)
-        return _json({"faults": faults.config.to_dict(), "active": faults.active})
-
-    counters: dict[int, object] = {}
-
-    def count(path: str, status: int) -> None:
-        counter = counters.get(status)
-        if counter is None:  # labels() is a locked dict build: resolve once per status
-            counter = counters[status] = metrics.requests.labels(endpoint="search", status=str(status))
-        counter.inc()  # type: ignore[attr-defined]
+        return json_response({"faults": faults.config.to_dict(), "active": faults.active})
 
     fast = FastPathApp(app, {("POST", "/v1/search"): handle_search}, max_body_bytes=config.max_body_bytes,
-                       on_result=count)
+                       on_result=status_counter(metrics.requests, "search"))
     return guard_from_env(fast, internal_policy)  # SHARDRAG_INTERNAL_TOKEN: only the gateway may call
 
-
-def _json(payload: object, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json")

@@ -3,33 +3,18 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-
-from retrieval.errors import DimensionMismatch, IndexIntegrityError, InvalidRequest
 
 from index_shards.docstore import DocStore
 from index_shards.faiss_index import SearchableIndex, read_index
 from index_shards.layout import DOCSTORE_FILE, INDEX_FILE
 from index_shards.manifest import ShardManifest, verify_shard_dir
+from retrieval.contract import HitColumns
+from retrieval.errors import DimensionMismatch, IndexIntegrityError, InvalidRequest
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True, frozen=True)
-class QueryHits:
-    """One query's hits on this shard, best first, as parallel columns (compact on the wire)."""
-
-    doc_ids: list[str]
-    scores: list[float]
-    titles: list[str]
-    texts: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"doc_ids": self.doc_ids, "scores": self.scores, "titles": self.titles, "texts": self.texts}
 
 
 class Shard:
@@ -47,14 +32,17 @@ class Shard:
         manifest = verify_shard_dir(directory)
         index = read_index(directory / INDEX_FILE)
         if index.ntotal != manifest.count:
-            raise IndexIntegrityError(f"{directory / INDEX_FILE} holds {index.ntotal} vectors, manifest says {manifest.count}")
+            raise IndexIntegrityError(f"{directory / INDEX_FILE} holds {index.ntotal} vectors, "
+                                      f"manifest says {manifest.count}")
         if index.d != manifest.dim:
             raise IndexIntegrityError(f"{directory / INDEX_FILE} has dimension {index.d}, manifest says {manifest.dim}")
         docstore = DocStore(directory / DOCSTORE_FILE)
         if docstore.count != manifest.count:
-            raise IndexIntegrityError(f"{directory / DOCSTORE_FILE} holds {docstore.count} docs, manifest says {manifest.count}")
+            raise IndexIntegrityError(f"{directory / DOCSTORE_FILE} holds {docstore.count} docs, "
+                                      f"manifest says {manifest.count}")
         searchable = SearchableIndex.wrap(index, device)
-        logger.info("loaded shard %s (%d docs, %s, gpu=%s)", directory, manifest.count, manifest.factory, searchable.on_gpu)
+        logger.info("loaded shard %s (%d docs, %s, gpu=%s)", directory, manifest.count, manifest.factory,
+                    searchable.on_gpu)
         return cls(directory, manifest, searchable, docstore)
 
     @property
@@ -69,7 +57,8 @@ class Shard:
         nprobe: int | None = None,
         ef_search: int | None = None,
         with_text: bool = True,
-    ) -> list[QueryHits]:
+    ) -> list[HitColumns]:
+        """Per query row, its hits best first as parallel columns (compact on the wire)."""
         if queries.ndim != 2 or queries.shape[1] != self.manifest.dim:
             raise DimensionMismatch(
                 f"query vectors have {queries.shape[-1]} dims, this shard has {self.manifest.dim}", field="vector"
@@ -77,7 +66,7 @@ class Shard:
         if k < 1:
             raise InvalidRequest(f"k must be ≥ 1, got {k}", field="k")
         if self.manifest.count == 0:
-            return [QueryHits([], [], [], []) for _ in range(len(queries))]
+            return [_empty() for _ in range(len(queries))]
         scores, ids = self.index.search(queries, min(k, self.manifest.count), nprobe=nprobe, ef_search=ef_search)
         if not np.isfinite(scores[ids >= 0]).all():
             # float32 overflow (huge query components): such scores cannot be ranked or sent as JSON
@@ -85,35 +74,22 @@ class Shard:
         if self._negate:
             scores = -scores
         docs = self.docstore.get_many(ids[ids >= 0].tolist(), with_text=with_text)
-        results = []
-        for row_scores, row_ids in zip(scores.tolist(), ids.tolist()):
-            hits = QueryHits([], [], [], [])
-            for score, int_id in zip(row_scores, row_ids):
+        results: list[HitColumns] = []
+        for row_scores, row_ids in zip(scores.tolist(), ids.tolist(), strict=True):
+            hits = _empty()
+            for score, int_id in zip(row_scores, row_ids, strict=True):
                 if int_id < 0:  # fewer than k results (approximate indexes)
                     continue
                 doc = docs.get(int_id)
                 if doc is None:
                     raise IndexIntegrityError(f"index id {int_id} has no document in {DOCSTORE_FILE}")
-                hits.doc_ids.append(doc.doc_id)
-                hits.scores.append(score)
-                hits.titles.append(doc.title)
-                hits.texts.append(doc.text)
+                hits["doc_ids"].append(doc.doc_id)
+                hits["scores"].append(score)
+                hits["titles"].append(doc.title)
+                hits["texts"].append(doc.text)
             results.append(hits)
         return results
 
-    def info(self) -> dict[str, Any]:
-        m = self.manifest
-        return {
-            "collection": m.collection,
-            "shard_id": m.shard_id,
-            "num_shards": m.num_shards,
-            "embedding_version": m.embedding_version.to_dict(),
-            "versions": [{"id": m.embedding_version.id, "state": "ready", "count": m.count}],
-            "count": m.count,
-            "dim": m.dim,
-            "metric": m.metric,
-            "factory": m.factory,
-            "partitioner": m.partitioner,
-            "centroid": list(m.centroid) if m.centroid is not None else None,
-            "on_gpu": self.index.on_gpu,
-        }
+
+def _empty() -> HitColumns:
+    return {"doc_ids": [], "scores": [], "titles": [], "texts": []}

@@ -15,8 +15,24 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+import numpy as np
+
+from index_shards.layout import INDEX_FILE
+from index_shards.manifest import SHARD_MANIFEST
+from index_shards.shard import Shard
+from retrieval.contract import (
+    FAILED,
+    LOADING,
+    READY,
+    HealthInfo,
+    ReplicaInfo,
+    SearchParams,
+    SearchReply,
+    StageReply,
+    UnloadReply,
+    VersionInfo,
+)
 from retrieval.errors import (
     IndexIntegrityError,
     InvalidRequest,
@@ -26,13 +42,7 @@ from retrieval.errors import (
     VersionConflict,
 )
 
-from index_shards.layout import INDEX_FILE
-from index_shards.manifest import SHARD_MANIFEST
-from index_shards.shard import Shard
-
 logger = logging.getLogger(__name__)
-
-LOADING, READY, FAILED = "loading", "ready", "failed"
 
 
 @dataclass(slots=True)
@@ -45,20 +55,16 @@ class VersionSlot:
     started_at: float = 0.0
     ready_at: float | None = None
 
-    def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.version_id, "state": self.state}
-        if self.error:
-            out["error"] = self.error
-        if self.shard is not None:
-            m = self.shard.manifest
-            out.update({"count": m.count, "embedding_version": m.embedding_version.to_dict(), "dim": m.dim,
-                        "metric": m.metric, "factory": m.factory, "partitioner": m.partitioner,
-                        "num_shards": m.num_shards,
-                        "centroid": list(m.centroid) if m.centroid is not None else None,
-                        "on_gpu": self.shard.index.on_gpu})
-        if self.ready_at is not None:
-            out["load_s"] = self.ready_at - self.started_at
-        return out
+    def describe(self) -> VersionInfo:
+        load_s = self.ready_at - self.started_at if self.ready_at is not None else None
+        if self.shard is None:
+            return VersionInfo(self.version_id, self.state, error=self.error, load_s=load_s)
+        m = self.shard.manifest
+        return VersionInfo(
+            self.version_id, self.state, error=self.error, embedding_version=m.embedding_version, count=m.count,
+            dim=m.dim, metric=m.metric, factory=m.factory, partitioner=m.partitioner, num_shards=m.num_shards,
+            centroid=tuple(float(x) for x in m.centroid) if m.centroid is not None else None,
+            on_gpu=self.shard.index.on_gpu, load_s=load_s)
 
 
 def available_memory_bytes() -> int | None:
@@ -107,20 +113,31 @@ class ShardVersions:
             raise VersionConflict(f"this replica does not hold {version_id!r} ready; it has: {held}", field="version")
         return slot.shard  # type: ignore[return-value]
 
-    def describe(self) -> list[dict[str, Any]]:
-        return [slot.describe() for slot in self._slots.values()]
+    def describe(self) -> tuple[VersionInfo, ...]:
+        return tuple(slot.describe() for slot in list(self._slots.values()))
 
-    def info(self) -> dict[str, Any]:
-        """What ``GET /v1/info`` reports: the slot, every version with its state, and the first
-        ready version's details at the top level (for single-version callers)."""
-        held = self.describe()
-        primary = next((v for v in held if v["state"] == READY), {})
-        return {
-            "collection": self.collection, "shard_id": self.shard_id, "num_shards": self.num_shards,
-            "versions": held,
-            **{key: primary.get(key) for key in ("embedding_version", "count", "dim", "metric", "factory",
-                                                 "partitioner", "centroid", "on_gpu")},
-        }
+    def info(self) -> ReplicaInfo:
+        """What ``GET /v1/info`` reports: the slot and every version held, with its state."""
+        return ReplicaInfo(self.collection, self.shard_id, self.num_shards, self.describe())
+
+    def health(self) -> HealthInfo:
+        return HealthInfo(self.shard_id, tuple(self.ready_ids()))
+
+    def search(self, vectors: np.ndarray, params: SearchParams) -> SearchReply:
+        """One search against the version ``params`` names (409 when this replica does not hold it)."""
+        started = time.perf_counter()
+        shard = self.get(params.version)
+        results = shard.search(np.asarray(vectors, dtype=np.float32), params.k, nprobe=params.nprobe,
+                               ef_search=params.ef_search, with_text=params.with_text)
+        return SearchReply(self.shard_id, shard.version_id, (time.perf_counter() - started) * 1000.0, results)
+
+    def stage_reply(self, version_id: str) -> StageReply:
+        """:meth:`stage`, answered as ``POST /admin/versions`` answers."""
+        return StageReply(self.stage(version_id).describe(), self.describe())
+
+    def unload_reply(self, version_id: str) -> UnloadReply:
+        """:meth:`unload`, answered as ``DELETE /admin/versions/{id}`` answers."""
+        return UnloadReply(self.unload(version_id), self.describe())
 
     # -- staging -------------------------------------------------------------------------------
     def stage(self, version_id: str) -> VersionSlot:

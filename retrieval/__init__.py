@@ -1,7 +1,12 @@
-"""shardrag's light core: types, errors, top-k merge, wire codec, encoders, datasets, IR metrics.
+"""shardrag's light core: types, the shard contract's records (``contract``), the one error tree
+(``errors``, with ``error_for_status``), top-k merge, wire codec, the version protocol's pure state
+machine (``rollout``), encoders, embedding cache, datasets, IR metrics, crash-safe writes, the one
+reader of ``SHARDRAG_*`` variables (``env``), the command-line runner, and the Python client.
 
-Importing this package must stay cheap: it pulls in neither torch, FAISS nor FastAPI.
-The leaf modules that need heavy libraries (``encoders``, ``client``) import them lazily.
+May import the standard library and numpy; torch and httpx only inside the leaf modules that need
+them (``encoders``, ``client``), lazily. Never a web framework, and none of shardrag's other
+packages: importing it must stay cheap (no torch, FAISS or FastAPI). No server code: that is
+``httpkit``'s.
 """
 
 from retrieval.errors import ShardragError

@@ -1,4 +1,11 @@
-"""What every shardrag command line shares: log format, and errors as one line + exit code."""
+"""The one runner of every shardrag command line (``shardrag``, ``python -m index_shards``,
+``python -m training``): log format, and one exit-status convention.
+
+    0    done
+    2    an error: a bad flag or value, a damaged shard, a refused request — printed as one
+         ``error: ...`` line on stderr (argparse's own usage errors exit 2 as well)
+    130  interrupted (Ctrl-C)
+"""
 
 from __future__ import annotations
 
@@ -9,15 +16,17 @@ import sys
 from retrieval.errors import ShardragError
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
 
 
-def run_command(args: argparse.Namespace, *, verbose: bool = False) -> int:
-    """Run ``args.func(args)``: a ShardragError is printed as ``error: ...`` (exit 2), Ctrl-C exits 130."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format=LOG_FORMAT)
+def run_command(args: argparse.Namespace, *, verbose: bool = False, log_level: str | None = None) -> int:
+    """Run ``args.func(args)`` under the convention above. ``log_level`` (a name) wins over ``verbose``."""
+    level = log_level.upper() if log_level else (logging.INFO if verbose else logging.WARNING)
+    logging.basicConfig(level=level, format=LOG_FORMAT)
     try:
-        return int(args.func(args) or 0)
+        return int(args.func(args) or EXIT_OK)
     except ShardragError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED

@@ -9,28 +9,11 @@ Errors come back as the shardrag error the gateway named (status → class), wit
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from retrieval.errors import (
-    DeadlineExceeded,
-    EncoderError,
-    Forbidden,
-    InvalidRequest,
-    MalformedBody,
-    NotFound,
-    PayloadTooLarge,
-    RateLimited,
-    ShardragError,
-    ShardUnavailable,
-    Unauthorized,
-    VersionConflict,
-)
-
-_BY_STATUS: dict[int, type[ShardragError]] = {
-    400: MalformedBody, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: VersionConflict,
-    413: PayloadTooLarge, 422: InvalidRequest,
-    429: RateLimited, 503: ShardUnavailable, 504: DeadlineExceeded,
-}
+from retrieval import env
+from retrieval.errors import error_for_status
 
 
 class ShardragClient:
@@ -39,15 +22,13 @@ class ShardragClient:
         """``api_key``: sent as ``Authorization: Bearer``; default ``$SHARDRAG_API_KEY`` (none if unset).
         ``verify``: for https URLs, a CA bundle path or SSLContext (default ``$SHARDRAG_TLS_CA``, else the
         system's trust store)."""
-        import os
-
         import httpx
 
         self.base_url = base_url.rstrip("/")
-        key = api_key if api_key is not None else os.environ.get("SHARDRAG_API_KEY")
+        key = api_key if api_key is not None else env.read("SHARDRAG_API_KEY")
         headers = {"authorization": f"Bearer {key}"} if key else {}
         if verify is None:
-            verify = os.environ.get("SHARDRAG_TLS_CA") or True
+            verify = env.tls_ca() or True
         if isinstance(verify, str):
             import ssl
 
@@ -63,23 +44,12 @@ class ShardragClient:
     def close(self) -> None:
         self._http.close()
 
-    def _check(self, response: Any) -> Any:
+    def _check(self, response: Any) -> dict[str, Any]:
         if response.status_code == 200:
-            return response.json()
-        try:
-            error = response.json().get("error", {})
-        except ValueError:
-            error = {}
-        cls = _BY_STATUS.get(response.status_code, ShardragError)
-        if cls is ShardUnavailable and error.get("code") == EncoderError.code:
-            cls = EncoderError
-        message = error.get("message", response.text[:200])
-        if cls is RateLimited:
-            exc: ShardragError = RateLimited(message, retry_after_s=float(response.headers.get("retry-after", "1")))
-        else:
-            exc = cls(message, field=error.get("field"), shard=error.get("shard"))
-        exc.status_code = response.status_code
-        raise exc
+            payload: dict[str, Any] = response.json()
+            return payload
+        raise error_for_status(response.status_code, response.content,
+                               retry_after_s=float(response.headers.get("retry-after", "1")))
 
     def query(
         self,

@@ -9,9 +9,10 @@ Ids stay strings.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 from retrieval.errors import InvalidRequest
 from retrieval.types import DocId, Document
@@ -20,7 +21,7 @@ Qrels = dict[str, dict[str, int]]
 """query id → {doc id → graded relevance}; grade 0 means judged not relevant."""
 
 
-def _json_lines(path: Path) -> Iterator[tuple[int, dict]]:
+def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     with path.open(encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
@@ -34,7 +35,7 @@ def _json_lines(path: Path) -> Iterator[tuple[int, dict]]:
             yield line_no, record
 
 
-def _record_id(record: dict, path: Path, line_no: int) -> str:
+def _record_id(record: dict[str, Any], path: Path, line_no: int) -> str:
     value = record.get("_id", record.get("id", record.get("doc_id")))
     if value is None or str(value) == "":
         raise InvalidRequest(f"{path}:{line_no}: record has no '_id'", field="_id")

@@ -12,12 +12,13 @@ import hashlib
 import logging
 import os
 import sqlite3
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 
+from retrieval import env
 from retrieval.encoders import Encoder
 from retrieval.types import EmbeddingVersion
 
@@ -29,9 +30,9 @@ _LOOKUP_CHUNK = 500  # keys per "IN (...)" lookup, under SQLite's variable limit
 def default_cache_dir() -> Path:
     """$SHARDRAG_CACHE_DIR, else ~/.cache/shardrag/embeddings (XDG_CACHE_HOME honoured).
     For the command-line tools; library code takes the directory as an argument."""
-    env = os.environ.get("SHARDRAG_CACHE_DIR")
-    if env:
-        return Path(env)
+    configured = env.read("SHARDRAG_CACHE_DIR")
+    if configured:
+        return Path(configured)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shardrag" / "embeddings"
 
 

@@ -12,8 +12,9 @@ import functools
 import hashlib
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -117,11 +118,12 @@ class SentenceTransformerEncoder:
         except Exception as exc:
             raise EncoderError(f"cannot load encoder from {model_dir}: {exc}", field="model") from exc
         self._model.max_seq_length = self._preprocessing.max_tokens
-        dim_getter = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        dim_getter = (getattr(self._model, "get_embedding_dimension", None)
+                      or self._model.get_sentence_embedding_dimension)
         self._version = EmbeddingVersion(
             encoder_name=name or model_dir.name,
             weights_sha256=weights_sha256(model_dir),
-            dim=int(dim_getter()),
+            dim=int(dim_getter() or 0),
             preprocessing=self._preprocessing,
         )
         logger.info("encoder %s loaded on %s", self._version.id, self.device)

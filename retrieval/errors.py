@@ -3,13 +3,17 @@
 Every package raises these; foreign errors (FAISS, SQLite, httpx, OS) are mapped at the
 boundary with ``raise ... from exc``. HTTP handlers turn them into a status code and a JSON
 body ``{"error": {"code", "message", "field"?, "shard"?}}`` using ``status_code`` and
-:meth:`ShardragError.to_dict`.
+:meth:`ShardragError.to_dict`; every client turns such an answer back into the same class with
+:func:`error_for_status` (the one mapping, used by the shard client and the Python client).
 
     ShardragError
     ├── InvalidRequest              400/422  bad input; ``field`` names the culprit
     │   ├── MalformedBody           400      JSON or binary body that does not parse
     │   └── DimensionMismatch       422      vector length differs from the index dimension
     ├── PayloadTooLarge             413      body over the configured limit
+    ├── Unauthorized                401      no API key / internal token, or an unknown one
+    ├── Forbidden                   403      a key whose scope does not cover the endpoint
+    ├── RateLimited                 429      the key's rate limit is exceeded (``retry_after_s``)
     ├── NotFound                    404      unknown collection / version / document
     ├── VersionConflict             409      embedding version not held / not mergeable
     │   └── RolloutRefused          409      a rollout command that makes no sense now (reason given)
@@ -21,11 +25,14 @@ body ``{"error": {"code", "message", "field"?, "shard"?}}`` using ``status_code`
     │   └── ChecksumMismatch                 a file's sha256 differs from the manifest
     ├── EncoderError                503      the embedding model cannot be loaded / used
     ├── ShardUnavailable            503      no replica of a shard answered
+    │   └── GeneratorUnavailable    503      no answer generator is configured, or none answered
     └── DeadlineExceeded            504      the request's deadline passed
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -141,6 +148,10 @@ class ShardUnavailable(ShardragError):
     code = "shard_unavailable"
 
 
+class GeneratorUnavailable(ShardUnavailable):
+    code = "generator_unavailable"
+
+
 class DeadlineExceeded(ShardragError):
     status_code = 504
     code = "deadline_exceeded"
@@ -173,5 +184,74 @@ def validation_error_body(errors: list[dict[str, Any]]) -> tuple[int, dict[str, 
     else:
         message = f"{field}: {message}"
     body = InvalidRequest(message, field=field).to_dict()
-    body["error"]["details"] = [{"field": _field_of(e.get("loc")), "message": str(e.get("msg", ""))} for e in errors[:10]]
+    body["error"]["details"] = [{"field": _field_of(e.get("loc")), "message": str(e.get("msg", ""))}
+                                for e in errors[:10]]
     return 422, body
+
+
+_BY_STATUS: dict[int, type[ShardragError]] = {
+    400: MalformedBody, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: VersionConflict,
+    413: PayloadTooLarge, 422: InvalidRequest, 429: RateLimited, 503: ShardUnavailable, 504: DeadlineExceeded,
+    507: ResourceExhausted,
+}
+
+
+def _classes_by_code() -> dict[str, type[ShardragError]]:
+    found: dict[str, type[ShardragError]] = {}
+    pending: list[type[ShardragError]] = [ShardragError]
+    while pending:
+        cls = pending.pop()
+        found.setdefault(cls.code, cls)  # a subclass that keeps its parent's code maps to the parent
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def _error_detail(body: bytes | Mapping[str, Any] | None) -> dict[str, Any]:
+    if body is None:
+        return {}
+    if isinstance(body, Mapping):
+        payload: Any = body
+    else:
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return {"message": body[:200].decode("utf-8", "replace")}
+    detail = payload.get("error") if isinstance(payload, Mapping) else None
+    return dict(detail) if isinstance(detail, Mapping) else {}
+
+
+def error_for_status(status: int, body: bytes | Mapping[str, Any] | None = None, *, peer: str | None = None,
+                     shard: int | None = None, retry_after_s: float | None = None) -> ShardragError:
+    """The error a non-2xx answer of a shardrag server stands for (its JSON body
+    ``{"error": {"code", "message", "field"?, "shard"?}}`` is parsed when present).
+
+    The class comes from the body's ``code`` when it names one of this tree, else from the status.
+    ``peer`` says the answer came over an internal hop (a shard replica, a kv-node) and names it:
+    the message is prefixed with where it came from, and what the peer failed at itself — a 5xx
+    other than 507, or refusing our credentials — is :class:`ShardUnavailable`, because for the
+    caller that replica is unavailable, not the request wrong. The returned error's
+    ``status_code`` is the status received.
+    """
+    detail = _error_detail(body)
+    message = str(detail.get("message") or f"HTTP {status}")
+    field = detail.get("field")
+    shard = shard if shard is not None else detail.get("shard")
+    code = detail.get("code")
+    cls = _classes_by_code().get(code) if isinstance(code, str) else None
+    if cls is None or cls.status_code != status and not (cls is InvalidRequest and 400 <= status < 500):
+        cls = _BY_STATUS.get(status) or (InvalidRequest if 400 <= status < 500 else ShardragError)
+    if cls is ShardUnavailable and code == EncoderError.code:
+        cls = EncoderError
+    if peer is not None:
+        where = f"shard {shard} ({peer})" if shard is not None else peer
+        if (status >= 500 and status != 507) or status in (401, 403):
+            error: ShardragError = ShardUnavailable(f"{where} answered {status}: {message}", shard=shard)
+            error.status_code = ShardUnavailable.status_code
+            return error
+        message = f"{where}: {message}"
+    if issubclass(cls, RateLimited):
+        error = cls(message, retry_after_s=retry_after_s if retry_after_s is not None else 1.0)
+    else:
+        error = cls(message, field=field, shard=shard)
+    error.status_code = status
+    return error

@@ -12,7 +12,7 @@ doc ids per query (best first) and returns the mean over evaluated queries.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 Ranking = Mapping[str, Sequence[str]]
 Qrels = Mapping[str, Mapping[str, int]]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from retrieval.types import Hit
 

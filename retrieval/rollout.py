@@ -16,8 +16,9 @@ second transition. A command that makes no sense in the current state raises
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 from retrieval.errors import VersionConflict
 

@@ -8,7 +8,8 @@ import numpy as np
 
 def assign_to_centroids(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     """Nearest centroid by inner product (spherical k-means), ties to the lower shard id."""
-    return np.argmax(vectors @ centroids.T, axis=1).astype(np.int64)
+    nearest: np.ndarray = np.argmax(vectors @ centroids.T, axis=1).astype(np.int64)
+    return nearest
 
 
 def route_top_m(queries: np.ndarray, centroids: np.ndarray, top_m: int) -> np.ndarray:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, NewType
+from typing import Any, NewType
 
 DocId = NewType("DocId", str)
 """A document's id as the user gave it (a string, kept as a string end to end)."""

@@ -19,8 +19,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -88,8 +89,8 @@ def check_training(root: Path, tiny: Path, out: Path) -> dict[str, Any]:
 
 
 def check_generator() -> dict[str, Any]:
-    from serving.generator import load_generator
-    from serving.kv_client import KVClient
+    from serving.answer.generator import load_generator
+    from serving.kvcache.client import KVClient
 
     plain = load_generator("tiny:1")
     cached = load_generator("tiny:1", kv=KVClient([], local_budget_bytes=64 << 20))
@@ -98,7 +99,8 @@ def check_generator() -> dict[str, Any]:
     cached.generate(prompt, max_new_tokens=1)
     warm = cached.generate(prompt, max_new_tokens=24, keep_logits=True)
     diff = float((warm.first_logits - reference.first_logits).abs().max())
-    return {"device": str(plain.device), "hit_tokens": warm.hit_tokens, "same_tokens": warm.token_ids == reference.token_ids,
+    return {"device": str(plain.device), "hit_tokens": warm.hit_tokens,
+            "same_tokens": warm.token_ids == reference.token_ids,
             "max_logit_diff": diff, "ok": plain.device.type == "cuda" and warm.hit_tokens > 0
             and warm.token_ids == reference.token_ids and diff < 1e-3}
 
@@ -111,7 +113,8 @@ def main() -> int:
     args = parser.parse_args()
     report: dict[str, Any] = {"cuda": torch.cuda.is_available(),
                               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-                              "torch": torch.__version__, "bf16": torch.cuda.is_available() and torch.cuda.is_bf16_supported()}
+                              "torch": torch.__version__,
+                              "bf16": torch.cuda.is_available() and torch.cuda.is_bf16_supported()}
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     checks: dict[str, Callable[[], dict[str, Any]]] = {
         "encoder": lambda: check_encoder(args.tiny),

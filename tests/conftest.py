@@ -3,14 +3,13 @@ section printed at the end of the run for figures tests measure (recall of routi
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from retrieval import env
 from retrieval.datasets import BeirDataset, load_beir
 from retrieval.types import Document, EmbeddingVersion
 
@@ -19,18 +18,12 @@ REPORT: list[str] = []
 
 
 def data_dir() -> Path:
-    configured = os.environ.get("SHARDRAG_DATA_DIR")
+    configured = env.read("SHARDRAG_DATA_DIR")
     path = Path(configured) if configured else REPO.parent / "shared" / "data"
     if not (path / "msmarco" / "corpus.jsonl").exists():
         raise RuntimeError(f"test data not found at {path}: set SHARDRAG_DATA_DIR to the folder holding msmarco/ "
                            "and dbpedia/ (../shared/data next to the checkout)")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import yaml
 
 from index_shards.__main__ import build_parser as shard_parser
 from serving.cli import build_parser as cli_parser
+from serving.gateway.config import GatewayConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "shardrag"
@@ -24,7 +26,8 @@ KUBERNETES = "1.30.0"
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    result = subprocess.run(["bash", str(REPO / "scripts" / "get_helm.sh")], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(["bash", str(REPO / "scripts" / "get_helm.sh")], capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().splitlines()[-1]
 
@@ -75,7 +78,8 @@ def test_every_object_is_valid_kubernetes(rendered, profile):
 @pytest.mark.parametrize("profile, shards, replicas", [("default", 2, 2), ("gpu", 2, 2), ("large", 4, 3)])
 def test_one_statefulset_per_shard_with_a_pdb_that_keeps_the_last_replica(rendered, profile, shards, replicas):
     objects = rendered[profile]
-    sets = [s for s in of_kind(objects, "StatefulSet") if s["metadata"]["labels"]["app.kubernetes.io/component"] == "shard"]
+    sets = [s for s in of_kind(objects, "StatefulSet")
+            if s["metadata"]["labels"]["app.kubernetes.io/component"] == "shard"]
     assert sorted(s["metadata"]["name"] for s in sets) == [f"rel-shardrag-shard-{i}" for i in range(shards)]
     pdbs = {p["metadata"]["name"]: p for p in of_kind(objects, "PodDisruptionBudget")}
     for i, statefulset in enumerate(sorted(sets, key=lambda s: s["metadata"]["name"])):
@@ -113,12 +117,19 @@ def test_ports_and_flags_match_the_code(rendered, profile):
                 assert args[:3] == ["python", "-m", "index_shards"]
                 flags_match_the_code(args[3:], shard_parser())
     config = json.loads(of_kind(objects, "ConfigMap")[0]["data"]["cluster.json"])
-    shard_port = container(next(s for s in of_kind(objects, "StatefulSet")
-                                 if s["metadata"]["name"] == "rel-shardrag-shard-0"), "shard")["ports"][0]["containerPort"]
+    shard_set = next(s for s in of_kind(objects, "StatefulSet") if s["metadata"]["name"] == "rel-shardrag-shard-0")
+    shard_port = container(shard_set, "shard")["ports"][0]["containerPort"]
     for group in config["shards"]:
         assert all(url.endswith(f".search.svc.cluster.local:{shard_port}") for url in group)
     gateway = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "rel-shardrag-gateway")
     assert "checksum/config" in gateway["spec"]["template"]["metadata"]["annotations"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the chart writes the current (nested) config, no deprecated keys
+        gateway_config = GatewayConfig.from_dict(config["gateway"])
+    assert gateway_config.rollout.state_path == "/var/lib/shardrag/rollout.json"
+    if profile == "large":  # the values' sections merge around the chart's state path
+        assert (gateway_config.limits.max_k, gateway_config.hedging.cap_ms, gateway_config.rollout.drain_s) == \
+            (50, 200.0, 60.0)
 
 
 def test_gpu_profile_requests_gpus_and_uses_the_cuda_image(rendered):

@@ -11,5 +11,6 @@ embedding version.
     launch.py      local torchrun and Ray Train launchers
     evaluate.py    nDCG/recall/MRR through the sharded index, base vs trained
 
-Imports ``retrieval`` and ``index_shards``; torch is imported by the modules that need it.
+May import ``retrieval`` and ``index_shards``; never ``httpkit`` or ``serving`` (the trainer talks to a
+gateway over HTTP only). torch is imported by the modules that need it.
 """

@@ -52,4 +52,5 @@ def load_checkpoint(directory: Path) -> dict[str, Any] | None:
     path = directory / CHECKPOINT
     if not path.exists():
         return None
-    return torch.load(path, map_location="cpu", weights_only=False)
+    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+    return state

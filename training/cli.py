@@ -12,10 +12,10 @@ import json
 import sys
 from pathlib import Path
 
-from retrieval.embedding_cache import default_cache_dir
-from retrieval.cli_support import run_command
-
 from index_shards.layout import DEFAULT_ROOT, collections_root
+from retrieval.cli_support import run_command
+from retrieval.embedding_cache import default_cache_dir
+from retrieval.encoders import Encoder
 
 
 def _root(args: argparse.Namespace) -> Path:
@@ -58,7 +58,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     built = {m.embedding_version.id for m in list_versions(_root(args), args.collection)}
     rows = []
     for model in args.models.split(","):
-        encoder = load_encoder(None if model == "default" else model, device=args.device)
+        encoder: Encoder = load_encoder(None if model == "default" else model, device=args.device)
         if not args.no_cache:
             encoder = CachingEncoder(encoder, EmbeddingCache(args.cache_dir or default_cache_dir()))
         if encoder.version.id not in built:

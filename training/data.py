@@ -18,12 +18,11 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from retrieval.datasets import load_qrels, load_queries
-from retrieval.errors import ConfigError
-
 from index_shards.docstore import DocStore, StoredDoc
 from index_shards.layout import DOCSTORE_FILE, resolve_version, shard_dir
 from index_shards.manifest import verify_shard_dir
+from retrieval.datasets import load_qrels, load_queries
+from retrieval.errors import ConfigError
 
 
 @dataclass(slots=True, frozen=True)

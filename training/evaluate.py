@@ -10,13 +10,12 @@ from typing import Any
 
 import numpy as np
 
+from index_shards.layout import resolve_version, shard_dir
+from index_shards.shard import Shard
 from retrieval.datasets import BeirDataset
 from retrieval.encoders import Encoder
 from retrieval.ir_metrics import mrr_at_k, ndcg_at_k, recall_at_k
 from retrieval.merge import merge_topk_columns
-
-from index_shards.layout import resolve_version, shard_dir
-from index_shards.shard import Shard
 
 
 def evaluate_version(root: str | Path, collection: str, version_id: str, encoder: Encoder, dataset: BeirDataset, *,
@@ -31,7 +30,7 @@ def evaluate_version(root: str | Path, collection: str, version_id: str, encoder
     per_shard = [shard.search(vectors, depth, with_text=False) for shard in shards]
     rankings = {}
     for row, query_id in enumerate(query_ids):
-        columns = [(hits[row].doc_ids, hits[row].scores) for hits in per_shard]
+        columns = [(hits[row]["doc_ids"], hits[row]["scores"]) for hits in per_shard]
         rankings[query_id] = [columns[s][0][i] for s, i in merge_topk_columns(columns, depth)]
     return {
         "version": version_id, "queries": len(query_ids),

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from retrieval.encoders import SentenceTransformerEncoder
 from retrieval.types import EmbeddingVersion
-
 from training.model import BiEncoder, resolve_model_dir
 
 

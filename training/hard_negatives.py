@@ -11,10 +11,9 @@ reached costs the batch its hard negatives, never the run.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 from retrieval.errors import ShardragError
-
 from training.data import Pair
 
 logger = logging.getLogger(__name__)

@@ -1,28 +1,20 @@
-"""Launchers: local torchrun (one process per slice on this machine, loopback rendezvous on a
-free port, ``--max-restarts`` for fault tolerance) and Ray Train (``TorchTrainer`` with one
-worker per slice, GPUs when the cluster has them). A Kubernetes Indexed Job runs
-``python -m torch.distributed.run ... -m training.train`` itself with the rendezvous from its
-environment; nothing here is needed there.
+"""Launchers: local torchrun (one process per slice on this machine; ``--standalone``: a
+rendezvous store torchrun binds on a free port itself; ``--max-restarts`` for fault tolerance)
+and Ray Train (``TorchTrainer`` with one worker per slice, GPUs when the cluster has them).
+A Kubernetes Indexed Job runs ``python -m torch.distributed.run ... -m training.train`` itself
+with the rendezvous from its environment; nothing here is needed there.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from typing import Any
 
 from retrieval.errors import ConfigError
-
 from training.config import TrainConfig
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def config_args(config: TrainConfig) -> list[str]:
@@ -37,10 +29,9 @@ def config_args(config: TrainConfig) -> list[str]:
     return args
 
 
-def torchrun_command(config: TrainConfig, nproc: int, *, max_restarts: int = 3, port: int | None = None) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
-            "--master-addr=127.0.0.1", f"--master-port={port or _free_port()}", f"--max-restarts={max_restarts}",
-            "--monitor-interval=0.5", "-m", "training.train", *config_args(config)]
+def torchrun_command(config: TrainConfig, nproc: int, *, max_restarts: int = 3) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1", "--standalone",
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "-m", "training.train", *config_args(config)]
 
 
 def launch_local(config: TrainConfig, nproc: int, *, max_restarts: int = 3, env: dict[str, str] | None = None,

@@ -3,8 +3,8 @@ at every checkpoint (a node exporter's textfile collector, or a sidecar, can pic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, write_to_textfile
 

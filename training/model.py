@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ def resolve_model_dir(model: str) -> Path:
 
 
 class BiEncoder(nn.Module):
-    def __init__(self, transformer: nn.Module, tokenizer, *, scale: float = 20.0, learn_scale: bool = False,
+    def __init__(self, transformer: nn.Module, tokenizer: Any, *, scale: float = 20.0, learn_scale: bool = False,
                  max_length: int = 128) -> None:
         super().__init__()
         self.transformer = transformer
@@ -34,7 +35,7 @@ class BiEncoder(nn.Module):
             self.register_buffer("log_scale", log_scale)
 
     @classmethod
-    def from_checkpoint(cls, model: str, **kwargs) -> BiEncoder:
+    def from_checkpoint(cls, model: str, **kwargs: Any) -> BiEncoder:
         from transformers import AutoModel, AutoTokenizer
 
         directory = resolve_model_dir(model)

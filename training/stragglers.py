@@ -5,15 +5,15 @@ collective, so waiting for others does not hide who is slow); a rank whose mean 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from statistics import median
-from typing import Sequence
 
 
 class StragglerDetector:
     def __init__(self, world_size: int, *, factor: float = 1.5, window: int = 10) -> None:
         self.factor = factor
         self.window = window
-        self._times = [deque(maxlen=window) for _ in range(world_size)]
+        self._times: list[deque[float]] = [deque(maxlen=window) for _ in range(world_size)]
 
     def record(self, step_times_s: Sequence[float]) -> list[int]:
         """Add one step's per-rank times; return the ranks that are stragglers now."""

@@ -34,12 +34,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from retrieval import env
 from training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from training.config import TrainConfig
 from training.data import SliceData
 from training.loss import contrastive_loss
-from training.model import BiEncoder
 from training.metrics import TrainMetrics
+from training.model import BiEncoder
 from training.stragglers import StragglerDetector
 
 logger = logging.getLogger("shardrag.train")
@@ -58,7 +59,8 @@ def _comm_hook(model: DistributedDataParallel, name: str) -> None:
 
 
 def _optimizer(model: BiEncoder, config: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, parameter in model.named_parameters():
         (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
@@ -82,10 +84,11 @@ def _init_process_group(backend: str) -> None:
     rank's old address and the new group never connects."""
     timeout = timedelta(seconds=300)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),  # type: ignore[attr-defined]
                               int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(backend, store=dist.PrefixStore(f"shardrag/attempt-{attempt}", store),
+        prefixed = dist.PrefixStore(f"shardrag/attempt-{attempt}", store)  # type: ignore[attr-defined]
+        dist.init_process_group(backend, store=prefixed,
                                 rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
                                 timeout=timeout)
     else:
@@ -119,7 +122,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
     raw_model = BiEncoder.from_checkpoint(config.model, scale=config.scale, learn_scale=config.learn_scale,
                                           max_length=config.max_length).to(device)
     optimizer, scheduler = _optimizer(raw_model, config)
-    start_step, history = 0, {"loss": [], "step_s": []}
+    start_step = 0
+    history: dict[str, list[Any]] = {"loss": [], "step_s": []}
     checkpoint = load_checkpoint(out)
     if checkpoint is not None:
         raw_model.load_state_dict(checkpoint["model"])
@@ -142,8 +146,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
     scaler = torch.amp.GradScaler("cuda") if use_cuda and not bf16 else None
     stragglers = StragglerDetector(world, factor=config.straggler_factor, window=config.straggler_window)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    kill_rank = os.environ.get("SHARDRAG_TRAIN_KILL_RANK")
-    kill_step = int(os.environ.get("SHARDRAG_TRAIN_KILL_AT_STEP", "-1"))
+    kill_rank = env.read("SHARDRAG_TRAIN_KILL_RANK")
+    kill_step = int(env.read("SHARDRAG_TRAIN_KILL_AT_STEP", "-1") or -1)
     diagnostics: dict[str, Any] = {"rank": rank, "world": world, "shard_dir": str(data.shard_directory),
                                    "slice_docs": len(data.documents), "doc_ids": set(), "global_batch": [],
                                    "grad_checksums": [], "losses": [], "start_step": start_step, "restart": restart}
@@ -175,8 +179,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
                 # where the index gave nothing usable, a random passage of the slice stands in
                 fallback = data.random_passages(f"{step}/{micro}", len(batch))
                 texts += [negative or other for negative, other in zip(mined, fallback)]
-            tokens = raw_model.tokenize(texts, device)
-            sync = model.no_sync() if distributed and micro < config.grad_accum - 1 else nullcontext()
+            tokens: dict[str, Any] = raw_model.tokenize(texts, device)
+            # (DDP.no_sync: the module's __getattr__ hides it from mypy)
+            sync = model.no_sync() if distributed and micro < config.grad_accum - 1 else nullcontext()  # type: ignore[operator]
             with sync:
                 micro_started = time.perf_counter()
                 with autocast:
@@ -231,7 +236,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         progress.update(1)
         done = step + 1
         if done % config.checkpoint_every == 0 or done == config.max_steps:
-            rngs = [None] * world
+            rngs: list[Any] = [None] * world
             if distributed:
                 dist.all_gather_object(rngs, rng_state())
             else:

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from index_shards.build import BuildConfig, build_collection
-from serving.config import GatewayConfig
-from serving.launcher import LocalCluster
+from serving.gateway.config import GatewayConfig
+from serving.local.launcher import LocalCluster
 from tests.conftest import REPORT
 
 pytestmark = pytest.mark.slow

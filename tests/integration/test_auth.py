@@ -9,16 +9,17 @@ import httpx
 import pytest
 
 from index_shards.build import BuildConfig, build_collection
-from serving.config import GatewayConfig
-from serving.launcher import LocalCluster
+from serving.gateway.config import GatewayConfig
+from serving.local.launcher import LocalCluster
 
 pytestmark = pytest.mark.slow
 
 READ = secrets.token_urlsafe(24)
 ADMIN = secrets.token_urlsafe(24)
 TOKEN = secrets.token_urlsafe(32)
-LIMITS = GatewayConfig(load_encoder=False, max_k=20, max_body_bytes=20_000, max_timeout_ms=2000, default_timeout_ms=2000,
-                       rate_limit_qps=5.0, rate_limit_burst=10)
+LIMITS = GatewayConfig.from_dict({"encoder": {"load": False}, "limits": {
+    "max_k": 20, "max_body_bytes": 20_000, "max_timeout_ms": 2000, "default_timeout_ms": 2000,
+    "rate_limit_qps": 5.0, "rate_limit_burst": 10}})
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from index_shards.build import BuildConfig, build_collection
-from serving.chaos import ChaosMonkey, QueryLoad
-from serving.config import GatewayConfig
-from serving.launcher import LocalCluster
+from serving.gateway.config import GatewayConfig
+from serving.local.chaos import ChaosMonkey, QueryLoad
+from serving.local.launcher import LocalCluster
 from tests.conftest import REPORT
 
 pytestmark = pytest.mark.slow
@@ -23,7 +23,7 @@ def cluster(tmp_path_factory, msmarco):
     root = tmp_path_factory.mktemp("root")
     build_collection(root, msmarco.documents, msmarco.vectors, msmarco.version, BuildConfig("chaos", 2),
                      show_progress=False)
-    config = GatewayConfig(load_encoder=False, eject_base_s=0.5, probe_interval_s=0.2)
+    config = GatewayConfig.from_dict({"encoder": {"load": False}, "ejection": {"base_s": 0.5, "probe_interval_s": 0.2}})
     with LocalCluster(root, "chaos", replicas=2, gateway=config, workdir=tmp_path_factory.mktemp("work")) as running:
         yield running
 

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from retrieval.serve import parse_ready_line
-from tests.conftest import data_dir, free_port
+from httpkit.serve import parse_ready_line
+from tests.conftest import data_dir
 
 pytestmark = pytest.mark.slow
 SHARDRAG = [sys.executable, "-m", "serving"]
@@ -45,10 +46,13 @@ def test_build_serve_query_and_ctrl_c(tmp_path):
     bad = run(["build", "--corpus", str(tmp_path / "missing.jsonl"), "--root", str(root)])
     assert bad.returncode == 2 and "does not exist" in bad.stderr
 
-    port = free_port()
+    busy = socket.socket()  # a port someone else holds: the gateway must take another one
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    busy_port = busy.getsockname()[1]
     workdir = tmp_path / "work"
     serve = subprocess.Popen(SHARDRAG + ["serve", "--collection", "mini", "--root", str(root), "--replicas", "1",
-                                         "--port", str(port), "--workdir", str(workdir)],
+                                         "--port", str(busy_port), "--workdir", str(workdir)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
@@ -58,7 +62,8 @@ def test_build_serve_query_and_ctrl_c(tmp_path):
             assert line or serve.poll() is None, serve.stderr.read()
             banner += line
             assert time.monotonic() < deadline, banner
-        assert f"http://127.0.0.1:{port}" in banner and "curl" in banner
+        port = int(re.search(r"shardrag is up: http://127\.0\.0\.1:(\d+)", banner).group(1))
+        assert port != busy_port and "curl" in banner
         read_key = re.search(r"^\s+read\s+(\S+)$", banner, flags=re.M).group(1)  # keys are on by default
         assert (workdir / "api-keys").stat().st_mode & 0o077 == 0  # the key file is private
 
@@ -89,7 +94,9 @@ def test_build_serve_query_and_ctrl_c(tmp_path):
             while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert not _alive(pid), pid
+        assert f"port {busy_port} is busy" in serve.stderr.read()
     finally:
+        busy.close()
         if serve.poll() is None:
             serve.kill()
 

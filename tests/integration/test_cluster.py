@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from index_shards.build import BuildConfig, build_collection
-from serving.config import GatewayConfig
-from serving.launcher import LocalCluster
+from serving.gateway.config import GatewayConfig
+from serving.local.launcher import LocalCluster
 from tests.helpers.oracle import ExactOracle, assert_same_ranking
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ def cluster(tmp_path_factory, msmarco):
     root = tmp_path_factory.mktemp("root")
     build_collection(root, msmarco.documents, msmarco.vectors, msmarco.version,
                      BuildConfig("msmarco", NUM_SHARDS, "kmeans", "Flat"), show_progress=False)
-    with LocalCluster(root, "msmarco", replicas=2, gateway=GatewayConfig(load_encoder=False),
+    with LocalCluster(root, "msmarco", replicas=2, gateway=GatewayConfig.from_dict({"encoder": {"load": False}}),
                       workdir=tmp_path_factory.mktemp("work")) as running:
         yield running
 
@@ -122,7 +122,7 @@ def test_stop_ends_every_process(tmp_path, msmarco):
     root = tmp_path / "root"
     build_collection(root, msmarco.documents[:300], msmarco.vectors[:300], msmarco.version,
                      BuildConfig("small", 2), show_progress=False)
-    cluster = LocalCluster(root, "small", replicas=1, gateway=GatewayConfig(load_encoder=False),
+    cluster = LocalCluster(root, "small", replicas=1, gateway=GatewayConfig.from_dict({"encoder": {"load": False}}),
                            workdir=tmp_path / "work").start()
     processes = [child.process for child in cluster.children()]
     assert all(p.poll() is None for p in processes)

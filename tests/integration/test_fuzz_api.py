@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from index_shards.build import BuildConfig, build_collection
-from serving.config import GatewayConfig
-from serving.launcher import LocalCluster
+from serving.gateway.config import GatewayConfig
+from serving.local.launcher import LocalCluster
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def cluster(tmp_path_factory, msmarco):
     build_collection(root, docs, msmarco.vectors[:800], msmarco.version, BuildConfig("fuzz", 2), show_progress=False)
     # A deadline floor of 1 s: on an idle cluster every allowed deadline can be met, so a 504
     # would be a real failure, not a fuzzer asking for 1 ms.
-    config = GatewayConfig(min_timeout_ms=1000)
+    config = GatewayConfig.from_dict({"limits": {"min_timeout_ms": 1000}})
     with LocalCluster(root, "fuzz", replicas=1, gateway=config, workdir=tmp_path_factory.mktemp("work"),
                       api_keys=[f"admin:{ADMIN}", f"read:{READ}"], internal_token=secrets.token_urlsafe(32)) as running:
         yield running

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from serving.generator import load_generator
-from serving.kv_client import KVClient
-from serving.launcher import Child
+from serving.answer.generator import load_generator
+from serving.kvcache.client import KVClient
+from serving.local.launcher import Child
 from tests.conftest import REPORT
 
 pytestmark = pytest.mark.slow
@@ -92,7 +92,8 @@ def test_blocks_prefilled_by_one_generator_serve_another(nodes, generators):
     reference = generate(b, prompt, use_cache=False)
     warm = generate(b, prompt)
     assert warm["cache"]["remote_hit_tokens"] > 0, warm["cache"]
-    assert warm["cache"]["remote_hit_tokens"] == warm["cache"]["hit_tokens"] == 176  # every full block but the last token's
+    # every full block but the last token's
+    assert warm["cache"]["remote_hit_tokens"] == warm["cache"]["hit_tokens"] == 176
     assert warm["cache"]["bytes_fetched"] > 0
     assert cold["token_ids"] == reference["token_ids"] == warm["token_ids"]
     metrics = httpx.get(f"{b}/metrics", timeout=5).text

@@ -8,7 +8,7 @@ from index_shards.build import BuildConfig, build_collection
 from retrieval.client import ShardragClient
 from retrieval.encoders import default_model_dir
 from retrieval.ir_metrics import ndcg_at_k
-from serving.launcher import LocalCluster
+from serving.local.launcher import LocalCluster
 from tests.conftest import REPORT
 
 pytestmark = pytest.mark.slow

@@ -13,15 +13,16 @@ import pytest
 from fastapi.testclient import TestClient
 
 from index_shards.build import BuildConfig, build_collection
-from serving.api_models import QueryRequest
-from serving.config import GatewayConfig
-from serving.gateway import Gateway, create_app
-from serving.launcher import LocalCluster
-from serving.ray_backend import RayShardCluster
+from serving.gateway.api_models import QueryRequest
+from serving.gateway.app import create_app
+from serving.gateway.config import GatewayConfig
+from serving.gateway.factory import GatewaySetup
+from serving.local.launcher import LocalCluster
+from serving.transport.ray import RayShardCluster
 
 pytestmark = pytest.mark.slow
 
-CONFIG = GatewayConfig(load_encoder=False, eject_base_s=0.5, probe_interval_s=0.2)
+CONFIG = GatewayConfig.from_dict({"encoder": {"load": False}, "ejection": {"base_s": 0.5, "probe_interval_s": 0.2}})
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,8 @@ def test_same_answers_as_the_http_backend(root, ray_cluster, msmarco):
     with LocalCluster(root, "rayc", replicas=2, gateway=CONFIG) as http_cluster:
         with httpx.Client(base_url=http_cluster.gateway_url, timeout=30) as client:
             over_http = [client.post("/v1/query", json={"vector": v, "k": 10}).json() for v in vectors]
-    with TestClient(create_app(Gateway(CONFIG, ray_cluster.replica_names, transport=ray_cluster.transport()))) as client:
+    setup = GatewaySetup(CONFIG, ray_cluster.replica_names, shard_client=ray_cluster.client())
+    with TestClient(create_app(setup)) as client:
         over_ray = [client.post("/v1/query", json={"vector": v, "k": 10}) for v in vectors]
         assert all(r.status_code == 200 for r in over_ray)
         over_ray = [r.json() for r in over_ray]
@@ -65,8 +67,7 @@ def test_killing_a_replica_actor_fails_no_query(ray_cluster, msmarco):
     vectors = [v.tolist() for v in msmarco.query_vectors]
 
     async def scenario() -> tuple[list, int]:
-        gateway = Gateway(CONFIG, ray_cluster.replica_names, transport=ray_cluster.transport())
-        await gateway.start()
+        gateway = await GatewaySetup(CONFIG, ray_cluster.replica_names, shard_client=ray_cluster.client()).build()
         results: list = []
         stop = asyncio.Event()
 
@@ -74,7 +75,7 @@ def test_killing_a_replica_actor_fails_no_query(ray_cluster, msmarco):
             i = offset
             while not stop.is_set():
                 try:
-                    response = await gateway.query(QueryRequest(vector=vectors[i % len(vectors)], k=10,
+                    response = await gateway.queries.query(QueryRequest(vector=vectors[i % len(vectors)], k=10,
                                                                 timeout_ms=5000))
                     results.append(("ok", response["partial"]))
                 except Exception as exc:  # noqa: BLE001 - counted as a failure

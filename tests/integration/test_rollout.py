@@ -19,8 +19,8 @@ from index_shards.build import BuildConfig, build_collection
 from index_shards.layout import shard_dir
 from retrieval.embedding_cache import CachingEncoder, EmbeddingCache
 from retrieval.encoders import SentenceTransformerEncoder, default_model_dir, encode_documents
-from serving.config import GatewayConfig
-from serving.launcher import LocalCluster
+from serving.gateway.config import GatewayConfig
+from serving.local.launcher import LocalCluster
 from tests.helpers.checkpoints import perturbed_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -50,8 +50,9 @@ def versions(tmp_path_factory, msmarco, cache_dir):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, versions):
     work = tmp_path_factory.mktemp("work")
-    config = GatewayConfig(rollout_state_path=str(work / "rollout.json"), poll_interval_s=0.3, drain_s=1.0,
-                           gate_min_overlap=0.5, gate_sample=30)
+    config = GatewayConfig.from_dict({
+        "rollout": {"state_path": str(work / "rollout.json"), "poll_interval_s": 0.3, "drain_s": 1.0},
+        "gate": {"min_overlap": 0.5, "sample": 30}})
     with LocalCluster(versions["root"], "docs", version=versions["v1"], replicas=2, gateway=config,
                       workdir=work) as running:
         yield running

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from index_shards.build import BuildConfig, build_collection
-from serving.config import GatewayConfig
-from serving.launcher import LocalCluster
+from serving.gateway.config import GatewayConfig
+from serving.local.launcher import LocalCluster
 from tests.helpers.certs import make_certificates
 
 pytestmark = pytest.mark.slow
@@ -23,7 +23,7 @@ def tls_cluster(tmp_path_factory, msmarco):
     build_collection(root, msmarco.documents, msmarco.vectors, msmarco.version, BuildConfig("tls", 2),
                      show_progress=False)
     cert, key, ca = make_certificates(tmp_path_factory.mktemp("certs"))
-    with LocalCluster(root, "tls", replicas=1, gateway=GatewayConfig(load_encoder=False),
+    with LocalCluster(root, "tls", replicas=1, gateway=GatewayConfig.from_dict({"encoder": {"load": False}}),
                       workdir=tmp_path_factory.mktemp("work"), api_keys=[f"read:{READ}"],
                       internal_token=secrets.token_urlsafe(32), tls=(str(cert), str(key), str(ca))) as running:
         yield running, ca

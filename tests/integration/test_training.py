@@ -15,9 +15,10 @@ from index_shards.docstore import DocStore
 from index_shards.layout import resolve_version, shard_dir
 from index_shards.shard import Shard
 from retrieval.encoders import SentenceTransformerEncoder, encode_documents
-from serving.config import GatewayConfig
-from serving.embedded import InProcessTransport
-from serving.gateway import Gateway, create_app
+from serving.gateway.app import create_app
+from serving.gateway.config import GatewayConfig
+from serving.gateway.factory import GatewaySetup
+from serving.transport.inprocess import InProcessShardClient
 from training.config import TrainConfig
 from training.launch import launch_local
 from training.model import make_tiny_checkpoint
@@ -94,10 +95,11 @@ def test_export_is_a_new_version_the_rebuilt_collection_serves(setup, tmp_path):
     directory, manifest = resolve_version(root, "slices", encoder.version.id)
     assert manifest.num_shards == 2 and manifest.count == DOCS
     shards = [Shard.load(shard_dir(directory, s), device="cpu") for s in range(2)]
-    transport, replicas = InProcessTransport.of(shards)
-    gateway = Gateway(GatewayConfig(encoder_model=str(exported)), replicas, transport=transport,
-                      encoder_loader=lambda model: SentenceTransformerEncoder(model, device="cpu"))
-    with TestClient(create_app(gateway)) as client:
+    shard_client, replicas = InProcessShardClient.of(shards)
+    setup_ = GatewaySetup(GatewayConfig.from_dict({"encoder": {"model": str(exported)}}), replicas,
+                          shard_client=shard_client,
+                          encoder_loader=lambda model: SentenceTransformerEncoder(model, device="cpu"))
+    with TestClient(create_app(setup_)) as client:
         for _ in range(100):
             if client.get("/healthz").json()["encoder"] == "ready":
                 break
@@ -107,7 +109,7 @@ def test_export_is_a_new_version_the_rebuilt_collection_serves(setup, tmp_path):
 
 
 def test_hard_negatives_mined_through_the_gateway(setup, tmp_path, dbpedia):
-    from serving.launcher import LocalCluster
+    from serving.local.launcher import LocalCluster
 
     root, _ = setup
     with LocalCluster(root, "slices", version=dbpedia.version.id, replicas=1, workdir=tmp_path / "cluster") as cluster:

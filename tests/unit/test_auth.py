@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from retrieval.auth import KeyRing, RateLimiter, gateway_policy, internal_headers, internal_policy
+from httpkit.auth import KeyRing, RateLimiter, gateway_policy, internal_headers, internal_policy
 from retrieval.errors import ConfigError
 
 READ, ADMIN = "r" * 20, "a" * 20

@@ -42,7 +42,7 @@ def test_hash_partition_is_stable_by_doc_id(built):
     for document, vector in zip(documents, vectors):
         if doc_int_id(document.doc_id) % 3 == 1:
             [hits] = shard.search(vector[None, :], 1)
-            assert hits.doc_ids == [document.doc_id] and hits.titles == [document.title]
+            assert hits["doc_ids"] == [document.doc_id] and hits["titles"] == [document.title]
             break
     else:
         pytest.fail("no document landed on shard 1")
@@ -115,7 +115,7 @@ def test_any_factory_string_with_stable_ids(tmp_path, factory, params):
     directory, _ = resolve_version(tmp_path, "f")
     shard = Shard.load(shard_dir(directory, 0), device="cpu")
     hits = shard.search(vectors[:20], 5, **params)
-    found_self = sum(h.doc_ids[0] == documents[i].doc_id for i, h in enumerate(hits))
+    found_self = sum(h["doc_ids"][0] == documents[i].doc_id for i, h in enumerate(hits))
     threshold = 14 if "PQ" in factory else 20  # PQ is lossy; the rest find the query's own document
     assert found_self >= threshold, (factory, found_self)
 
@@ -136,8 +136,8 @@ def test_l2_metric_scores_are_negated_distances(tmp_path):
     build_collection(tmp_path, documents, vectors, version, BuildConfig("l", 1, metric="l2"), show_progress=False)
     shard = Shard.load(shard_dir(resolve_version(tmp_path, "l")[0], 0), device="cpu")
     [hits] = shard.search(vectors[:1], 3)
-    assert hits.doc_ids[0] == documents[0].doc_id
-    assert hits.scores[0] == pytest.approx(0.0, abs=1e-5) and hits.scores == sorted(hits.scores, reverse=True)
+    assert hits["doc_ids"][0] == documents[0].doc_id
+    assert hits["scores"][0] == pytest.approx(0.0, abs=1e-5) and hits["scores"] == sorted(hits["scores"], reverse=True)
 
 
 def test_kmeans_shards_own_regions(tmp_path):

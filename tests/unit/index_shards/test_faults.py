@@ -81,7 +81,7 @@ def test_expired_work_is_dropped_before_the_search(shard_client):
 def test_hang_waits_for_the_client_and_ignores_the_deadline():
     import asyncio
 
-    from retrieval.serve import ClientDisconnected
+    from httpkit.asgi import ClientDisconnected
 
     waits = []
 

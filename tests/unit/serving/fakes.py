@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from serving.transport import SearchParams, ShardReply, ShardTransport
+from retrieval.contract import HealthInfo, ReplicaInfo, SearchParams, StageReply, UnloadReply
+from serving.transport.client import ShardClient, ShardReply
 
 
 class FakeTimer:
@@ -76,7 +77,7 @@ class PendingCall:
 
 
 @dataclass
-class FakeTransport(ShardTransport):
+class FakeShardClient(ShardClient):
     calls: list[PendingCall] = field(default_factory=list)
 
     async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
@@ -89,9 +90,17 @@ class FakeTransport(ShardTransport):
             call.cancelled = True
             raise
 
-    async def request_json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
-                           timeout_s: float) -> dict[str, Any]:
-        return {"status": "ok"}
+    async def info(self, replica: str, timeout_s: float) -> ReplicaInfo:
+        return ReplicaInfo("fake", 0, 1, ())
+
+    async def health(self, replica: str, timeout_s: float) -> HealthInfo:
+        return HealthInfo(0, ())
+
+    async def stage(self, replica: str, version: str, timeout_s: float) -> StageReply:
+        raise NotImplementedError
+
+    async def unload(self, replica: str, version: str, timeout_s: float) -> UnloadReply:
+        raise NotImplementedError
 
     def answer(self, index: int, version: str = "v1") -> None:
         call = self.calls[index]

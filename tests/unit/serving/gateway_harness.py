@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from fastapi.testclient import TestClient
@@ -13,9 +13,11 @@ from index_shards.build import BuildConfig, build_collection
 from index_shards.layout import resolve_version, shard_dir
 from index_shards.shard import Shard
 from retrieval.types import Document, EmbeddingVersion
-from serving.config import GatewayConfig
-from serving.embedded import InProcessTransport
-from serving.gateway import Gateway, create_app
+from serving.gateway.app import create_app
+from serving.gateway.config import GatewayConfig
+from serving.gateway.factory import GatewaySetup
+from serving.transport.inprocess import InProcessShardClient
+from serving.versions.query_encoder import EncoderSettings
 
 
 def build(root: Path, name: str, documents: list[Document], vectors: np.ndarray, version: EmbeddingVersion,
@@ -27,9 +29,10 @@ def build(root: Path, name: str, documents: list[Document], vectors: np.ndarray,
 
 
 @contextmanager
-def gateway_client(shards: list[Shard], config: GatewayConfig | None = None, encoder_loader=None) -> Iterator[TestClient]:
-    transport, replicas = InProcessTransport.of(shards)
-    config = config or GatewayConfig(load_encoder=encoder_loader is not None)
-    gateway = Gateway(config, replicas, transport=transport, encoder_loader=encoder_loader)
-    with TestClient(create_app(gateway)) as client:
+def gateway_client(shards: list[Shard], config: GatewayConfig | None = None,
+                   encoder_loader=None) -> Iterator[TestClient]:
+    shard_client, replicas = InProcessShardClient.of(shards)
+    config = config or GatewayConfig(encoder=EncoderSettings(load=encoder_loader is not None))
+    setup = GatewaySetup(config, replicas, shard_client=shard_client, encoder_loader=encoder_loader)
+    with TestClient(create_app(setup)) as client:
         yield client

@@ -6,14 +6,9 @@ from collections import Counter
 import pytest
 
 from retrieval.errors import ConfigError
-from serving.balancer import (
-    BALANCERS,
-    LeastOutstandingBalancer,
-    RandomBalancer,
-    RoundRobinBalancer,
-    make_balancer,
-)
-from serving.p2c_peak_ewma import PeakEwmaBalancer
+from serving.shardcall.balancer import LeastOutstandingBalancer, RandomBalancer, RoundRobinBalancer
+from serving.shardcall.p2c_peak_ewma import PeakEwmaBalancer
+from serving.shardcall.policies import BALANCERS, make_balancer
 from tests.unit.serving.fakes import Clock
 
 REPLICAS = ["a", "b", "c"]

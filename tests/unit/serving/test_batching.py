@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from serving.batching import NaturalBatcher
+from serving.shardcall.batching import NaturalBatcher
 
 
 class Recorder:

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from serving.config import GatewayConfig
+from serving.gateway.config import GatewayConfig
 from tests.conftest import random_corpus
 from tests.unit.serving.gateway_harness import build, gateway_client
 
@@ -16,7 +16,8 @@ DIM = 32
 def client(tmp_path_factory):
     documents, vectors, version = random_corpus(dim=DIM)
     shards = build(tmp_path_factory.mktemp("bad"), "c", documents, vectors, version, 2, "hash")
-    config = GatewayConfig(load_encoder=False, max_k=50, max_body_bytes=64 * 1024, max_timeout_ms=10_000)
+    config = GatewayConfig.from_dict({"encoder": {"load": False},
+                                      "limits": {"max_k": 50, "max_body_bytes": 64 * 1024, "max_timeout_ms": 10_000}})
     with gateway_client(shards, config) as test_client:
         yield test_client
 

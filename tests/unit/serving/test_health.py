@@ -1,6 +1,6 @@
 """Outlier ejection with exponential back-off, reinstated only by a good probe (fake clock)."""
 
-from serving.health import OutlierDetector
+from serving.shardcall.ejection import OutlierDetector
 from tests.unit.serving.fakes import Clock
 
 

@@ -7,13 +7,13 @@ import random
 import numpy as np
 import pytest
 
+from retrieval.contract import SearchParams
 from retrieval.errors import DeadlineExceeded, InvalidRequest, ShardUnavailable, VersionConflict
-from serving.balancer import RoundRobinBalancer
-from serving.health import OutlierDetector
-from serving.hedging import AdaptiveHedgeDelay, HedgeBudget
-from serving.shard_call import HedgingSettings, ShardCaller
-from serving.transport import SearchParams
-from tests.unit.serving.fakes import Clock, FakeTimer, FakeTransport, settle
+from serving.shardcall.balancer import RoundRobinBalancer
+from serving.shardcall.call import HedgingSettings, ShardCaller
+from serving.shardcall.ejection import OutlierDetector
+from serving.shardcall.hedging import AdaptiveHedgeDelay, HedgeBudget
+from tests.unit.serving.fakes import Clock, FakeShardClient, FakeTimer, settle
 
 PARAMS = SearchParams(k=1, version="v1")
 VECTORS = np.zeros((1, 4), dtype=np.float32)
@@ -53,10 +53,10 @@ def test_budget_caps_hedges_at_the_ratio_plus_burst():
 
 
 def make_caller(replicas=("r0", "r1"), **hedging):
-    transport = FakeTransport()
+    transport = FakeShardClient()
     timer = FakeTimer()
     detector = OutlierDetector(consecutive_failures=2, clock=Clock())
-    settings = HedgingSettings(**{"cap_s": 0.1, "floor_s": 0.001, **hedging})
+    settings = HedgingSettings(**{"cap_ms": 100.0, "floor_ms": 1.0, **hedging})
     not_eligible = []
     caller = ShardCaller(transport, RoundRobinBalancer(rng=random.Random(0)), detector, settings, timer,
                          on_not_eligible=lambda replica, version: not_eligible.append((replica, version)))

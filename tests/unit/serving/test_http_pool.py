@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import uvloop
 
-from serving.http_pool import HttpError, HttpPool
+from serving.transport.http_pool import HttpError, HttpPool
 
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
 

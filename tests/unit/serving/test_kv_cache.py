@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from serving.kv_blocks import (
+from serving.kvcache.blocks import (
     block_keys,
     decode_payload,
     encode_payload,
@@ -17,8 +17,8 @@ from serving.kv_blocks import (
     unpack_keys,
     unpack_puts,
 )
-from serving.kv_client import KVClient, owner
-from serving.kv_pool import BlockPool
+from serving.kvcache.client import KVClient, owner
+from serving.kvcache.pool import BlockPool
 
 
 def keys_of(tokens: list[int], **overrides: object) -> list[bytes]:
@@ -125,7 +125,7 @@ def test_client_with_only_a_dead_node_is_a_miss_not_an_error():
 # -- generator (tiny model, local pool) ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny():
-    from serving.generator import load_generator
+    from serving.answer.generator import load_generator
 
     return load_generator("tiny:1", kv=KVClient([], local_budget_bytes=64 << 20), block_size=16)
 

@@ -8,9 +8,10 @@ from index_shards.build import BuildConfig, build_collection
 from index_shards.layout import resolve_version, shard_dir
 from index_shards.shard import Shard
 from retrieval.types import EmbeddingVersion
-from serving.config import GatewayConfig
-from serving.embedded import InProcessTransport
-from serving.gateway import Gateway, create_app
+from serving.gateway.app import create_app, gateway_of
+from serving.gateway.config import GatewayConfig
+from serving.gateway.factory import GatewaySetup
+from serving.transport.inprocess import InProcessShardClient
 from tests.conftest import random_corpus
 
 DIM = 16
@@ -29,11 +30,12 @@ def cluster(tmp_path):
     v2, vectors2 = build_version(tmp_path, "c", 2)
     directory, _ = resolve_version(tmp_path, "c", v1)
     shards = [Shard.load(shard_dir(directory, s), device="cpu") for s in range(2)]
-    transport, replicas = InProcessTransport.of(shards)
-    config = GatewayConfig(load_encoder=False, drain_s=3600, rollout_state_path=str(tmp_path / "rollout.json"))
-    gateway = Gateway(config, replicas, transport=transport)
-    with TestClient(create_app(gateway)) as client:
-        yield client, gateway, (v1, vectors1), (v2, vectors2), tmp_path
+    shard_client, replicas = InProcessShardClient.of(shards)
+    config = GatewayConfig.from_dict({"encoder": {"load": False},
+                                      "rollout": {"drain_s": 3600, "state_path": str(tmp_path / "rollout.json")}})
+    app = create_app(GatewaySetup(config, replicas, shard_client=shard_client))
+    with TestClient(app) as client:
+        yield client, gateway_of(app), (v1, vectors1), (v2, vectors2), tmp_path
 
 
 def wait_ready(gateway, client, version):
@@ -78,8 +80,8 @@ def test_stage_activate_retire_with_pins_and_idempotent_repeats(cluster):
     assert not client.post("/admin/rollout/retire", json={"version": v1, "force": True}).json()["changed"]
     gone = query(client, vectors1[9], version=v1)
     assert gone.status_code == 409 and gone.json()["error"]["field"] == "version"
-    assert all(v1 not in [v["id"] for v in gateway.transport._replicas[r].describe()]
-               for r in gateway.transport._replicas)  # unloaded from the replicas
+    replicas = gateway.client.replicas
+    assert all(v1 not in [v.id for v in replicas[r].describe()] for r in replicas)  # unloaded from the replicas
     events = [e["kind"] for e in client.get("/admin/rollout").json()["state"]["events"]]
     assert events == ["VersionStaged", "VersionActivated", "VersionRetired"]
     assert 'shardrag_gateway_rollout_events_total{kind="VersionActivated"} 1.0' in client.get("/metrics").text
@@ -136,8 +138,9 @@ def test_state_survives_a_gateway_restart(cluster):
     wait_ready(gateway, client, v2)
     client.post("/admin/rollout/activate", json={"version": v2, "force": True})
     # a second gateway over the same replicas and state file (a restart, or a peer) serves V2 at once
-    config = GatewayConfig(load_encoder=False, rollout_state_path=str(root / "rollout.json"))
-    peer = Gateway(config, gateway.shard_replicas, transport=gateway.transport)
+    config = GatewayConfig.from_dict({"encoder": {"load": False},
+                                      "rollout": {"state_path": str(root / "rollout.json")}})
+    peer = GatewaySetup(config, gateway.shard_replicas, shard_client=gateway.client)
     with TestClient(create_app(peer)) as other:
         state = other.get("/admin/rollout").json()["state"]
         assert (state["active"], state["previous"]) == (v2, v1)
@@ -148,8 +151,9 @@ def test_two_gateways_agree_within_one_poll_interval(cluster):
     import time
 
     client, gateway, (v1, _), (v2, vectors2), root = cluster
-    config = GatewayConfig(load_encoder=False, poll_interval_s=0.2, rollout_state_path=str(root / "rollout.json"))
-    peer = Gateway(config, gateway.shard_replicas, transport=gateway.transport)
+    config = GatewayConfig.from_dict({"encoder": {"load": False},
+                                      "rollout": {"poll_interval_s": 0.2, "state_path": str(root / "rollout.json")}})
+    peer = GatewaySetup(config, gateway.shard_replicas, shard_client=gateway.client)
     with TestClient(create_app(peer)) as other:
         client.post("/admin/rollout/stage", json={"version": v2})
         wait_ready(gateway, client, v2)

@@ -1,13 +1,11 @@
 """Gathered in-batch negatives across 2 real gloo processes give the single-process loss on the
 concatenated batch, and (after DDP's averaging) its exact gradient."""
 
-import os
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.conftest import free_port
 from training.loss import contrastive_loss, info_nce
 
 WORLD, BATCH, DIM = 2, 4, 8
@@ -20,9 +18,9 @@ def embeddings(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return queries, passages
 
 
-def worker(rank: int, port: int, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+def worker(rank: int, store_path: str, results) -> None:
+    # a file store: the ranks meet through a file, no port to pick
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD)
     queries, passages = embeddings(0)
     local_q = queries[rank * BATCH:(rank + 1) * BATCH].clone().requires_grad_(True)
     local_p = passages[rank * BATCH:(rank + 1) * BATCH].clone().requires_grad_(True)
@@ -33,9 +31,9 @@ def worker(rank: int, port: int, results) -> None:
     dist.destroy_process_group()
 
 
-def test_gathered_loss_and_gradient_equal_the_single_process_ones():
+def test_gathered_loss_and_gradient_equal_the_single_process_ones(tmp_path):
     results = mp.Manager().dict()
-    mp.spawn(worker, args=(free_port(), results), nprocs=WORLD, join=True)
+    mp.spawn(worker, args=(str(tmp_path / "store"), results), nprocs=WORLD, join=True)
     queries, passages = embeddings(0)
     queries.requires_grad_(True)
     passages.requires_grad_(True)

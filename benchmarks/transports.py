@@ -1,0 +1,166 @@
+"""The gateway→shard clients the production pooled client was measured against
+(``docs/transport.md``): pooled aiohttp and pooled httpx, behind the same ShardClient seam.
+They live here, not in production code, because production ships one shard client.
+
+    python -m benchmarks.transports --client aiohttp --cluster CLUSTER.json --port 0
+
+runs a gateway process that uses one of them (same flags and ready line as ``shardrag gateway``),
+which ``benchmarks/query_latency.py`` starts next to a local cluster's own gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import orjson
+
+from httpkit.auth import internal_headers
+from httpkit.tls import client_ssl_context
+from retrieval.contract import TIMEOUT_HEADER, SearchParams
+from retrieval.errors import DeadlineExceeded, ShardUnavailable, error_for_status
+from retrieval.wire import CONTENT_TYPE, encode_vectors
+from serving.transport.client import ShardClient, ShardReply
+from serving.transport.http import JsonControlClient
+
+
+def _reply(body: bytes, shard_id: int, replica: str, started: float) -> ShardReply:
+    payload = orjson.loads(body)
+    return ShardReply(shard_id, payload["version"], replica, payload["results"], (time.perf_counter() - started) * 1e3)
+
+
+class AiohttpShardClient(JsonControlClient):
+    def __init__(self, *, max_connections: int = 512) -> None:
+        self._max_connections = max_connections
+        self._session: Any = None
+
+    def _client(self) -> Any:
+        if self._session is None:
+            import aiohttp
+
+            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
+                                             keepalive_timeout=60, enable_cleanup_closed=True,
+                                             ssl=client_ssl_context())
+            self._session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",),
+                                                  headers=internal_headers())
+        return self._session
+
+    async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
+                     timeout_s: float) -> ShardReply:
+        import aiohttp
+
+        started = time.perf_counter()
+        try:
+            async with self._client().post(
+                f"{replica}/v1/search?{params.query_string()}", data=encode_vectors(vectors),
+                headers={"Content-Type": CONTENT_TYPE, TIMEOUT_HEADER: f"{timeout_s * 1000:.1f}"},
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as response:
+                body = await response.read()
+                status = response.status
+        except TimeoutError as exc:
+            raise DeadlineExceeded(f"shard {shard_id} ({replica}) did not answer in {timeout_s:.3f}s",
+                                   shard=shard_id) from exc
+        except aiohttp.ClientError as exc:
+            raise ShardUnavailable(f"shard {shard_id} ({replica}) unreachable: {exc}", shard=shard_id) from exc
+        if status != 200:
+            raise error_for_status(status, body, peer=replica, shard=shard_id)
+        return _reply(body, shard_id, replica, started)
+
+    async def _json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
+                    timeout_s: float) -> dict[str, Any]:
+        import aiohttp
+
+        try:
+            async with self._client().request(
+                method, f"{replica}{path}", data=orjson.dumps(body) if body is not None else None,
+                headers={"Content-Type": "application/json"}, timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as response:
+                payload = await response.read()
+                status = response.status
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise ShardUnavailable(f"{replica}{path} unreachable: {exc!r}") from exc
+        if not 200 <= status < 300:
+            raise error_for_status(status, payload, peer=replica)
+        answer: dict[str, Any] = orjson.loads(payload)
+        return answer
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class HttpxShardClient(JsonControlClient):
+    def __init__(self, *, max_connections: int = 512) -> None:
+        import httpx
+
+        self._client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            timeout=None, headers=internal_headers(), verify=client_ssl_context(),
+        )
+
+    async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
+                     timeout_s: float) -> ShardReply:
+        import httpx
+
+        started = time.perf_counter()
+        try:
+            response = await self._client.post(
+                f"{replica}/v1/search?{params.query_string()}", content=encode_vectors(vectors),
+                headers={"Content-Type": CONTENT_TYPE, TIMEOUT_HEADER: f"{timeout_s * 1000:.1f}"}, timeout=timeout_s,
+            )
+        except httpx.TimeoutException as exc:
+            raise DeadlineExceeded(f"shard {shard_id} ({replica}) did not answer in {timeout_s:.3f}s",
+                                   shard=shard_id) from exc
+        except httpx.TransportError as exc:
+            raise ShardUnavailable(f"shard {shard_id} ({replica}) unreachable: {exc!r}", shard=shard_id) from exc
+        if response.status_code != 200:
+            raise error_for_status(response.status_code, response.content, peer=replica, shard=shard_id)
+        return _reply(response.content, shard_id, replica, started)
+
+    async def _json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
+                    timeout_s: float) -> dict[str, Any]:
+        import httpx
+
+        try:
+            response = await self._client.request(method, f"{replica}{path}", json=body, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise ShardUnavailable(f"{replica}{path} unreachable: {exc!r}") from exc
+        if not 200 <= response.status_code < 300:
+            raise error_for_status(response.status_code, response.content, peer=replica)
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+CLIENTS: dict[str, type[ShardClient]] = {"aiohttp": AiohttpShardClient, "httpx": HttpxShardClient}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.transports", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--client", choices=sorted(CLIENTS), required=True)
+    parser.add_argument("--cluster", required=True, help="cluster spec JSON (as for `shardrag gateway`)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    from httpkit.serve import serve_app
+    from serving.gateway.app import create_app
+    from serving.gateway.config import ClusterSpec
+    from serving.gateway.factory import GatewaySetup
+
+    spec = ClusterSpec.load(args.cluster)
+    setup = GatewaySetup(spec.gateway, spec.shards, shard_client=CLIENTS[args.client]())
+    serve_app(create_app(setup), host=args.host, port=args.port, name=f"gateway-{args.client}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

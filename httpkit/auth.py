@@ -1,0 +1,248 @@
+"""API keys, the internal token, per-key rate limits, and the ASGI guard that applies them.
+
+* **API keys** (gateway): lines ``scope:key`` with scope ``read`` (query, answer, cluster view)
+  or ``admin`` (everything, incl. rollouts). From ``SHARDRAG_API_KEYS`` (comma-separated) or
+  ``SHARDRAG_API_KEYS_FILE`` (one per line, ``#`` comments). Only sha256 digests are kept, and
+  a presented key is compared against every digest with ``hmac.compare_digest`` (no early
+  exit): the time taken does not depend on which key, or how much of one, matched. Keys are
+  never logged; a key is named in logs and metrics by ``key_id`` (first 8 hex of its digest).
+* **Internal token** (gateway → shard servers, kv-nodes, generators): ``SHARDRAG_INTERNAL_TOKEN``
+  or ``SHARDRAG_INTERNAL_TOKEN_FILE``; sent as ``x-shardrag-token``.
+* **Rate limit**: a token bucket per key (per client address when auth is off) → 429 with
+  ``Retry-After``.
+
+The environment is read by ``retrieval.env``; the shard server and every serving process use this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from httpkit.asgi import Receive, Scope, Send
+from retrieval import env as environment
+from retrieval.errors import ConfigError, Forbidden, RateLimited, ShardragError, Unauthorized
+
+SCOPES = ("read", "admin")
+TOKEN_HEADER = b"x-shardrag-token"
+TOKEN_HEADER_STR = TOKEN_HEADER.decode()
+_OPEN = None  # policy result: no credentials needed
+
+
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    scope: str
+    digest: bytes
+
+    @property
+    def key_id(self) -> str:
+        return self.digest.hex()[:8]
+
+
+class KeyRing:
+    def __init__(self, entries: list[str]) -> None:
+        keys = []
+        for number, entry in enumerate(entries, start=1):
+            scope, sep, secret = entry.strip().partition(":")
+            if not sep or scope not in SCOPES:
+                raise ConfigError(f"API key entry {number} must be 'read:<key>' or 'admin:<key>'", field="api_keys")
+            if len(secret) < 16:
+                raise ConfigError(f"API key entry {number} is shorter than 16 characters", field="api_keys")
+            keys.append(ApiKey(scope, _digest(secret)))
+        if not keys:
+            raise ConfigError("no API keys given", field="api_keys")
+        self.keys = keys
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> KeyRing | None:
+        entries = environment.api_key_entries(env)
+        return cls(entries) if entries else None
+
+    def find(self, presented: str) -> ApiKey | None:
+        digest = _digest(presented)
+        found = None
+        for key in self.keys:  # every comparison runs, whatever matched
+            if hmac.compare_digest(key.digest, digest):
+                found = key
+        return found
+
+
+def internal_token_from_env(env: Mapping[str, str] | None = None) -> str | None:
+    return environment.internal_token(env)
+
+
+def internal_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Headers a serving process adds to its calls to other shardrag processes."""
+    token = internal_token_from_env(env)
+    return {TOKEN_HEADER_STR: token} if token else {}
+
+
+class RateLimiter:
+    """Token bucket per caller: ``rate`` requests/s sustained, ``burst`` at once."""
+
+    def __init__(self, rate: float, burst: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if rate <= 0 or burst < 1:
+            raise ConfigError("rate limit needs rate > 0 and burst ≥ 1", field="rate_limit")
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, caller: str) -> float:
+        """0 if allowed, else the seconds until a request would be."""
+        now = self.clock()
+        with self._lock:
+            tokens, last = self._buckets.get(caller, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - last) * self.rate)
+            if tokens >= 1.0:
+                self._buckets[caller] = (tokens - 1.0, now)
+                return 0.0
+            self._buckets[caller] = (tokens, now)
+            return (1.0 - tokens) / self.rate
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def presented_key(scope: Scope) -> str | None:
+    authorization = _header(scope, b"authorization")
+    if authorization and authorization[:7].lower() == "bearer ":
+        return authorization[7:].strip()
+    return _header(scope, b"x-api-key")
+
+
+Policy = Callable[[str, str], str | None]  # (method, path) → None (open), "read", "admin" or "internal"
+
+
+def gateway_policy(method: str, path: str) -> str | None:
+    if path in ("/healthz", "/metrics", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"):
+        return _OPEN
+    if path.startswith("/admin"):
+        return "admin"
+    return "read"
+
+
+def internal_policy(method: str, path: str) -> str | None:
+    """Shard servers, kv-nodes, generators: liveness open (kubelet probes), the rest internal."""
+    return _OPEN if path in ("/healthz", "/metrics") else "internal"
+
+
+class AuthGuard:
+    """ASGI middleware in front of a shardrag app: checks credentials per the policy, then the
+    rate limit, before the app sees the request. Errors are the usual JSON error bodies."""
+
+    def __init__(self, app: Any, *, policy: Policy, keys: KeyRing | None = None, internal_token: str | None = None,
+                 limiter: RateLimiter | None = None) -> None:
+        self.app = app
+        self.policy = policy
+        self.keys = keys
+        self.internal_digest = _digest(internal_token) if internal_token else None
+        self.limiter = limiter
+
+    def __getattr__(self, name: str) -> Any:  # behave like the wrapped app (routes, openapi, state)
+        return getattr(self.app, name)
+
+    @property
+    def enabled(self) -> bool:
+        return self.keys is not None or self.internal_digest is not None
+
+    def check(self, scope: Scope) -> str | None:
+        """The caller's identity for rate limiting, or raises Unauthorized / Forbidden."""
+        needed = self.policy(scope.get("method", ""), scope.get("path", ""))
+        if needed is _OPEN:
+            return None
+        if needed == "internal":
+            if self.internal_digest is None:
+                return None
+            token = _header(scope, TOKEN_HEADER)
+            if token is None or not hmac.compare_digest(_digest(token), self.internal_digest):
+                raise Unauthorized("missing or wrong internal token (x-shardrag-token)", field=TOKEN_HEADER_STR)
+            return "internal"
+        client = scope.get("client") or ("?", 0)
+        if self.keys is None:
+            return f"addr:{client[0]}"
+        presented = presented_key(scope)
+        if not presented:
+            raise Unauthorized("an API key is required: send 'Authorization: Bearer <key>'", field="authorization")
+        key = self.keys.find(presented)
+        if key is None:
+            raise Unauthorized("unknown API key", field="authorization")
+        if needed == "admin" and key.scope != "admin":
+            raise Forbidden(f"{scope.get('method')} {scope.get('path')} needs an admin key; this key is {key.scope}",
+                            field="authorization")
+        return f"key:{key.key_id}"
+
+    def _routed(self, scope: Scope) -> bool:
+        """Whether some route serves this method and path. Unknown paths and methods go to the
+        app, which answers 404/405 (they reveal nothing and need no key). When in doubt: routed
+        (the credentials are checked)."""
+        app = self.app
+        fast_routes = getattr(app, "routes", None)
+        if isinstance(fast_routes, dict):  # a FastPathApp: its hot routes, then its FastAPI app's
+            if (scope.get("method"), scope.get("path")) in fast_routes:
+                return True
+            app = getattr(app, "app", None)
+        routes = getattr(app, "routes", None)
+        if not isinstance(routes, list) or not routes:
+            return True
+        try:
+            from starlette.routing import Match
+        except ImportError:  # pragma: no cover - every shardrag server runs on starlette
+            return True
+        return any(getattr(route, "matches", None) is None or route.matches(scope)[0] == Match.FULL
+                   for route in routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self._routed(scope):
+            await self.app(scope, receive, send)
+            return
+        headers: list[tuple[bytes, bytes]] = []
+        try:
+            caller = self.check(scope)
+            if caller is not None and caller != "internal" and self.limiter is not None:
+                wait_s = self.limiter.take(caller)
+                if wait_s > 0:
+                    raise RateLimited(f"rate limit of {self.limiter.rate:g} requests/s (burst {self.limiter.burst:g}) "
+                                      f"exceeded; retry in {wait_s:.2f} s", retry_after_s=wait_s)
+        except ShardragError as exc:
+            if isinstance(exc, RateLimited):
+                headers.append((b"retry-after", str(max(1, math.ceil(exc.retry_after_s))).encode()))
+            if isinstance(exc, Unauthorized):
+                headers.append((b"www-authenticate", b'Bearer realm="shardrag"'))
+            await _send_error(send, exc, headers)
+            return
+        await self.app(scope, receive, send)
+
+
+async def _send_error(send: Send, exc: ShardragError, headers: list[tuple[bytes, bytes]]) -> None:
+    body = orjson.dumps(exc.to_dict())
+    await send({"type": "http.response.start", "status": exc.status_code,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def guard_from_env(app: Any, policy: Policy, *, limiter: RateLimiter | None = None,
+                   env: Mapping[str, str] | None = None, with_keys: bool = False) -> Any:
+    """Wrap ``app`` with the credentials the environment configures (unchanged when none and no
+    rate limit). ``with_keys``: this process takes API keys (the gateway)."""
+    keys = KeyRing.from_env(env) if with_keys else None
+    token = internal_token_from_env(env)
+    if keys is None and token is None and limiter is None:
+        return app
+    return AuthGuard(app, policy=policy, keys=keys, internal_token=token, limiter=limiter)

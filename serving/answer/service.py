@@ -1,0 +1,155 @@
+"""``POST /v1/answer``: retrieve (through the injected retrieve function — the gateway's query
+path), lay out the prompt (``prompt``), and generate on a generator worker process, so
+generation never blocks the query path.
+
+The worker is chosen by rendezvous hashing on the retrieved doc ids: the same retrieval goes to
+the same worker and hits its local KV pool; other workers still find the blocks on the
+kv-nodes. A worker that cannot be reached hands the request to the next one in that order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from httpkit.api import JSON_INTEGER, PositiveInt
+from httpkit.auth import internal_headers
+from httpkit.responses import sse_event
+from httpkit.tls import client_ssl_context
+from retrieval.errors import ConfigError, GeneratorUnavailable, InvalidRequest
+from serving.answer.prompt import build_messages
+
+RetrieveFn = Callable[[str, int, int | None], Awaitable[dict[str, Any]]]
+"""(question, k, timeout_ms) → the query response (hits with title and text, version, partial)."""
+
+
+@dataclass(slots=True, frozen=True)
+class AnswerSettings:
+    timeout_s: float = 300.0  # how long a generator may take for one answer
+
+    def validate(self) -> None:
+        if self.timeout_s <= 0:
+            raise ConfigError("answer.timeout_s must be > 0", field="answer.timeout_s")
+
+
+class AnswerRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    question: str = Field(min_length=1, max_length=4096)
+    k: Annotated[int, Field(ge=1, le=10), JSON_INTEGER] = Field(3, description="passages retrieved into the prompt")
+    max_new_tokens: Annotated[int, Field(ge=1, le=512), JSON_INTEGER] = Field(64)
+    stream: bool = Field(False, description="server-sent events: retrieval, token..., done")
+    greedy: bool = True
+    use_cache: bool = Field(True, description="false: recompute the whole prompt (the cold baseline)")
+    timeout_ms: PositiveInt | None = Field(None, description="retrieval deadline (generation has its own)")
+
+
+def ranked_generators(doc_ids: Sequence[str], generators: Sequence[str]) -> list[str]:
+    affinity = "\\0".join(doc_ids).encode()
+    return sorted(generators, key=lambda url: hashlib.blake2b(url.encode() + affinity, digest_size=8).digest(),
+                  reverse=True)
+
+
+class AnswerService:
+    def __init__(self, generators: Sequence[str], retrieve: RetrieveFn, *,
+                 settings: AnswerSettings | None = None) -> None:
+        import httpx
+
+        self.generators = [g.rstrip("/") for g in generators]
+        self.retrieve = retrieve
+        settings = settings or AnswerSettings()
+        self._http = httpx.AsyncClient(timeout=settings.timeout_s, headers=internal_headers(),
+                                       verify=client_ssl_context())
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _retrieve(self, request: AnswerRequest) -> tuple[dict[str, Any], list[dict[str, str]], float]:
+        if not self.generators:
+            raise GeneratorUnavailable("no generator is configured for /v1/answer (start the cluster with "
+                                       "generators)", field="question")
+        if not request.question.strip():
+            raise InvalidRequest("question is empty", field="question")
+        started = time.perf_counter()
+        retrieved = await self.retrieve(request.question, request.k, request.timeout_ms)
+        retrieval_ms = (time.perf_counter() - started) * 1000.0
+        return retrieved, build_messages(request.question, retrieved["hits"]), retrieval_ms
+
+    def _body(self, request: AnswerRequest, messages: list[dict[str, str]], stream: bool) -> dict[str, Any]:
+        return {"messages": messages, "max_new_tokens": request.max_new_tokens, "greedy": request.greedy,
+                "stream": stream, "use_cache": request.use_cache}
+
+    @staticmethod
+    def _summary(retrieved: dict[str, Any], retrieval_ms: float, generated: dict[str, Any], url: str,
+                 started: float) -> dict[str, Any]:
+        cache = generated["cache"]
+        return {
+            "answer": generated["text"],
+            "citations": [h["doc_id"] for h in retrieved["hits"]],
+            "passages": [{"n": n, "doc_id": h["doc_id"], "title": h["title"], "score": h["score"]}
+                         for n, h in enumerate(retrieved["hits"], start=1)],
+            "version": retrieved["version"],
+            "partial_retrieval": retrieved["partial"],
+            "timings": {"retrieval_ms": retrieval_ms, "ttft_ms": cache["ttft_ms"],
+                        "generation_ms": cache["total_ms"], "tokens_per_s": cache["tokens_per_s"],
+                        "total_ms": (time.perf_counter() - started) * 1000.0},
+            "cache": {k: cache[k] for k in ("prompt_tokens", "hit_tokens", "local_hit_tokens", "remote_hit_tokens",
+                                            "hit_rate", "tier", "bytes_fetched")},
+            "generator": url,
+        }
+
+    async def answer(self, request: AnswerRequest) -> dict[str, Any]:
+        import httpx
+
+        started = time.perf_counter()
+        retrieved, messages, retrieval_ms = await self._retrieve(request)
+        errors = []
+        for url in ranked_generators([h["doc_id"] for h in retrieved["hits"]], self.generators):
+            try:
+                response = await self._http.post(f"{url}/v1/generate", json=self._body(request, messages, False))
+            except httpx.TransportError as exc:
+                errors.append(f"{url}: {exc!r}")
+                continue
+            if response.status_code != 200:
+                errors.append(f"{url}: HTTP {response.status_code} {response.text[:200]}")
+                continue
+            return self._summary(retrieved, retrieval_ms, response.json(), url, started)
+        raise GeneratorUnavailable("no generator answered: " + "; ".join(errors))
+
+    async def stream(self, request: AnswerRequest) -> AsyncIterator[bytes]:
+        """SSE: `retrieval` (passages), `token`..., then `done` with the same body as the JSON answer."""
+        import httpx
+
+        started = time.perf_counter()
+        retrieved, messages, retrieval_ms = await self._retrieve(request)
+        yield sse_event("retrieval", {"version": retrieved["version"], "retrieval_ms": retrieval_ms,
+                                      "passages": [{"n": n, "doc_id": h["doc_id"], "title": h["title"]}
+                                                   for n, h in enumerate(retrieved["hits"], start=1)]})
+        errors = []
+        for url in ranked_generators([h["doc_id"] for h in retrieved["hits"]], self.generators):
+            try:
+                async with self._http.stream("POST", f"{url}/v1/generate",
+                                             json=self._body(request, messages, True)) as response:
+                    if response.status_code != 200:
+                        errors.append(f"{url}: HTTP {response.status_code}")
+                        continue
+                    event = None
+                    async for line in response.aiter_lines():
+                        if line.startswith("event: "):
+                            event = line[7:]
+                        elif line.startswith("data: "):
+                            payload = json.loads(line[6:])
+                            if event == "done":
+                                yield sse_event("done", self._summary(retrieved, retrieval_ms, payload, url, started))
+                            else:
+                                yield sse_event(event or "message", payload)
+                    return
+            except httpx.TransportError as exc:
+                errors.append(f"{url}: {exc!r}")
+        yield sse_event("error", {"message": "no generator answered: " + "; ".join(errors)})

@@ -1,0 +1,130 @@
+"""A generator worker process: one model, generating one request at a time in a worker thread
+(so its HTTP loop stays responsive), with the KV cache tiers of serving.kv_client.
+
+    POST /v1/generate  {messages | prompt_ids, max_new_tokens, greedy, temperature, top_p, seed,
+                        stream, use_cache} → {text, token_ids, cache: {...}} or an SSE stream of
+                        `token` events and a final `done` event with the same stats
+    GET  /v1/info, /healthz, /metrics
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fastapi import FastAPI, Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from httpkit.api import ERROR_RESPONSES
+from httpkit.auth import guard_from_env, internal_policy
+from httpkit.errors import install_error_handlers
+from httpkit.metrics import add_metrics_route
+from httpkit.responses import EVENT_STREAM, json_response, sse_event
+from retrieval.errors import InvalidRequest
+from serving.answer.generator import GenerationResult, Generator
+from serving.answer.metrics import GeneratorMetrics
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: str = Field(pattern="^(system|user|assistant)$")
+    content: str = Field(max_length=32_000)
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    messages: list[Message] | None = Field(None, min_length=1, description="chat messages (the model's template)")
+    prompt_ids: list[int] | None = Field(None, min_length=1, max_length=8192, description="or raw token ids")
+    max_new_tokens: int = Field(64, ge=1, le=1024)
+    greedy: bool = True
+    temperature: float = Field(0.7, gt=0, le=5)
+    top_p: float = Field(0.9, gt=0, le=1)
+    seed: int | None = None
+    stream: bool = False
+    use_cache: bool = Field(True, description="false: prefill everything (the cold baseline)")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        if (self.messages is None) == (self.prompt_ids is None):
+            raise ValueError("give exactly one of messages and prompt_ids")
+        return self
+
+
+def create_generator_app(generator: Generator) -> Any:
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+    metrics = GeneratorMetrics.create(generator.kv)
+    kv = generator.kv
+
+    def observe(result: GenerationResult) -> None:
+        metrics.ttft.observe(result.ttft_s)
+        metrics.prompt_tokens.inc(result.prompt_tokens)
+        metrics.hit_tokens.labels(tier="local").inc(result.local_hit_tokens)
+        metrics.hit_tokens.labels(tier="remote").inc(result.remote_hit_tokens)
+
+    def prompt_of(request: GenerateRequest) -> list[int]:
+        if request.prompt_ids is not None:
+            return request.prompt_ids
+        return generator.chat_ids([m.model_dump() for m in request.messages or []])
+
+    def run(request: GenerateRequest, on_token: Callable[[int, str], None] | None = None) -> GenerationResult:
+        return generator.generate(prompt_of(request), max_new_tokens=request.max_new_tokens, greedy=request.greedy,
+                                  temperature=request.temperature, top_p=request.top_p, seed=request.seed,
+                                  use_cache=request.use_cache, on_token=on_token)
+
+    app = FastAPI(title="shardrag generator", version="1",
+                  description="Answer generation with KV-cache reuse across requests and processes.")
+    install_error_handlers(app)
+
+    @app.post("/v1/generate", summary="Generate (JSON, or SSE with stream=true)", responses=ERROR_RESPONSES)
+    async def generate(request: GenerateRequest) -> Response:
+        loop = asyncio.get_running_loop()
+        if request.prompt_ids is not None:
+            vocab = generator.model.config.vocab_size
+            if any(not 0 <= t < vocab for t in request.prompt_ids):
+                raise InvalidRequest(f"token ids must be in [0, {vocab})", field="prompt_ids")
+        if not request.stream:
+            result = await loop.run_in_executor(executor, run, request)
+            observe(result)
+            return json_response({"text": result.text, "token_ids": result.token_ids, "cache": result.stats()})
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+        def on_token(token: int, piece: str) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, sse_event("token", {"token": token, "text": piece}))
+
+        def run_stream() -> None:
+            try:
+                result = run(request, on_token)
+                observe(result)
+                loop.call_soon_threadsafe(queue.put_nowait, sse_event("done", {"text": result.text,
+                                                                               "cache": result.stats()}))
+            except Exception as exc:  # noqa: BLE001 - reported to the client as an event
+                loop.call_soon_threadsafe(queue.put_nowait, sse_event("error", {"message": str(exc)}))
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        loop.run_in_executor(executor, run_stream)
+
+        async def events() -> AsyncIterator[bytes]:
+            while (chunk := await queue.get()) is not None:
+                yield chunk
+
+        return StreamingResponse(events(), media_type=EVENT_STREAM)
+
+    @app.get("/v1/info", summary="Model, block size, cache tiers")
+    async def info() -> Response:
+        payload = {"model_id": generator.model_id, "block_size": generator.block_size, "dtype": generator.dtype,
+                   "kv_nodes": kv.nodes if kv else [], "local_pool": kv.local.stats() if kv else None,
+                   "kv_stats": vars(kv.stats) if kv else None}
+        return Response(json.dumps(payload, default=str), media_type="application/json")
+
+    @app.get("/healthz", summary="Liveness")
+    async def healthz() -> Response:
+        return json_response({"status": "ok", "model_id": generator.model_id})
+
+    add_metrics_route(app, metrics.registry)
+
+    return guard_from_env(app, internal_policy)  # SHARDRAG_INTERNAL_TOKEN: only the gateway may call

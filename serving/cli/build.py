@@ -1,0 +1,59 @@
+"""``shardrag build``: encode a corpus (or re-embed a collection's slices) into a sharded collection."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from retrieval.embedding_cache import default_cache_dir
+from serving.cli.common import root_of
+
+
+def make_encoder(args: argparse.Namespace) -> Any:
+    from retrieval.embedding_cache import CachingEncoder, EmbeddingCache
+    from retrieval.encoders import load_encoder
+
+    print(f"loading encoder {args.model or 'all-MiniLM-L6-v2'} ...", file=sys.stderr, flush=True)
+    encoder = load_encoder(args.model, device=args.device, batch_size=args.batch_size)
+    if args.no_cache:
+        return encoder
+    return CachingEncoder(encoder, EmbeddingCache(args.cache_dir or default_cache_dir()))
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from index_shards.build import BuildConfig, documents_of_version, encode_and_build
+    from index_shards.layout import resolve_version
+    from retrieval.datasets import load_documents
+
+    shards, partitioner, factory, metric = args.shards, args.partitioner, args.factory, args.metric
+    if args.corpus:
+        corpus = Path(args.corpus)
+        documents = load_documents(corpus)
+        collection = args.collection or (corpus.name if corpus.is_dir() else corpus.stem)
+        source = str(corpus)
+    else:
+        # A new version of an existing collection, from the same slices (same documents and layout).
+        if not args.collection:
+            print("error: give --corpus, or --collection to rebuild an existing collection", file=sys.stderr)
+            return 2
+        collection = args.collection
+        _, existing = resolve_version(root_of(args), collection, args.from_version)
+        documents = documents_of_version(root_of(args), collection, existing.embedding_version.id)
+        shards = existing.num_shards
+        partitioner = existing.partitioner if args.partitioner is None else partitioner
+        factory, metric = existing.factory, existing.metric
+        source = f"{collection} @ {existing.embedding_version.id}"
+    if args.max_docs:
+        documents = documents[: args.max_docs]
+    config = BuildConfig(collection=collection, num_shards=shards, partitioner=partitioner or "hash",
+                         factory=factory, metric=metric, overwrite=args.overwrite)
+    config.validate()
+    print(f"{len(documents)} documents from {source}", file=sys.stderr)
+    manifest = encode_and_build(root_of(args), documents, make_encoder(args), config)
+    out = root_of(args) / collection / manifest.embedding_version.id
+    print(json.dumps({"collection": collection, "version": manifest.embedding_version.id, "path": str(out),
+                      "count": manifest.count, "shards": manifest.num_shards}, indent=1))
+    return 0

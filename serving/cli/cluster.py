@@ -1,0 +1,243 @@
+"""``shardrag demo`` and ``shardrag serve``: a local cluster (processes, or Ray actors) for a
+built collection, with fresh API keys, until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from retrieval.embedding_cache import default_cache_dir
+from retrieval.errors import ConfigError, ShardragError
+from serving.cli.build import make_encoder
+from serving.cli.common import root_of
+
+
+def _gateway_config(args: argparse.Namespace) -> Any:
+    from serving.gateway.config import GatewayConfig
+    from serving.shardcall.call import HedgingSettings
+    from serving.shardcall.fanout import FanOutSettings
+    from serving.versions.query_encoder import EncoderSettings
+
+    return GatewayConfig(calls=FanOutSettings(transport=args.transport, balancer=args.balancer,
+                                              coalesce=not args.no_coalesce),
+                         hedging=HedgingSettings(enabled=not args.no_hedging),
+                         encoder=EncoderSettings(load=not args.no_encoder))
+
+
+def _access(args: argparse.Namespace) -> tuple[list[str] | None, str]:
+    """(API key entries or None when --open, the internal token). Fresh secrets every start."""
+    import secrets
+
+    token = secrets.token_urlsafe(32)
+    if args.open:
+        if args.host not in ("127.0.0.1", "localhost", "::1"):
+            raise ConfigError(f"--open serves without API keys, which is only allowed on a loopback --host "
+                              f"(not {args.host})", field="open")
+        print("WARNING: --open: no API keys; anyone on this machine can query and administer the cluster",
+              file=sys.stderr)
+        return None, token
+    return [f"read:{secrets.token_urlsafe(24)}", f"admin:{secrets.token_urlsafe(24)}"], token
+
+
+def _tls(args: argparse.Namespace) -> tuple[str, str, str] | None:
+    if not args.tls_cert and not args.tls_key:
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise ConfigError("--tls-cert and --tls-key go together", field="tls_cert")
+    for path in (args.tls_cert, args.tls_key, args.tls_ca):
+        if path and not Path(path).is_file():
+            raise ConfigError(f"TLS file {path} does not exist", field="tls_cert")
+    return str(Path(args.tls_cert).resolve()), str(Path(args.tls_key).resolve()), \
+        str(Path(args.tls_ca or args.tls_cert).resolve())
+
+
+def _start_cluster(args: argparse.Namespace, root: Path, collection: str, version: str | None) -> Any:
+    from serving.local.launcher import LocalCluster
+
+    gateway = _gateway_config(args)
+    keys, token = _access(args)
+    cluster = LocalCluster(root, collection, version=version, replicas=args.replicas, host=args.host,
+                           gateway_port=args.port, gateway_port_fallback=True, gateway=gateway, workdir=args.workdir,
+                           faiss_threads=args.faiss_threads,
+                           generators=args.generators, generator_model=args.generator_model, kv_nodes=args.kv_nodes,
+                           kv_node_budget_mb=args.kv_node_budget_mb, api_keys=keys, internal_token=token,
+                           tls=_tls(args))
+    extra = f" + {args.generators} generators + {args.kv_nodes} kv-nodes" if args.generators else ""
+    print(f"starting {cluster.manifest.num_shards} shards × {args.replicas} replicas{extra} + gateway "
+          f"({cluster.manifest.embedding_version.id}) ...", file=sys.stderr, flush=True)
+    cluster.start()
+    if args.port and cluster.gateway is not None and cluster.gateway.port != args.port:
+        print(f"port {args.port} is busy; the gateway took a free one: {cluster.gateway_url}", file=sys.stderr)
+    return cluster
+
+
+def _run_until_interrupted(cluster: Any) -> int:
+    stop = {"now": False}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop["now"] = True
+        cluster.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        cluster.wait()
+    finally:
+        print("stopping cluster ...", file=sys.stderr)
+        cluster.stop()
+    return 0
+
+
+def _key(cluster: Any, scope: str) -> str | None:
+    entries: list[str] = getattr(cluster, "api_keys", None) or []
+    for entry in entries:
+        if entry.startswith(scope + ":"):
+            return entry.split(":", 1)[1]
+    return None
+
+
+def _print_banner(cluster: Any, example_query: str) -> None:
+    url = cluster.gateway_url
+    body = json.dumps({"text": example_query, "k": 3})
+    read_key, admin_key = _key(cluster, "read"), _key(cluster, "admin")
+    auth = " -H \"authorization: Bearer $SHARDRAG_API_KEY\"" if read_key else ""
+    answer_hint = ""
+    if cluster.generators:
+        answer_body = json.dumps({"question": example_query, "k": 3})
+        answer_hint = f"\n  curl -s {url}/v1/answer{auth} -H 'content-type: application/json' -d '{answer_body}'"
+    keys = (f"""
+  API keys (new each start; also in {cluster.workdir}/api-keys):
+    read  {read_key}
+    admin {admin_key}
+  export SHARDRAG_API_KEY={read_key}""" if read_key else "\n  no API keys (--open)")
+    print(f"""
+shardrag is up: {url}
+  collection {cluster.collection} @ {cluster.manifest.embedding_version.id}
+  {cluster.manifest.num_shards} shards × {cluster.replicas} replicas, logs in {cluster.workdir}{keys}
+
+  curl -s {url}/v1/query{auth} -H 'content-type: application/json' -d '{body}'
+  curl -s {url}/v1/cluster{auth}
+  shardrag query --url {url} "{example_query}"{answer_hint}
+  API docs: {url}/docs        metrics: {url}/metrics
+
+Ctrl-C stops every process.""", flush=True)
+
+
+def _serve_on_ray(args: argparse.Namespace) -> int:
+    """Shard replicas as Ray actors; the gateway runs here, reaching them through RayShardClient."""
+    from dataclasses import replace
+
+    from httpkit.serve import serve_app
+    from index_shards.layout import collection_dir
+    from serving.cli.processes import encoder_loader
+    from serving.gateway.app import create_app
+    from serving.gateway.factory import GatewaySetup
+    from serving.transport.ray import RayShardCluster
+
+    if args.generators or args.kv_nodes:
+        raise ConfigError("--generators/--kv-nodes run with the process backend only (omit --backend ray)",
+                          field="backend")
+    keys, _ = _access(args)  # actors are reached through Ray, not HTTP: no internal token needed
+    if keys:
+        os.environ["SHARDRAG_API_KEYS"] = ",".join(keys)  # read by the gateway's auth guard
+        print("API keys (new each start):\n" + "\n".join(f"  {k.replace(':', '  ', 1)}" for k in keys),
+              file=sys.stderr)
+    root = root_of(args)
+    cluster = RayShardCluster(root, args.collection, version=args.version, replicas=args.replicas,
+                              address=args.ray_address, faiss_threads=args.faiss_threads)
+    print(f"starting {cluster.manifest.num_shards} shards × {args.replicas} replica actors on Ray "
+          f"({args.ray_address or 'local'}) ...", file=sys.stderr, flush=True)
+    cluster.start()
+    config = _gateway_config(args)
+    config = replace(config, rollout=replace(
+        config.rollout, state_path=str(collection_dir(root, args.collection) / "rollout.json")))
+    setup = GatewaySetup(config, cluster.replica_names, shard_client=cluster.client(),
+                         encoder_loader=encoder_loader(config))
+    try:
+        serve_app(create_app(setup), host=args.host, port=args.port, name="gateway", log_level="warning",
+                  fallback_to_any_port=True)
+    except KeyboardInterrupt:  # Ctrl-C reaches Ray's processes too; stop in order all the same
+        pass
+    finally:
+        print("stopping the Ray shard actors ...", file=sys.stderr)
+        cluster.stop()
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.backend == "ray":
+        return _serve_on_ray(args)
+    cluster = _start_cluster(args, root_of(args), args.collection, args.version)
+    _print_banner(cluster, "how do I open a file")
+    return _run_until_interrupted(cluster)
+
+
+DEMO_QUERIES = ("how do I open a file", "catch an exception and re-raise it", "sort a list by a key function")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from index_shards.build import BuildConfig, build_collection
+    from index_shards.layout import list_versions
+    from retrieval.encoders import encode_documents
+    from serving.local.demo_corpus import python_docs_corpus
+
+    root = Path(args.root) if args.root else default_cache_dir().parent / "demo"
+    collection = "pydocs"
+    existing = list_versions(root, collection)
+    version = None
+    if existing and not args.rebuild:
+        version = existing[-1].embedding_version.id
+        print(f"using the demo collection built before: {root / collection / version}", file=sys.stderr)
+    else:
+        print(f"building the demo collection from Python's documentation ({args.max_docs} passages) ...",
+              file=sys.stderr, flush=True)
+        documents = python_docs_corpus(args.max_docs)
+        encoder = make_encoder(args)
+        vectors = encode_documents(encoder, documents)
+        manifest = build_collection(root, documents, vectors, encoder.version,
+                                    BuildConfig(collection, num_shards=2, overwrite=True))
+        version = manifest.embedding_version.id
+    cluster = _start_cluster(args, root, collection, version)
+    try:
+        if args.check:
+            return _demo_check(cluster)
+        _print_banner(cluster, DEMO_QUERIES[0])
+    except BaseException:
+        cluster.stop()
+        raise
+    return _run_until_interrupted(cluster)
+
+
+def _demo_check(cluster: Any) -> int:
+    """Ask the demo queries, print the answers, stop: proof that the whole path works."""
+    from retrieval.client import ShardragClient
+
+    try:
+        with ShardragClient(cluster.gateway_url, timeout_s=120, api_key=_key(cluster, "read") or "",
+                            verify=cluster.tls[2] if cluster.tls else None) as client:
+            for text in DEMO_QUERIES:
+                started = time.perf_counter()
+                response = client.query(text=text, k=3)
+                print(f"\nQ: {text}  ({(time.perf_counter() - started) * 1000:.0f} ms, "
+                      f"{response['diagnostics']['shards_answered']}/{response['diagnostics']['shards_total']} shards)")
+                for hit in response["hits"]:
+                    print(f"   {hit['score']:.3f} {hit['doc_id']}")
+            if cluster.api_keys:
+                import httpx
+
+                refused = httpx.post(f"{cluster.gateway_url}/v1/query", json={"text": DEMO_QUERIES[0]}, timeout=30,
+                                     verify=False)  # only the status matters here
+                if refused.status_code != 401:
+                    raise ShardragError(f"a query without an API key got {refused.status_code}, not 401")
+                print(f"\na query without an API key: {refused.status_code} (refused, as it should be)")
+            print(f"\ncluster: {json.dumps(client.cluster()['shards'][0]['healthy_replicas'])} healthy replicas "
+                  "on shard 0; demo check passed")
+    finally:
+        cluster.stop()
+    return 0

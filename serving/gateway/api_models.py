@@ -1,0 +1,101 @@
+"""Request and response models of the gateway's public API (they also make its OpenAPI schema)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from httpkit.api import ERROR_RESPONSES, JSON_INTEGER, ErrorDetail, ErrorResponse, FiniteFloat, PositiveInt
+
+__all__ = ["ERROR_RESPONSES", "ErrorDetail", "ErrorResponse", "QueryRequest", "QueryResponse", "StageCommand",
+           "ActivateCommand", "RetireCommand", "VersionCommand"]
+
+KnobInt = Annotated[int, Field(ge=1, le=65536), JSON_INTEGER]
+# Embedding version ids: encoder name, weights hash, preprocessing hash — a file-name-safe token.
+VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$"
+
+
+class QueryRequest(BaseModel):
+    """Exactly one of ``text`` and ``vector``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: str | None = Field(None, description="query text, embedded by the gateway's encoder")
+    vector: list[FiniteFloat] | None = Field(None, description="query vector of the collection's dimension")
+    k: PositiveInt | None = Field(None, description="hits to return (default from config, at most max_k)")
+    nprobe: KnobInt | None = Field(None, description="IVF lists to visit per shard")
+    ef_search: KnobInt | None = Field(None, description="HNSW search breadth per shard")
+    top_m: PositiveInt | None = Field(None, description="kmeans collections: query only the top_m nearest shards")
+    timeout_ms: PositiveInt | None = Field(None, description="deadline for the whole query")
+    with_text: bool = Field(True, description="return titles and texts with the hits")
+    version: str | None = Field(None, pattern=VERSION_PATTERN,
+                                description="embedding version to pin; 409 unless it is served")
+    allow_partial: bool | None = Field(None, description="answer with the shards that made the deadline "
+                                       "(default from config); false: 504 naming the missing shards")
+
+
+class HitModel(BaseModel):
+    doc_id: str
+    score: float
+    shard: int
+    version: str = Field(description="embedding version the score was computed in (always the response's)")
+    title: str = ""
+    text: str = ""
+
+
+class ShardCallModel(BaseModel):
+    shard: int
+    replica: str
+    latency_ms: float
+    batch_size: int = Field(description="queries that shared this shard call (coalescing)")
+    attempts: int = Field(description="replicas the call went to (primary + retries + hedges)")
+    hedged: bool = Field(description="a hedge (second copy) was sent for this shard call")
+    hedge_won: bool = Field(description="the answer came from the hedge")
+
+
+class MissingShardModel(BaseModel):
+    shard: int
+    reason: str
+
+
+class DiagnosticsModel(BaseModel):
+    embedding_version: str
+    shards_total: int
+    shards_queried: int
+    shards_answered: int
+    took_ms: float
+    encode_ms: float
+    per_shard: list[ShardCallModel]
+
+
+class QueryResponse(BaseModel):
+    hits: list[HitModel]
+    version: str
+    partial: bool = Field(description="true when some queried shards did not answer; see missing_shards")
+    coverage: float = Field(description="shards answered / shards queried")
+    missing_shards: list[MissingShardModel]
+    diagnostics: DiagnosticsModel
+
+
+class VersionCommand(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    version: str = Field(pattern=VERSION_PATTERN,
+                         description="embedding version id, e.g. all-MiniLM-L6-v2.w7e54b3bcd8c7bda9.p522cae28")
+
+
+class StageCommand(VersionCommand):
+    model: str = Field("default", min_length=1,
+                       description="encoder checkpoint directory of the version ('default' = all-MiniLM-L6-v2)")
+
+
+class ActivateCommand(VersionCommand):
+    force: bool = Field(False, description="activate even when the quality gate fails (never when not ready)")
+    queries: list[str] | dict[str, str] | None = Field(
+        None, description="quality-gate queries (a list, or query id → text to use qrels); default: recent queries")
+    qrels: dict[str, dict[str, int]] | None = Field(None, description="query id → {doc id → grade} for nDCG@10")
+
+
+class RetireCommand(VersionCommand):
+    force: bool = Field(False, description="retire before the drain period has passed")

@@ -1,0 +1,176 @@
+"""The gateway's HTTP API.
+
+    POST /v1/query    {text | vector, k, nprobe, ef_search, top_m, timeout_ms, with_text, version}
+    POST /v1/answer   retrieve, then generate (only when generator workers are configured)
+    GET  /v1/cluster  shards, replicas, versions, live health
+    GET  /healthz     gateway + encoder state
+    GET  /metrics     Prometheus
+    GET|POST /admin/rollout[/stage|activate|retire|abort|rollback]
+    GET  /docs        OpenAPI UI
+
+:func:`create_app` builds the gateway (:meth:`GatewaySetup.build`) in the app's lifespan and
+puts FastAPI around it. The query handler parses the body itself (pydantic's JSON parser, no
+FastAPI body machinery) because it is the hot path; the same model documents it in OpenAPI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
+
+from httpkit.asgi import FastPathApp, Receive, Scope, read_request_body
+from httpkit.auth import RateLimiter, gateway_policy, guard_from_env
+from httpkit.errors import install_error_handlers
+from httpkit.metrics import add_metrics_route, status_counter
+from httpkit.responses import EVENT_STREAM, json_response
+from retrieval.errors import ConfigError
+from serving.answer.service import AnswerRequest
+from serving.gateway.api_models import (
+    ERROR_RESPONSES,
+    ActivateCommand,
+    QueryResponse,
+    RetireCommand,
+    StageCommand,
+    VersionCommand,
+)
+from serving.gateway.factory import Gateway, GatewaySetup
+from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.openapi import query_request_schema
+
+
+class _Running:
+    """The gateway once the lifespan has built it (routes run only after that)."""
+
+    def __init__(self) -> None:
+        self._gateway: Gateway | None = None
+
+    @property
+    def gateway(self) -> Gateway:
+        if self._gateway is None:
+            raise ConfigError("the gateway is not started", field="gateway")
+        return self._gateway
+
+
+def gateway_of(app: Any) -> Gateway:
+    """The running gateway behind an app made by :func:`create_app` (tests, embedding)."""
+    running: _Running = app.state.running
+    return running.gateway
+
+
+def create_app(setup: GatewaySetup) -> Any:
+    """The gateway's ASGI app: a fast path for POST /v1/query around the FastAPI app."""
+    running = _Running()
+    limits = setup.config.limits
+    metrics = GatewayMetrics.create()  # made here so /metrics is routed before the gateway starts
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        running._gateway = await setup.build(metrics)
+        try:
+            yield
+        finally:
+            gateway, running._gateway = running._gateway, None
+            await gateway.close()
+
+    app = FastAPI(
+        title="shardrag gateway",
+        description="Sharded retrieval for RAG: embed, fan out to every shard, merge the exact top k.",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.running = running
+    install_error_handlers(app)
+
+    async def handle_query(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
+        queries = running.gateway.queries
+        return 200, orjson.dumps(await queries.query(queries.parse(body)))
+
+    @app.post(
+        "/v1/query",
+        summary="Top-k documents for a text or a vector",
+        response_model=QueryResponse,
+        responses=ERROR_RESPONSES,
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/QueryRequest"}}}}},
+    )
+    async def query(request: Request) -> Response:
+        # Served by the fast path; this route documents it and answers without the wrapper.
+        status, payload = await handle_query(request.scope, await read_request_body(request, limits.max_body_bytes),
+                                             request.receive)
+        return Response(payload, status_code=status, media_type="application/json")
+
+    if setup.generators:  # the endpoint exists only with generator workers behind it
+        @app.post("/v1/answer", summary="Retrieve, then generate an answer that cites the passages",
+                  responses=ERROR_RESPONSES)
+        async def answer(request: AnswerRequest) -> Response:
+            answers = running.gateway.answers
+            if request.stream:
+                return StreamingResponse(answers.stream(request), media_type=EVENT_STREAM)
+            return json_response(await answers.answer(request))
+
+    @app.get("/v1/cluster", summary="Shards, replicas, versions and live health", responses=ERROR_RESPONSES)
+    async def cluster() -> Response:
+        return json_response(await running.gateway.cluster.cluster())
+
+    @app.get("/healthz", summary="Gateway liveness and readiness")
+    async def healthz() -> Response:
+        return json_response(running.gateway.cluster.healthz())
+
+    @app.get("/admin/rollout", summary="Rollout state, per-replica versions, encoders, recent events",
+             responses=ERROR_RESPONSES)
+    async def rollout_status() -> Response:
+        return json_response(await running.gateway.rollout.status())
+
+    @app.post("/admin/rollout/stage", summary="Load a new version on every replica (and its encoder)",
+              responses=ERROR_RESPONSES)
+    async def rollout_stage(command: StageCommand) -> Response:
+        return json_response(await running.gateway.rollout.stage(command.version, command.model))
+
+    @app.post("/admin/rollout/activate", summary="Switch new queries to a staged version (readiness + quality gate)",
+              responses=ERROR_RESPONSES)
+    async def rollout_activate(command: ActivateCommand) -> Response:
+        return json_response(await running.gateway.rollout.activate(
+            command.version, force=command.force, queries=command.queries, qrels=command.qrels))
+
+    @app.post("/admin/rollout/retire", summary="Unload the previous version after the drain period",
+              responses=ERROR_RESPONSES)
+    async def rollout_retire(command: RetireCommand) -> Response:
+        return json_response(await running.gateway.rollout.retire(command.version, force=command.force))
+
+    @app.post("/admin/rollout/abort", summary="Unload a staged version", responses=ERROR_RESPONSES)
+    async def rollout_abort(command: VersionCommand) -> Response:
+        return json_response(await running.gateway.rollout.abort(command.version))
+
+    @app.post("/admin/rollout/rollback", summary="Re-activate the previous version while it is loaded",
+              responses=ERROR_RESPONSES)
+    async def rollout_rollback(command: VersionCommand) -> Response:
+        return json_response(await running.gateway.rollout.rollback(command.version))
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            gateway = running._gateway
+            topology = None
+            if gateway is not None:
+                view = gateway.registry.view
+                topology = view.versions[view.state.active].topology if view.state.active in view.versions else None
+            schema.setdefault("components", {}).setdefault("schemas", {})["QueryRequest"] = \
+                query_request_schema(limits, topology)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    add_metrics_route(app, metrics.registry)
+    fast = FastPathApp(app, {("POST", "/v1/query"): handle_query}, max_body_bytes=limits.max_body_bytes,
+                       on_result=status_counter(metrics.requests, "query"))
+    limiter = RateLimiter(limits.rate_limit_qps, limits.rate_limit_burst) if limits.rate_limit_qps > 0 else None
+    # API keys (SHARDRAG_API_KEYS[_FILE]) and the per-key rate limit, checked before anything else.
+    return guard_from_env(fast, gateway_policy, limiter=limiter, with_keys=True)

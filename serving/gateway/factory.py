@@ -1,0 +1,127 @@
+"""The gateway's composition root: :meth:`GatewaySetup.build` wires every component and returns
+a complete, started :class:`Gateway` — there is no half-built gateway to guard against.
+
+    setup = GatewaySetup(GatewayConfig(), [["http://127.0.0.1:8001"], ["http://127.0.0.1:8002"]])
+    gateway = await setup.build()        # discovers the replicas, loads encoders, starts probes
+    await gateway.queries.query(QueryRequest(text="how do I open a file"))
+    await gateway.close()
+
+Each service gets what it needs and nothing more: the query service the registry and the
+fan-out; the rollout service the registry, the shard client and a search function; the answer
+service a retrieve function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from retrieval.rollout import RolloutEvent
+from serving.answer.service import AnswerService
+from serving.gateway.cluster_view import ClusterView
+from serving.gateway.config import GatewayConfig
+from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.query import QueryService
+from serving.shardcall.call import ShardCaller
+from serving.shardcall.ejection import OutlierDetector, probe_ejected
+from serving.shardcall.fanout import FanOut, ShardCall
+from serving.shardcall.policies import make_balancer
+from serving.transport.client import ShardClient
+from serving.transport.http import HttpShardClient
+from serving.versions.registry import DEFAULT_MODEL, EncoderLoader, VersionRegistry
+from serving.versions.rollout import RolloutService
+from serving.versions.store import RolloutStore, make_store
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class Gateway:
+    """Every part of a running gateway. Made only by :meth:`GatewaySetup.build`."""
+
+    config: GatewayConfig
+    shard_replicas: tuple[tuple[str, ...], ...]
+    client: ShardClient
+    registry: VersionRegistry
+    detector: OutlierDetector
+    caller: ShardCaller
+    fanout: FanOut
+    queries: QueryService
+    rollout: RolloutService
+    answers: AnswerService
+    cluster: ClusterView
+    metrics: GatewayMetrics
+    tasks: tuple[asyncio.Future[None], ...]
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        self.registry.close()
+        await self.answers.close()
+        await self.client.close()
+
+
+@dataclass(slots=True, frozen=True)
+class GatewaySetup:
+    """What a gateway is made of; :meth:`build` makes one (inside a running event loop)."""
+
+    config: GatewayConfig
+    shard_replicas: Sequence[Sequence[str]]
+    shard_client: ShardClient | None = None  # default: the pooled HTTP client
+    encoder_loader: EncoderLoader | None = None  # model → encoder; None: vector queries only
+    store: RolloutStore | None = None  # default: from config.rollout.state_path
+    generators: Sequence[str] = field(default=())  # generator workers for /v1/answer
+
+    async def build(self, metrics: GatewayMetrics | None = None) -> Gateway:
+        config = self.config.validate()
+        replicas = tuple(tuple(r) for r in self.shard_replicas)
+        client = self.shard_client or HttpShardClient()
+        metrics = metrics or GatewayMetrics.create()
+        registry = VersionRegistry(
+            replicas, client, self.store or make_store(config.rollout.state_path),
+            encoder_loader=self.encoder_loader if config.encoder.load else None,
+            default_model=config.encoder.model or DEFAULT_MODEL,
+            discovery_timeout_s=config.discovery_timeout_s, probe_timeout_s=config.probe_timeout_s)
+        try:
+            await registry.start()
+        except BaseException:
+            await client.close()
+            raise
+
+        def on_eject(replica: str, duration_s: float) -> None:
+            logger.warning("replica %s ejected for %.1f s after repeated failures", replica, duration_s)
+            metrics.ejections.labels(replica=replica).inc()
+
+        detector = OutlierDetector(consecutive_failures=config.ejection.after_failures,
+                                   base_ejection_s=config.ejection.base_s, max_ejection_s=config.ejection.max_s,
+                                   on_eject=on_eject)
+        caller = ShardCaller(client, make_balancer(config.calls.balancer), detector, config.hedging,
+                             on_not_eligible=registry.mark_not_eligible)
+        metrics.watch_calls(caller.stats)
+
+        def on_call(call: ShardCall) -> None:
+            metrics.observe_shard_call(call.shard_id, call.replica, call.latency_ms / 1000.0, call.batch_size)
+
+        fanout = FanOut(replicas, caller, coalesce=config.calls.coalesce, max_batch=config.calls.max_batch,
+                        max_inflight_per_replica=config.calls.max_inflight_per_replica, on_call=on_call)
+        queries = QueryService(config.limits, registry, fanout, metrics,
+                               recent_queries=max(config.gate.sample * 4, 100))
+
+        def on_event(event: RolloutEvent) -> None:
+            metrics.rollout_events.labels(kind=event.kind).inc()
+
+        rollout = RolloutService(registry, client, queries.search_text, settings=config.rollout, gate=config.gate,
+                                 encoders_loaded=config.encoder.load,
+                                 recent_queries=lambda: list(queries.recent_queries),
+                                 on_event=on_event)
+        answers = AnswerService(self.generators, queries.retrieve, settings=config.answer)
+        tasks: tuple[asyncio.Future[Any], ...] = (
+            asyncio.ensure_future(probe_ejected(detector, client, interval_s=config.ejection.probe_interval_s,
+                                                timeout_s=config.probe_timeout_s)),
+            asyncio.ensure_future(registry.poll_forever(config.rollout.poll_interval_s)),
+        )
+        return Gateway(config, replicas, client, registry, detector, caller, fanout, queries, rollout, answers,
+                       ClusterView(config, registry, client, detector, caller), metrics, tasks)

@@ -1,0 +1,42 @@
+"""The gateway's OpenAPI schema for ``POST /v1/query``, stating this gateway's real limits and the
+collection's dimension, so that every request the schema allows is one the gateway accepts
+(what schemathesis checks in CI)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serving.gateway.api_models import QueryRequest
+from serving.gateway.config import Limits
+from serving.versions.topology import Topology
+
+
+def query_request_schema(limits: Limits, topology: Topology | None) -> dict[str, Any]:
+    schema = QueryRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    props = schema["properties"]
+    bound = float(limits.max_vector_abs)
+
+    def set_in(name: str, **bounds: Any) -> None:
+        for option in props[name].get("anyOf", [props[name]]):
+            if option.get("type") != "null":
+                option.update(bounds)
+
+    set_in("k", maximum=limits.max_k)
+    set_in("timeout_ms", minimum=limits.min_timeout_ms, maximum=limits.max_timeout_ms)
+    set_in("text", maxLength=limits.max_text_chars, pattern=r"\S")
+    vector: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "items": {"type": "number", "minimum": -bound, "maximum": bound}}
+    if topology is not None:
+        vector.update(minItems=int(topology.dim), maxItems=int(topology.dim))
+        n = int(topology.num_shards)  # top_m < n needs kmeans centroids to route with
+        set_in("top_m", minimum=1 if topology.centroids is not None else n, maximum=n)
+        factory = str(topology.factory or "")
+        for name, applies in (("nprobe", "IVF" in factory), ("ef_search", "HNSW" in factory)):
+            if not applies:  # the index has no such knob: the field may only be null
+                props[name] = {"type": "null", "title": props[name].get("title", name),
+                               "description": props[name].get("description", "") + f" (not for {factory})"}
+    set_in("vector", **{k: v for k, v in vector.items() if k != "type"})
+    # exactly one of text and vector
+    schema["oneOf"] = [{"required": ["text"], "properties": {"text": {"type": "string"}}},
+                       {"required": ["vector"], "properties": {"vector": {"type": "array"}}}]
+    return schema

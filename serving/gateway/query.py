@@ -1,0 +1,175 @@
+"""The query path: validate a query, take the version snapshot, embed the text, fan out, shape
+the answer. Usable without HTTP (the app, the answer service and the quality gate call it).
+
+Each query reads the registry's view once (:class:`~serving.versions.registry.RegistryView`) and
+works on that one immutable :class:`~serving.versions.registry.VersionSnapshot` to the end: the
+version, its topology, its encoder and the replicas eligible for it cannot change under it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from retrieval.contract import SearchParams
+from retrieval.errors import (
+    DeadlineExceeded,
+    DimensionMismatch,
+    EncoderError,
+    InvalidRequest,
+    ShardragError,
+    VersionConflict,
+    validation_error_body,
+)
+from retrieval.wire import check_finite
+from serving.gateway.api_models import QueryRequest
+from serving.gateway.config import Limits
+from serving.gateway.metrics import GatewayMetrics
+from serving.shardcall.fanout import FanOut
+from serving.versions.registry import VersionRegistry, VersionSnapshot
+
+
+class Rejected(ShardragError):
+    """A validation failure with its ready-made (status, body)."""
+
+    def __init__(self, status: int, body: dict[str, Any], message: str, field: str | None) -> None:
+        super().__init__(message, field=field)
+        self.status_code = status
+        self.body = body
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.body
+
+
+class QueryService:
+    def __init__(self, limits: Limits, registry: VersionRegistry, fanout: FanOut, metrics: GatewayMetrics, *,
+                 recent_queries: int = 200) -> None:
+        self.limits = limits
+        self.registry = registry
+        self.fanout = fanout
+        self.metrics = metrics
+        self.recent_queries: deque[str] = deque(maxlen=recent_queries)  # the quality gate's default sample
+
+    @staticmethod
+    def parse(body: bytes) -> QueryRequest:
+        try:
+            return QueryRequest.model_validate_json(body)
+        except ValidationError as exc:
+            status, payload = validation_error_body([dict(error) for error in exc.errors()])
+            error = payload["error"]
+            raise Rejected(status, payload, error["message"], error.get("field")) from None
+
+    def _snapshot(self, pinned: str | None) -> VersionSnapshot:
+        view = self.registry.view  # read once: a query started on V finishes on V
+        version = view.state.active
+        if pinned is not None and pinned != version:
+            if pinned not in view.state.loaded():
+                raise VersionConflict(f"version {pinned!r} is not served; loaded: {list(view.state.loaded())}",
+                                      field="version")
+            version = pinned
+        return view.snapshot(version)
+
+    async def encode(self, snapshot: VersionSnapshot, text: str) -> np.ndarray:
+        if snapshot.encoder is None:
+            raise EncoderError(f"no query encoder for version {snapshot.version}", field="text")
+        return await snapshot.encoder.encode(text)
+
+    async def search_text(self, text: str, version: str, k: int) -> list[str]:
+        """Doc ids of the top ``k`` for ``text`` on ``version`` (the quality gate's search)."""
+        snapshot = self.registry.view.snapshot(version)
+        vector = await self.encode(snapshot, text)
+        outcome = await self.fanout.search(vector, SearchParams(k=k, version=version, with_text=False),
+                                           snapshot.route, top_m=None,
+                                           timeout_s=self.limits.default_timeout_ms / 1000.0)
+        return [hit.doc_id for hit in outcome.hits]
+
+    async def retrieve(self, text: str, k: int, timeout_ms: int | None) -> dict[str, Any]:
+        """A text query with titles and texts (the answer service's retrieval)."""
+        return await self.query(QueryRequest(text=text, k=k, timeout_ms=timeout_ms))
+
+    def _vector(self, request: QueryRequest, snapshot: VersionSnapshot) -> np.ndarray:
+        limits = self.limits
+        with np.errstate(over="ignore"):  # values beyond float32 range become inf, refused below
+            vector = np.asarray(request.vector, dtype=np.float32)
+        dim = snapshot.topology.dim
+        if vector.shape != (dim,):
+            raise DimensionMismatch(f"vector has {vector.size} dims, version {snapshot.version} has {dim}",
+                                    field="vector")
+        check_finite(vector, field="vector")
+        if vector.size and float(np.abs(vector).max()) > limits.max_vector_abs:
+            raise InvalidRequest(f"vector components must be within ±{limits.max_vector_abs:g} "
+                                 "(larger ones overflow float32 scores)", field="vector")
+        return vector
+
+    async def query(self, request: QueryRequest) -> dict[str, Any]:
+        limits = self.limits
+        started = time.perf_counter()
+        k = request.k if request.k is not None else limits.default_k
+        if k > limits.max_k:
+            raise InvalidRequest(f"k must be between 1 and {limits.max_k}, got {k}", field="k")
+        timeout_ms = request.timeout_ms if request.timeout_ms is not None else limits.default_timeout_ms
+        if not limits.min_timeout_ms <= timeout_ms <= limits.max_timeout_ms:
+            raise InvalidRequest(f"timeout_ms must be between {limits.min_timeout_ms} and {limits.max_timeout_ms}",
+                                 field="timeout_ms")
+        snapshot = self._snapshot(request.version)
+        if (request.text is None) == (request.vector is None):
+            raise InvalidRequest("give exactly one of 'text' and 'vector'",
+                                 field="text" if request.text is not None else "vector")
+        encode_ms = 0.0
+        if request.vector is not None:
+            vector = self._vector(request, snapshot)
+        else:
+            text = request.text.strip() if request.text is not None else ""
+            if not text:
+                raise InvalidRequest("text is empty", field="text")
+            if len(text) > limits.max_text_chars:
+                raise InvalidRequest(f"text is longer than {limits.max_text_chars} characters", field="text")
+            encode_started = time.perf_counter()
+            vector = await self.encode(snapshot, text)
+            encode_ms = (time.perf_counter() - encode_started) * 1000.0
+            self.metrics.encode_latency.observe(encode_ms / 1000.0)
+            self.recent_queries.append(text)
+        params = SearchParams(k=k, version=snapshot.version, nprobe=request.nprobe, ef_search=request.ef_search,
+                              with_text=request.with_text)
+        remaining_ms = timeout_ms - (time.perf_counter() - started) * 1000.0  # encoding spent part of it
+        result = await self.fanout.search(vector, params, snapshot.route, top_m=request.top_m,
+                                          timeout_s=max(remaining_ms, 1.0) / 1000.0)
+        missing = sorted(result.missing)
+        allow_partial = request.allow_partial if request.allow_partial is not None else limits.allow_partial
+        if missing and (not allow_partial or not result.calls):
+            reasons = "; ".join(f"shard {s}: {result.missing[s]}" for s in missing)
+            why = "partial answers not allowed" if result.calls else "no shard answered"
+            raise DeadlineExceeded(f"{why}: shards {missing} missing ({reasons})", shard=missing[0])
+        if missing:
+            self.metrics.partial_responses.inc()
+        took_ms = (time.perf_counter() - started) * 1000.0
+        self.metrics.query_latency.observe(took_ms / 1000.0)
+        return {
+            "hits": [
+                {"doc_id": h.doc_id, "score": h.score, "shard": h.shard_id, "version": h.version, "title": h.title,
+                 "text": h.text}
+                for h in result.hits
+            ],
+            "version": result.version,
+            "partial": bool(missing),
+            "coverage": len(result.calls) / len(result.shards_queried),
+            "missing_shards": [{"shard": s, "reason": result.missing[s]} for s in missing],
+            "diagnostics": {
+                "embedding_version": result.version,
+                "shards_total": result.shards_total,
+                "shards_queried": len(result.shards_queried),
+                "shards_answered": len(result.calls),
+                "took_ms": took_ms,
+                "encode_ms": encode_ms,
+                "per_shard": [
+                    {"shard": c.shard_id, "replica": c.replica, "latency_ms": c.latency_ms,
+                     "batch_size": c.batch_size, "attempts": c.attempts, "hedged": c.hedged,
+                     "hedge_won": c.hedge_won}
+                    for c in result.calls
+                ],
+            },
+        }

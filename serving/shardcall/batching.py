@@ -1,0 +1,95 @@
+"""Natural batching: coalesce concurrent submissions without adding latency when idle.
+
+A submission goes out at once while fewer than ``max_inflight`` batches are in flight; while
+the limit is reached, submissions queue, and when a batch returns the queue leaves as one
+batch (items with the same key only, up to ``max_batch``). At concurrency 1 every item is sent
+alone; under load, per-request costs (HTTP, Python) are paid once per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any, Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+R = TypeVar("R")
+
+_UNSET: Any = object()  # "no key chosen yet": None is a valid batch key
+
+
+class NaturalBatcher(Generic[K, T, R]):
+    def __init__(
+        self,
+        process: Callable[[K, list[T]], Awaitable[Sequence[R]]],
+        *,
+        max_batch: int = 64,
+        max_inflight: int = 2,
+    ) -> None:
+        if max_batch < 1 or max_inflight < 1:
+            raise ValueError("max_batch and max_inflight must be ≥ 1")
+        self._process = process
+        self._max_batch = max_batch
+        self._max_inflight = max_inflight
+        self._inflight = 0
+        self._queue: deque[tuple[K, T, asyncio.Future[R]]] = deque()
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def submit(self, key: K, item: T) -> asyncio.Future[R]:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append((key, item, future))
+        self._drain()
+        return future
+
+    def _drain(self) -> None:
+        while self._queue and self._inflight < self._max_inflight:
+            batch = self._take_batch()
+            if batch:
+                self._inflight += 1
+                asyncio.ensure_future(self._run(batch))
+
+    def _take_batch(self) -> list[tuple[K, T, asyncio.Future[R]]]:
+        """Up to ``max_batch`` live items sharing the key of the oldest live item."""
+        batch: list[tuple[K, T, asyncio.Future[R]]] = []
+        skipped: list[tuple[K, T, asyncio.Future[R]]] = []
+        key = _UNSET
+        while self._queue and len(batch) < self._max_batch:
+            entry = self._queue.popleft()
+            if entry[2].done():  # the caller gave up (deadline, cancel): do not send it
+                continue
+            if key is _UNSET:
+                key = entry[0]
+            if entry[0] == key:
+                batch.append(entry)
+            else:
+                skipped.append(entry)
+        self._queue.extendleft(reversed(skipped))
+        return batch
+
+    async def _run(self, batch: list[tuple[K, T, asyncio.Future[R]]]) -> None:
+        try:
+            results = await self._process(batch[0][0], [item for _, item, _ in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"batch of {len(batch)} got {len(results)} results")
+        except BaseException as exc:  # noqa: BLE001 - every waiter must learn of the failure
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+        else:
+            for (_, _, future), result in zip(batch, results, strict=True):
+                if not future.done():
+                    future.set_result(result)
+        finally:
+            self._inflight -= 1
+            self._drain()

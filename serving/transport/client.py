@@ -1,0 +1,55 @@
+"""The shard client: what the gateway can ask a shard replica, typed, whatever the wire.
+
+:class:`ShardClient` is the seam between the gateway and the shards (httpx's
+``BaseTransport.handle_request`` is the model): balancing, hedging, fan-out and the version
+protocol above it never see HTTP or Ray. Implementations map their failures onto the error tree
+at this boundary: an unreachable replica → ShardUnavailable, a missed deadline →
+DeadlineExceeded, a replica's own error answer → :func:`retrieval.errors.error_for_status`
+(409 → VersionConflict, 4xx → the request's error, 5xx → ShardUnavailable).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from retrieval.contract import HealthInfo, HitColumns, ReplicaInfo, SearchParams, StageReply, UnloadReply
+
+
+@dataclass(slots=True, frozen=True)
+class ShardReply:
+    """One replica's answer to one search call, as the caller saw it."""
+
+    shard_id: int
+    version: str
+    replica: str
+    results: list[HitColumns]  # per query vector, best first
+    latency_ms: float
+
+
+class ShardClient(ABC):
+    @abstractmethod
+    async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
+                     timeout_s: float) -> ShardReply:
+        """Top-k of each row of ``vectors`` on ``replica`` (which serves ``shard_id``)."""
+
+    @abstractmethod
+    async def info(self, replica: str, timeout_s: float) -> ReplicaInfo:
+        """The versions the replica holds, with their state and details."""
+
+    @abstractmethod
+    async def health(self, replica: str, timeout_s: float) -> HealthInfo:
+        """Liveness: raises when the replica does not answer."""
+
+    @abstractmethod
+    async def stage(self, replica: str, version: str, timeout_s: float) -> StageReply:
+        """Ask the replica to load ``version`` next to what it holds (idempotent)."""
+
+    @abstractmethod
+    async def unload(self, replica: str, version: str, timeout_s: float) -> UnloadReply:
+        """Ask the replica to drop ``version`` (idempotent)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional: only clients that hold resources close them
+        pass

@@ -1,0 +1,89 @@
+"""The production shard client: our lean keep-alive HTTP/1.1 pool (``http_pool``, asyncio +
+httptools), the cheapest per call of the clients measured (``docs/transport.md``; the aiohttp and
+httpx clients it was measured against live in ``benchmarks/transports.py``).
+
+Vectors go out as little-endian float32 (``retrieval.wire``); the caller's remaining budget
+rides in ``x-shardrag-timeout-ms`` so the shard drops work that expired while it queued; the
+internal token (``x-shardrag-token``) is written into every request.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import orjson
+
+from httpkit.auth import internal_headers
+from retrieval.contract import TIMEOUT_HEADER, HealthInfo, ReplicaInfo, SearchParams, StageReply, UnloadReply
+from retrieval.errors import DeadlineExceeded, ShardUnavailable, error_for_status
+from retrieval.wire import encode_vectors
+from serving.transport.client import ShardClient, ShardReply
+from serving.transport.http_pool import HttpError, HttpPool
+
+
+class JsonControlClient(ShardClient):
+    """The shard's control API (info, health, stage, unload) over any client that can send one
+    JSON request (``_json``); the HTTP clients of benchmarks/transports.py share it."""
+
+    async def _json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
+                    timeout_s: float) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def info(self, replica: str, timeout_s: float) -> ReplicaInfo:
+        return ReplicaInfo.from_dict(await self._json(replica, "GET", "/v1/info", None, timeout_s))
+
+    async def health(self, replica: str, timeout_s: float) -> HealthInfo:
+        return HealthInfo.from_dict(await self._json(replica, "GET", "/healthz", None, timeout_s))
+
+    async def stage(self, replica: str, version: str, timeout_s: float) -> StageReply:
+        return StageReply.from_dict(await self._json(replica, "POST", "/admin/versions", {"version": version},
+                                                     timeout_s))
+
+    async def unload(self, replica: str, version: str, timeout_s: float) -> UnloadReply:
+        return UnloadReply.from_dict(await self._json(replica, "DELETE", f"/admin/versions/{quote(version, safe='')}",
+                                                      None, timeout_s))
+
+
+class HttpShardClient(JsonControlClient):
+    def __init__(self) -> None:
+        self._pool = HttpPool()
+        # the internal token as a raw header line (the pool writes requests by hand)
+        self._auth = "".join(f"{name}: {value}\r\n" for name, value in internal_headers().items())
+
+    async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
+                     timeout_s: float) -> ShardReply:
+        started = time.perf_counter()
+        try:
+            status, body = await self._pool.request("POST", f"{replica}/v1/search?{params.query_string()}",
+                                                    encode_vectors(vectors), timeout_s=timeout_s,
+                                                    headers=f"{TIMEOUT_HEADER}: {timeout_s * 1000:.1f}\r\n{self._auth}")
+        except TimeoutError as exc:
+            raise DeadlineExceeded(f"shard {shard_id} ({replica}) did not answer in {timeout_s:.3f}s",
+                                   shard=shard_id) from exc
+        except HttpError as exc:
+            raise ShardUnavailable(f"shard {shard_id} ({replica}) unreachable: {exc}", shard=shard_id) from exc
+        if status != 200:
+            raise error_for_status(status, body, peer=replica, shard=shard_id)
+        payload = orjson.loads(body)
+        return ShardReply(shard_id, payload["version"], replica, payload["results"],
+                          (time.perf_counter() - started) * 1000.0)
+
+    async def _json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
+                    timeout_s: float) -> dict[str, Any]:
+        try:
+            status, payload = await self._pool.request(method, f"{replica}{path}",
+                                                       orjson.dumps(body) if body is not None else b"",
+                                                       content_type="application/json", timeout_s=timeout_s,
+                                                       headers=self._auth)
+        except (TimeoutError, HttpError) as exc:
+            raise ShardUnavailable(f"{replica}{path} unreachable: {exc!r}") from exc
+        if not 200 <= status < 300:
+            raise error_for_status(status, payload, peer=replica)
+        answer: dict[str, Any] = orjson.loads(payload)
+        return answer
+
+    async def close(self) -> None:
+        self._pool.close()

@@ -1,0 +1,231 @@
+"""Ray backend: shard replicas as Ray actors, reached through :class:`RayShardClient`.
+
+The client sits behind the same seam as the HTTP client (:class:`~serving.transport.client.ShardClient`),
+so the gateway's balancer, hedging, ejection, batching and version checks are the same code; only
+the wire differs (Ray's object transfer instead of HTTP), and the typed calls go straight to the
+actor's version store. Each replica is a named, detached-free
+actor ``shardrag:<collection>:<shard>:<replica>`` that loads its shard directory (checksums
+verified) into a :class:`~index_shards.versions.ShardVersions`, so embedding-version rollouts
+work as over HTTP. Actors restart on failure (``max_restarts``) — Ray is the supervisor — and
+take a GPU when the cluster has them (FAISS moves the index there when it can).
+
+    cluster = RayShardCluster(root, "docs", replicas=2).start()   # ray.init() or an address
+    app = create_app(GatewaySetup(GatewayConfig(), cluster.replica_names, shard_client=cluster.client()))
+
+This module is one of the places ``serving`` imports ``index_shards`` (to launch shards).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index_shards.layout import resolve_version, shard_dir
+from retrieval.contract import HealthInfo, ReplicaInfo, SearchParams, SearchReply, StageReply, UnloadReply
+from retrieval.errors import ConfigError, DeadlineExceeded, ShardragError, ShardUnavailable
+from serving.transport.client import ShardClient, ShardReply
+
+logger = logging.getLogger(__name__)
+
+SCHEME = "ray://"
+
+
+class ShardReplica:
+    """The actor's body: one replica of one shard slot (all versions it holds)."""
+
+    def __init__(self, directory: str, device: str = "auto", max_versions: int = 2, faiss_threads: int = 1) -> None:
+        import faiss
+
+        from index_shards.shard import Shard
+        from index_shards.versions import ShardVersions
+
+        faiss.omp_set_num_threads(max(1, faiss_threads))
+        self.versions = ShardVersions(Shard.load(directory, device=device), max_versions=max_versions, device=device)
+
+    def ready(self) -> dict[str, Any]:
+        return {"shard_id": self.versions.shard_id, "versions": self.versions.ready_ids()}
+
+    def search(self, vectors: np.ndarray, params: SearchParams) -> SearchReply:
+        return self.versions.search(vectors, params)
+
+    def info(self) -> ReplicaInfo:
+        return self.versions.info()
+
+    def health(self) -> HealthInfo:
+        return self.versions.health()
+
+    def stage(self, version: str) -> StageReply:
+        return self.versions.stage_reply(version)
+
+    def unload(self, version: str) -> UnloadReply:
+        return self.versions.unload_reply(version)
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - ray is in the dev and ray extras
+        raise ConfigError("the Ray backend needs `pip install 'shardrag[ray]'`", field="backend") from exc
+    return ray
+
+
+def _unwrap(exc: BaseException, where: str, shard_id: int | None) -> Exception:
+    """Ray's errors → the gateway's: a shard's own error passes through, a dead or restarting
+    actor is an unavailable replica (the balancer ejects it and fails over)."""
+    ray = _ray()
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, ShardragError):
+            return cause
+        return ShardUnavailable(f"{where} failed: {cause or exc}", shard=shard_id)
+    return ShardUnavailable(f"{where} unavailable: {type(exc).__name__}", shard=shard_id)
+
+
+class RayShardClient(ShardClient):
+    """Replica names are ``ray://<actor name>``; actor handles are looked up once and cached."""
+
+    def __init__(self, namespace: str | None = None) -> None:
+        self.namespace = namespace
+        self._handles: dict[str, Any] = {}
+
+    def _handle(self, replica: str, shard_id: int | None = None) -> Any:
+        handle = self._handles.get(replica)
+        if handle is None:
+            if not replica.startswith(SCHEME):
+                raise ShardUnavailable(f"{replica!r} is not a Ray replica ({SCHEME}<actor>)", shard=shard_id)
+            try:
+                handle = _ray().get_actor(replica[len(SCHEME):], namespace=self.namespace)
+            except ValueError as exc:
+                raise ShardUnavailable(f"no Ray actor {replica!r}", shard=shard_id) from exc
+            self._handles[replica] = handle
+        return handle
+
+    async def _call(self, ref: Any, where: str, shard_id: int | None, timeout_s: float) -> Any:
+        ray = _ray()
+        try:
+            return await asyncio.wait_for(ref, timeout=max(timeout_s, 0.001))
+        except TimeoutError as exc:
+            raise DeadlineExceeded(f"{where} did not answer in {timeout_s:.3f}s", shard=shard_id) from exc
+        except (ray.exceptions.RayError, ray.exceptions.RayActorError) as exc:
+            raise _unwrap(exc, where, shard_id) from exc
+
+    async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
+                     timeout_s: float) -> ShardReply:
+        started = time.perf_counter()
+        ref = self._handle(replica, shard_id).search.remote(np.ascontiguousarray(vectors, dtype=np.float32), params)
+        reply: SearchReply = await self._call(ref, f"shard {shard_id} ({replica})", shard_id, timeout_s)
+        return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1000.0)
+
+    async def info(self, replica: str, timeout_s: float) -> ReplicaInfo:
+        info: ReplicaInfo = await self._call(self._handle(replica).info.remote(), f"{replica} info", None, timeout_s)
+        return info
+
+    async def health(self, replica: str, timeout_s: float) -> HealthInfo:
+        health: HealthInfo = await self._call(self._handle(replica).health.remote(), f"{replica} health", None,
+                                              timeout_s)
+        return health
+
+    async def stage(self, replica: str, version: str, timeout_s: float) -> StageReply:
+        reply: StageReply = await self._call(self._handle(replica).stage.remote(version), f"{replica} stage", None,
+                                             timeout_s)
+        return reply
+
+    async def unload(self, replica: str, version: str, timeout_s: float) -> UnloadReply:
+        reply: UnloadReply = await self._call(self._handle(replica).unload.remote(version), f"{replica} unload",
+                                              None, timeout_s)
+        return reply
+
+
+class RayShardCluster:
+    """N shards × R replica actors on a local Ray (``ray.init()``) or an existing cluster."""
+
+    def __init__(self, root: str | Path, collection: str, *, version: str | None = None, replicas: int = 2,
+                 address: str | None = None, namespace: str = "shardrag", cpus_per_replica: float = 0.25,
+                 gpus_per_replica: float | None = None, max_restarts: int = 3, faiss_threads: int = 1,
+                 max_versions: int = 2, ray_init: dict[str, Any] | None = None) -> None:
+        if replicas < 1:
+            raise ConfigError("replicas must be ≥ 1", field="replicas")
+        self.version_dir, self.manifest = resolve_version(root, collection, version)
+        self.collection = collection
+        self.replicas = replicas
+        self.address = address
+        self.namespace = namespace
+        self.cpus_per_replica = cpus_per_replica
+        self.gpus_per_replica = gpus_per_replica
+        self.max_restarts = max_restarts
+        self.faiss_threads = faiss_threads
+        self.max_versions = max_versions
+        self.ray_init = ray_init or {}
+        self.actors: list[list[Any]] = []
+        self._started_ray = False
+
+    def actor_name(self, shard_id: int, replica: int) -> str:
+        return f"shardrag:{self.collection}:{shard_id}:{replica}"
+
+    @property
+    def replica_names(self) -> tuple[tuple[str, ...], ...]:
+        return tuple(tuple(f"{SCHEME}{self.actor_name(s, r)}" for r in range(self.replicas))
+                     for s in range(self.manifest.num_shards))
+
+    def start(self, ready_timeout_s: float = 300.0) -> RayShardCluster:
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(address=self.address, namespace=self.namespace, include_dashboard=False,
+                     log_to_driver=False, **self.ray_init)
+            self._started_ray = True
+        gpus = self.gpus_per_replica
+        if gpus is None:  # a GPU per replica when the cluster has enough of them, else none
+            total = ray.cluster_resources().get("GPU", 0)
+            gpus = 1.0 if total >= self.manifest.num_shards * self.replicas else 0.0
+        actor_class = ray.remote(ShardReplica)
+        pending = []
+        for shard_id in range(self.manifest.num_shards):
+            group = []
+            for replica in range(self.replicas):
+                actor = actor_class.options(
+                    name=self.actor_name(shard_id, replica), namespace=self.namespace, num_cpus=self.cpus_per_replica,
+                    num_gpus=gpus, max_restarts=self.max_restarts, max_task_retries=0, max_concurrency=4,
+                    get_if_exists=False,
+                ).remote(str(shard_dir(self.version_dir, shard_id)), "auto" if gpus else "cpu", self.max_versions,
+                         self.faiss_threads)
+                group.append(actor)
+                pending.append(actor.ready.remote())
+            self.actors.append(group)
+        try:
+            ray.get(pending, timeout=ready_timeout_s)
+        except Exception:
+            self.stop()
+            raise
+        logger.info("%d shard replica actors ready (%s GPU each)", len(pending), gpus)
+        return self
+
+    def client(self) -> RayShardClient:
+        return RayShardClient(self.namespace)
+
+    def kill(self, shard_id: int, replica: int, *, restart: bool = False) -> None:
+        """Kill one replica actor (chaos tests); with ``restart`` Ray brings it back."""
+        _ray().kill(self.actors[shard_id][replica], no_restart=not restart)
+
+    def stop(self) -> None:
+        ray = _ray()
+        for group in self.actors:
+            for actor in group:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        self.actors = []
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+    def __enter__(self) -> RayShardCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
