@@ -88,3 +88,18 @@ def test_cancelled_waiters_are_not_sent():
 def test_limits_validated():
     with pytest.raises(ValueError):
         NaturalBatcher(Recorder(), max_batch=0)
+
+
+def test_none_is_a_key_like_any_other():
+    """A batch never mixes keys, also when the first key is None (it once meant "no key yet")."""
+    async def scenario():
+        recorder = Recorder()
+        batcher = NaturalBatcher(recorder, max_batch=8, max_inflight=1)
+        first = batcher.submit("busy", 0)  # holds the only in-flight slot
+        await asyncio.sleep(0)
+        queued = [batcher.submit(None, 1), batcher.submit("x", 2), batcher.submit(None, 3)]
+        recorder.release.set()
+        await asyncio.gather(first, *queued)
+        assert recorder.batches == [("busy", [0]), (None, [1, 3]), ("x", [2])]
+
+    run(scenario())

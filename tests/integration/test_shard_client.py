@@ -1,0 +1,119 @@
+"""The typed shard contract, end to end: the pooled HTTP client against a real shard server
+process and the in-process client against the same shard directories give the same records,
+the same answers and the same errors (one contract, no string routing)."""
+
+import asyncio
+import dataclasses
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from index_shards.build import BuildConfig, build_collection
+from index_shards.layout import resolve_version, shard_dir
+from index_shards.shard import Shard
+from retrieval.contract import SearchParams
+from retrieval.errors import NotFound, ShardUnavailable, VersionConflict
+from retrieval.types import EmbeddingVersion
+from serving.local.child import Child
+from serving.transport.http import HttpShardClient
+from serving.transport.inprocess import InProcessShardClient
+from tests.conftest import random_corpus
+
+pytestmark = pytest.mark.slow
+DIM = 16
+
+
+@pytest.fixture(scope="module")
+def shard_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("contract")
+    versions = []
+    for seed in (1, 2):
+        documents, vectors, _ = random_corpus(n=200, dim=DIM, seed=seed)
+        version = EmbeddingVersion(f"enc{seed}", f"{seed:02d}" * 32, DIM)
+        build_collection(root, documents, vectors, version, BuildConfig("c", 2), show_progress=False)
+        versions.append((version.id, vectors))
+    directory, _ = resolve_version(root, "c", versions[0][0])
+    return directory, versions
+
+
+@pytest.fixture(scope="module")
+def server(shard_dirs, tmp_path_factory):
+    directory, _ = shard_dirs
+    child = Child("shard-1", lambda port: [sys.executable, "-m", "index_shards", "serve", "--dir",
+                                           str(shard_dir(directory, 1)), "--port", str(port)],
+                  tmp_path_factory.mktemp("log") / "shard-1.log")
+    child.start(dict(os.environ))
+    try:
+        yield child.wait_ready(time.monotonic() + 60)["url"]
+    finally:
+        child.stop()
+
+
+def both(shard_dirs, server):
+    directory, _ = shard_dirs
+    local, names = InProcessShardClient.of([Shard.load(shard_dir(directory, 1), device="cpu")])
+    return (HttpShardClient(), server), (local, names[0][0])
+
+
+def comparable(record):
+    """Drop what differs between two processes by nature (pid, uptime, load time)."""
+    if hasattr(record, "versions"):
+        record = dataclasses.replace(record, versions=tuple(comparable(v) for v in record.versions))
+    for name in ("pid", "started_at", "uptime_s", "load_s"):
+        if hasattr(record, name):
+            record = dataclasses.replace(record, **{name: None})
+    return record
+
+
+def test_same_records_answers_and_errors_over_http_and_in_process(shard_dirs, server):
+    (_, versions) = shard_dirs
+    (v1, vectors1), (v2, _) = versions
+
+    async def scenario():
+        results = []
+        for client, replica in both(shard_dirs, server):
+            info = await client.info(replica, 5.0)
+            health = await client.health(replica, 5.0)
+            reply = await client.search(replica, 1, vectors1[:3], SearchParams(k=4, version=v1), 5.0)
+            errors = []
+            for call in (client.search(replica, 1, vectors1[:1], SearchParams(k=4, version="nope.w00.p00"), 5.0),
+                         client.stage(replica, "nope.w00.p00", 5.0)):
+                with pytest.raises((VersionConflict, NotFound)) as caught:
+                    await call
+                errors.append((type(caught.value), caught.value.field))
+            staged = await client.stage(replica, v2, 5.0)
+            for _ in range(100):  # loading happens in the background
+                if v2 in (await client.health(replica, 5.0)).versions:
+                    break
+                await asyncio.sleep(0.05)
+            unloaded = await client.unload(replica, v2, 5.0)
+            again = await client.unload(replica, v2, 5.0)
+            await client.close()
+            results.append((comparable(info), health, reply, errors, staged.version.id, unloaded.unloaded,
+                            again.unloaded))
+        return results
+
+    over_http, in_process = asyncio.run(scenario())
+    assert over_http[0] == in_process[0] and over_http[0].shard_id == 1 and over_http[0].primary.id == v1
+    assert over_http[1] == in_process[1]
+    http_reply, local_reply = over_http[2], in_process[2]
+    assert http_reply.version == local_reply.version == v1
+    assert [r["doc_ids"] for r in http_reply.results] == [r["doc_ids"] for r in local_reply.results]
+    assert np.allclose([r["scores"] for r in http_reply.results], [r["scores"] for r in local_reply.results])
+    assert over_http[3] == in_process[3] == [(VersionConflict, "version"), (NotFound, "version")]
+    assert over_http[4:] == in_process[4:] == (v2, True, False)
+
+
+def test_an_unreachable_replica_is_unavailable(shard_dirs):
+    async def scenario():
+        client = HttpShardClient()
+        try:
+            with pytest.raises(ShardUnavailable):
+                await client.info("http://127.0.0.1:9", 1.0)
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,48 @@
+"""The answer service alone: it is given a retrieve function, never the gateway."""
+
+import asyncio
+
+import pytest
+
+from retrieval.errors import GeneratorUnavailable, ShardUnavailable
+from serving.answer.service import AnswerRequest, AnswerService
+
+HITS = {"hits": [{"doc_id": "d1", "title": "T", "text": "passage", "score": 0.5}], "version": "v", "partial": False}
+
+
+def test_without_generators_the_answer_is_a_503_naming_the_generator_not_the_encoder():
+    asked = []
+
+    async def retrieve(question, k, timeout_ms):
+        asked.append(question)
+        return HITS
+
+    async def scenario():
+        service = AnswerService([], retrieve)
+        try:
+            with pytest.raises(GeneratorUnavailable) as caught:
+                await service.answer(AnswerRequest(question="why?"))
+        finally:
+            await service.close()
+        return caught.value
+
+    error = asyncio.run(scenario())
+    assert error.status_code == 503 and error.code == "generator_unavailable" and isinstance(error, ShardUnavailable)
+    assert "generator" in error.message and asked == []  # refused before retrieving anything
+
+
+def test_unreachable_generators_are_tried_in_order_then_reported():
+    async def retrieve(question, k, timeout_ms):
+        return HITS
+
+    async def scenario():
+        service = AnswerService(["http://127.0.0.1:9", "http://127.0.0.1:10"], retrieve)
+        try:
+            with pytest.raises(GeneratorUnavailable) as caught:
+                await service.answer(AnswerRequest(question="why?"))
+        finally:
+            await service.close()
+        return caught.value.message
+
+    message = asyncio.run(scenario())
+    assert "127.0.0.1:9" in message and "127.0.0.1:10" in message
