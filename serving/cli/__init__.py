@@ -1,22 +1,12 @@
-"""``shardrag`` — build, serve and query sharded retrieval collections.
+"""The ``shardrag`` command line: the argument parser and its help (``parser``), building
+collections (``build``), the local cluster — demo and serve, processes or Ray (``cluster``), calls
+to a running gateway — query and rollout (``remote``), the single server processes the launcher
+and Helm run (``processes``). ``train`` and ``eval`` belong to the training package and run as
+``python -m training``.
 
-  shardrag demo                       build Python's docs into a collection, start 2 shards × 2
-                                      replicas + gateway on 127.0.0.1, print the URL and a curl
-  shardrag build --corpus PATH ...    corpus (JSONL or BEIR folder) → collection on disk
-  shardrag serve --collection NAME    start the local cluster for a built collection
-  shardrag query "text"               ask a running gateway
-  shardrag rollout stage|activate|retire|abort|rollback|status [VERSION]
-                                      roll a new embedding version out through the gateway
-  shardrag train --collection NAME    fine-tune the retriever on the slices (DDP) → new version
-  shardrag eval --collection NAME --dataset DIR --models default,CKPT
-                                      nDCG@10 / recall / MRR through the sharded index
-  shardrag gateway --cluster FILE     run only the gateway process (used by serve and Helm)
-  shardrag kv-node / generator        run a KV-cache node / an answer generator worker
-
-Environment (flags override): SHARDRAG_ROOT (collections, default ./shardrag-data),
-SHARDRAG_CACHE_DIR (embedding cache, default ~/.cache/shardrag/embeddings), SHARDRAG_URL
-(gateway for `query`, default http://127.0.0.1:8000). Heavy libraries are imported only by the
-subcommand that needs them, so `shardrag --help` and `shardrag query` start fast.
+May import every other room of ``serving``, ``httpkit``, ``retrieval`` and ``index_shards``
+(to build and launch shards); never ``training`` (delegated by exec). Heavy libraries are
+imported inside the subcommand that needs them, so ``shardrag --help`` starts fast.
 """
 
 from __future__ import annotations

@@ -12,6 +12,27 @@ from serving.cli.common import DEFAULT_URL
 from serving.cli.processes import cmd_gateway, cmd_generator, cmd_kv_node
 from serving.cli.remote import cmd_query, cmd_rollout
 
+DESCRIPTION = """``shardrag`` — build, serve and query sharded retrieval collections.
+
+  shardrag demo                       build Python's docs into a collection, start 2 shards × 2
+                                      replicas + gateway on 127.0.0.1, print the URL and a curl
+  shardrag build --corpus PATH ...    corpus (JSONL or BEIR folder) → collection on disk
+  shardrag serve --collection NAME    start the local cluster for a built collection
+  shardrag query "text"               ask a running gateway
+  shardrag rollout stage|activate|retire|abort|rollback|status [VERSION]
+                                      roll a new embedding version out through the gateway
+  shardrag train --collection NAME    fine-tune the retriever on the slices (DDP) → new version
+  shardrag eval --collection NAME --dataset DIR --models default,CKPT
+                                      nDCG@10 / recall / MRR through the sharded index
+  shardrag gateway --cluster FILE     run only the gateway process (used by serve and Helm)
+  shardrag kv-node / generator        run a KV-cache node / an answer generator worker
+
+Environment (flags override): SHARDRAG_ROOT (collections, default ./shardrag-data),
+SHARDRAG_CACHE_DIR (embedding cache, default ~/.cache/shardrag/embeddings), SHARDRAG_URL
+(gateway for `query`, default http://127.0.0.1:8000). Heavy libraries are imported only by the
+subcommand that needs them, so `shardrag --help` and `shardrag query` start fast.
+"""
+
 
 def _add_build_args(parser: argparse.ArgumentParser, *, corpus_required: bool) -> None:
     parser.add_argument("--root", help=f"where collections live [env SHARDRAG_ROOT, default ./{DEFAULT_ROOT}]")
@@ -71,7 +92,7 @@ def _add_process_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shardrag", description=__doc__,
+    parser = argparse.ArgumentParser(prog="shardrag", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
