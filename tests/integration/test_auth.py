@@ -16,6 +16,7 @@ pytestmark = pytest.mark.slow
 
 READ = secrets.token_urlsafe(24)
 ADMIN = secrets.token_urlsafe(24)
+THROTTLED = secrets.token_urlsafe(24)  # only the rate-limit test drains this key's bucket
 TOKEN = secrets.token_urlsafe(32)
 LIMITS = GatewayConfig.from_dict({"encoder": {"load": False}, "limits": {
     "max_k": 20, "max_body_bytes": 20_000, "max_timeout_ms": 2000, "default_timeout_ms": 2000,
@@ -28,7 +29,8 @@ def cluster(tmp_path_factory, msmarco):
     build_collection(root, msmarco.documents, msmarco.vectors, msmarco.version, BuildConfig("auth", 2),
                      show_progress=False)
     with LocalCluster(root, "auth", replicas=1, gateway=LIMITS, workdir=tmp_path_factory.mktemp("work"),
-                      api_keys=[f"read:{READ}", f"admin:{ADMIN}"], internal_token=TOKEN) as running:
+                      api_keys=[f"read:{READ}", f"admin:{ADMIN}", f"read:{THROTTLED}"],
+                      internal_token=TOKEN) as running:
         yield running
 
 
@@ -74,7 +76,7 @@ def test_secrets_never_reach_the_logs(cluster, vector):
     httpx.get(f"{cluster.gateway_url}/admin/rollout", headers=bearer(READ))
     logs = "".join(path.read_text(errors="replace") for path in cluster.workdir.glob("*.log"))
     assert logs
-    for secret in (READ, ADMIN, TOKEN):
+    for secret in (READ, ADMIN, THROTTLED, TOKEN):
         assert secret not in logs
 
 
@@ -94,7 +96,7 @@ def test_every_limit_is_a_4xx_naming_it(cluster, vector):
 
 
 def test_rate_limit_gives_429_with_retry_after(cluster, vector):
-    with httpx.Client(base_url=cluster.gateway_url, headers=bearer(READ), timeout=10) as client:
+    with httpx.Client(base_url=cluster.gateway_url, headers=bearer(THROTTLED), timeout=10) as client:
         statuses = [client.post("/v1/query", json={"vector": vector, "k": 1}) for _ in range(40)]
     limited = [r for r in statuses if r.status_code == 429]
     assert limited and all(r.status_code in (200, 429) for r in statuses)

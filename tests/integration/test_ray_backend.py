@@ -63,8 +63,18 @@ def test_same_answers_as_the_http_backend(root, ray_cluster, msmarco):
     assert len(replicas) == 4 and all(r["url"].startswith("ray://") and r["healthy"] for r in replicas)
 
 
-def test_killing_a_replica_actor_fails_no_query(ray_cluster, msmarco):
+@pytest.fixture()
+def doomed_cluster(root, ray_cluster):
+    """Replica actors of their own (the module's Ray, another namespace): killing one leaves the
+    module's cluster whole for the other tests."""
+    cluster = RayShardCluster(root, "rayc", replicas=2, namespace="kill-test").start()
+    yield cluster
+    cluster.stop()
+
+
+def test_killing_a_replica_actor_fails_no_query(doomed_cluster, msmarco):
     vectors = [v.tolist() for v in msmarco.query_vectors]
+    ray_cluster = doomed_cluster
 
     async def scenario() -> tuple[list, int]:
         gateway = await GatewaySetup(CONFIG, ray_cluster.replica_names, shard_client=ray_cluster.client()).build()
@@ -98,7 +108,7 @@ def test_killing_a_replica_actor_fails_no_query(ray_cluster, msmarco):
     assert not failures, failures[:3]
 
 
-def test_clean_shutdown(root):
+def test_clean_shutdown(root, ray_cluster):
     import ray
 
     # The module's cluster started Ray; a second cluster object reuses it and stops only its actors.

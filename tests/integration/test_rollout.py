@@ -47,8 +47,10 @@ def versions(tmp_path_factory, msmarco, cache_dir):
             "v3": bad_version.id, "v3_model": str(bad_dir)}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def cluster(tmp_path_factory, versions):
+    """A fresh cluster (and rollout state) per test: each starts on V1 with nothing staged, whatever
+    ran before it."""
     work = tmp_path_factory.mktemp("work")
     config = GatewayConfig.from_dict({
         "rollout": {"state_path": str(work / "rollout.json"), "poll_interval_s": 0.3, "drain_s": 1.0},
@@ -170,10 +172,12 @@ def test_full_rollout_under_load_never_mixes_versions(cluster, versions, queries
     assert before and set(before) == {v1}
 
 
-
 def test_a_replica_restarted_after_a_rollout_comes_back_on_the_active_version(cluster, versions):
     v2 = versions["v2"]
-    assert status(cluster)["state"]["active"] == v2  # after the full rollout above
+    assert admin(cluster, "stage", version=v2, model=versions["v2_model"]).status_code == 200
+    wait_ready(cluster, v2)
+    assert admin(cluster, "activate", version=v2, force=True).status_code == 200
+    assert status(cluster)["state"]["active"] == v2
     victim = cluster.shards[0][1]
     old_pid = victim.process.pid
     os.kill(old_pid, signal.SIGKILL)
