@@ -110,6 +110,7 @@ def test_unknown_route_and_method_are_json_4xx(client):
 
 
 def test_cluster_health_and_metrics(client):
+    assert client.post("/v1/query", json={"vector": GOOD, "k": 0}).status_code == 422  # one refusal to count
     cluster = client.get("/v1/cluster").json()
     assert cluster["num_shards"] == 2 and all(s["healthy_replicas"] == 1 for s in cluster["shards"])
     assert client.get("/healthz").json()["status"] == "ok"
