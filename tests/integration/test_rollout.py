@@ -177,7 +177,8 @@ def test_a_replica_restarted_after_a_rollout_comes_back_on_the_active_version(cl
     assert admin(cluster, "stage", version=v2, model=versions["v2_model"]).status_code == 200
     wait_ready(cluster, v2)
     assert admin(cluster, "activate", version=v2, force=True).status_code == 200
-    assert status(cluster)["state"]["active"] == v2
+    assert admin(cluster, "retire", version=versions["v1"], force=True).status_code == 200
+    assert status(cluster)["state"]["active"] == v2 and status(cluster)["state"]["previous"] is None
     victim = cluster.shards[0][1]
     old_pid = victim.process.pid
     os.kill(old_pid, signal.SIGKILL)
