@@ -34,6 +34,7 @@ class StoredDoc:
     doc_id: str
     title: str
     text: str
+    metadata: dict[str, Any] | None = None  # read only when asked for
 
 
 def write_docstore(path: Path, int_ids: Sequence[int], documents: Iterable[Document]) -> None:
@@ -65,18 +66,27 @@ class DocStore:
         except sqlite3.DatabaseError as exc:
             raise IndexIntegrityError(f"{path} is not a readable document store: {exc}") from exc
 
-    def get_many(self, int_ids: Iterable[int], *, with_text: bool = True) -> dict[int, StoredDoc]:
+    def get_many(self, int_ids: Iterable[int], *, with_text: bool = True,
+                 with_metadata: bool = False) -> dict[int, StoredDoc]:
         ids = list({int(i) for i in int_ids})
         columns = "int_id, doc_id, title, text" if with_text else "int_id, doc_id, '', ''"
+        columns += ", metadata" if with_metadata else ", NULL"
         found: dict[int, StoredDoc] = {}
         for start in range(0, len(ids), _LOOKUP_CHUNK):
             chunk = ids[start : start + _LOOKUP_CHUNK]
             marks = ",".join("?" * len(chunk))
-            for int_id, doc_id, title, text in self._connection.execute(
+            for int_id, doc_id, title, text, metadata in self._connection.execute(
                 f"SELECT {columns} FROM docs WHERE int_id IN ({marks})", chunk
             ):
-                found[int_id] = StoredDoc(doc_id, title, text)
+                found[int_id] = StoredDoc(doc_id, title, text, json.loads(metadata) if metadata else None)
         return found
+
+    def iter_metadata(self) -> Iterator[tuple[int, str, dict[str, Any]]]:
+        """(int id, doc id, metadata) of every document (what the payload index is built from)."""
+        for int_id, doc_id, metadata in self._connection.execute(
+            "SELECT int_id, doc_id, metadata FROM docs ORDER BY int_id"
+        ):
+            yield int_id, doc_id, json.loads(metadata)
 
     def iter_all(self) -> Iterator[tuple[int, StoredDoc]]:
         """Every document of the shard, by int id (a training slice reads its shard this way)."""

@@ -1,6 +1,7 @@
 """The shard server: one FastAPI app serving one shard directory.
 
-    POST /v1/search     body: n × dim little-endian float32; query: k, version, nprobe, ef_search, with_text
+    POST /v1/search     body: n × dim little-endian float32; query: k, version, nprobe, ef_search, with_text,
+                        with_metadata, filter (canonical JSON, see retrieval.filters)
                         header x-shardrag-timeout-ms: the caller's remaining budget (expired work is dropped)
     GET  /v1/info       versions held, count, dim, factory, centroid
     GET  /healthz       liveness + the version served
@@ -35,6 +36,7 @@ from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from retrieval.contract import TIMEOUT_HEADER, SearchParams
 from retrieval.errors import DeadlineExceeded, InvalidRequest, MalformedBody
+from retrieval.filters import filter_from_canonical
 from retrieval.wire import decode_vectors
 
 logger = logging.getLogger(__name__)
@@ -52,15 +54,18 @@ class ShardServerConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)  # fault injection (off by default)
     max_versions: int = 2  # embedding versions held at once (V and V+1 during a rollout)
     device: str = "auto"  # where staged versions are searched (as for the first one)
+    filter_exact_max: int = 4096  # filtered searches with at most this many matches are scored exactly
 
 
 _INT_PARAMS = {"k": (1, None), "nprobe": (1, 65536), "ef_search": (1, 65536)}
-_KNOWN_PARAMS = {"k", "version", "nprobe", "ef_search", "with_text"}
+_KNOWN_PARAMS = {"k", "version", "nprobe", "ef_search", "with_text", "with_metadata", "filter"}
+_BOOL_PARAMS = ("with_text", "with_metadata")
 
 
 def parse_search_params(query_string: bytes, max_k: int) -> SearchParams:
     """The search's query parameters, validated; errors name the parameter."""
-    params: dict[str, Any] = {"k": 10, "version": None, "nprobe": None, "ef_search": None, "with_text": True}
+    params: dict[str, Any] = {"k": 10, "version": None, "nprobe": None, "ef_search": None, "with_text": True,
+                              "with_metadata": False, "filter": None}
     for name, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
         if name not in _KNOWN_PARAMS:
             raise InvalidRequest(f"unknown query parameter {name!r}", field=name)
@@ -74,10 +79,13 @@ def parse_search_params(query_string: bytes, max_k: int) -> SearchParams:
             if number < low or (high is not None and number > high):
                 raise InvalidRequest(f"{name} must be between {low} and {high}, got {number}", field=name)
             params[name] = number
-        elif name == "with_text":
+        elif name in _BOOL_PARAMS:
             if value.lower() not in ("true", "false", "1", "0"):
-                raise InvalidRequest(f"with_text must be true or false, got {value!r}", field=name)
+                raise InvalidRequest(f"{name} must be true or false, got {value!r}", field=name)
             params[name] = value.lower() in ("true", "1")
+        elif name == "filter":
+            filter_from_canonical(value)  # refused here, naming the clause, if it does not parse
+            params[name] = value
         else:
             params[name] = value
     return SearchParams(**params)
@@ -87,7 +95,8 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
     """The shard server's ASGI app: a fast path for POST /v1/search around a FastAPI app."""
     config = config or ShardServerConfig()
     versions = shard if isinstance(shard, ShardVersions) else ShardVersions(shard, max_versions=config.max_versions,
-                                                                                  device=config.device)
+                                                                                  device=config.device,
+                                                                                  filter_exact_max=config.filter_exact_max)
     shard_id = versions.shard_id
     metrics = ShardMetrics.create(shard_id)
     metrics.documents.labels(shard=str(shard_id)).set(versions.get(versions.ready_ids()[0]).manifest.count)
@@ -122,7 +131,8 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
             raise DeadlineExceeded(f"request expired after {timeout_ms:.0f} ms before the search ran", field="deadline")
         started = time.perf_counter()
         results = served.search(queries, params.k, nprobe=params.nprobe, ef_search=params.ef_search,
-                                with_text=params.with_text)
+                                with_text=params.with_text, with_metadata=params.with_metadata,
+                                filter_=filter_from_canonical(params.filter) if params.filter else None)
         took_s = time.perf_counter() - started
         if faults.active and faults.config.slowdown > 1.0:
             await wait_unless_gone(receive, faults.extra_service_s(took_s), deadline)
@@ -160,6 +170,9 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
         nprobe: Annotated[int | None, Query(ge=1, le=65536, description="IVF lists to visit")] = None,
         ef_search: Annotated[int | None, Query(ge=1, le=65536, description="HNSW search breadth")] = None,
         with_text: Annotated[bool, Query(description="return titles and texts")] = True,
+        with_metadata: Annotated[bool, Query(description="return each hit's metadata")] = False,
+        filter: Annotated[str | None, Query(description="only documents this filter selects (canonical JSON, "
+                                                        "see retrieval.filters)")] = None,
     ) -> Response:
         # Served by the fast path below; this route documents it and answers when the
         # FastAPI app is mounted without the wrapper.

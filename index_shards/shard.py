@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from index_shards.docstore import DocStore
 from index_shards.faiss_index import SearchableIndex, read_index
+from index_shards.filtered import FilteredSearcher
 from index_shards.layout import DOCSTORE_FILE, INDEX_FILE
 from index_shards.manifest import ShardManifest, verify_shard_dir
+from index_shards.payload import PayloadIndex
 from retrieval.contract import HitColumns
 from retrieval.errors import DimensionMismatch, IndexIntegrityError, InvalidRequest
+from retrieval.filters import Filter
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +28,18 @@ class Shard:
         self.index = index
         self.docstore = docstore
         self._negate = manifest.metric == "l2"  # report -L2² so that higher is always better
+        self._payload: PayloadIndex | None = None  # built on the first filtered search
+        self._payload_lock = threading.Lock()
+        self.filtered = FilteredSearcher(index, manifest.metric)
+
+    @property
+    def payload(self) -> PayloadIndex:
+        """The metadata columns, built on first use (one pass over docs.sqlite)."""
+        if self._payload is None:
+            with self._payload_lock:
+                if self._payload is None:
+                    self._payload = PayloadIndex(self.docstore.iter_metadata())
+        return self._payload
 
     @classmethod
     def load(cls, directory: str | Path, *, device: str = "auto") -> Shard:
@@ -57,8 +73,11 @@ class Shard:
         nprobe: int | None = None,
         ef_search: int | None = None,
         with_text: bool = True,
+        with_metadata: bool = False,
+        filter_: Filter | None = None,
     ) -> list[HitColumns]:
-        """Per query row, its hits best first as parallel columns (compact on the wire)."""
+        """Per query row, its hits best first as parallel columns (compact on the wire). With a
+        filter, only documents it selects (see ``filtered``); ``with_metadata`` adds their metadata."""
         if queries.ndim != 2 or queries.shape[1] != self.manifest.dim:
             raise DimensionMismatch(
                 f"query vectors have {queries.shape[-1]} dims, this shard has {self.manifest.dim}", field="vector"
@@ -66,17 +85,22 @@ class Shard:
         if k < 1:
             raise InvalidRequest(f"k must be ≥ 1, got {k}", field="k")
         if self.manifest.count == 0:
-            return [_empty() for _ in range(len(queries))]
-        scores, ids = self.index.search(queries, min(k, self.manifest.count), nprobe=nprobe, ef_search=ef_search)
+            return [_empty(with_metadata) for _ in range(len(queries))]
+        if filter_ is not None and not filter_.empty:
+            scores, ids, _ = self.filtered.search(queries, min(k, self.manifest.count), self.payload.select(filter_),
+                                                  nprobe=nprobe, ef_search=ef_search)
+        else:
+            scores, ids = self.index.search(queries, min(k, self.manifest.count), nprobe=nprobe,
+                                            ef_search=ef_search)
         if not np.isfinite(scores[ids >= 0]).all():
             # float32 overflow (huge query components): such scores cannot be ranked or sent as JSON
             raise InvalidRequest("the query vector's scores overflow float32; scale the vector down", field="vector")
         if self._negate:
             scores = -scores
-        docs = self.docstore.get_many(ids[ids >= 0].tolist(), with_text=with_text)
+        docs = self.docstore.get_many(ids[ids >= 0].tolist(), with_text=with_text, with_metadata=with_metadata)
         results: list[HitColumns] = []
         for row_scores, row_ids in zip(scores.tolist(), ids.tolist(), strict=True):
-            hits = _empty()
+            hits = _empty(with_metadata)
             for score, int_id in zip(row_scores, row_ids, strict=True):
                 if int_id < 0:  # fewer than k results (approximate indexes)
                     continue
@@ -87,9 +111,14 @@ class Shard:
                 hits["scores"].append(score)
                 hits["titles"].append(doc.title)
                 hits["texts"].append(doc.text)
+                if with_metadata:
+                    hits["metadata"].append(doc.metadata or {})
             results.append(hits)
         return results
 
 
-def _empty() -> HitColumns:
-    return {"doc_ids": [], "scores": [], "titles": [], "texts": []}
+def _empty(with_metadata: bool = False) -> HitColumns:
+    columns: HitColumns = {"doc_ids": [], "scores": [], "titles": [], "texts": []}
+    if with_metadata:
+        columns["metadata"] = []
+    return columns

@@ -41,6 +41,7 @@ from retrieval.errors import (
     ShardragError,
     VersionConflict,
 )
+from retrieval.filters import filter_from_canonical
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +81,11 @@ def available_memory_bytes() -> int | None:
 
 class ShardVersions:
     def __init__(self, first: Shard, *, max_versions: int = 2, device: str = "auto",
-                 memory_headroom: float = 0.2) -> None:
+                 memory_headroom: float = 0.2, filter_exact_max: int | None = None) -> None:
         manifest = first.manifest
+        self.filter_exact_max = filter_exact_max  # None: each shard's default (index_shards.filtered)
+        if filter_exact_max is not None:
+            first.filtered.exact_scan_max = filter_exact_max
         self.collection = manifest.collection
         self.shard_id = manifest.shard_id
         self.num_shards = manifest.num_shards
@@ -128,7 +132,9 @@ class ShardVersions:
         started = time.perf_counter()
         shard = self.get(params.version)
         results = shard.search(np.asarray(vectors, dtype=np.float32), params.k, nprobe=params.nprobe,
-                               ef_search=params.ef_search, with_text=params.with_text)
+                               ef_search=params.ef_search, with_text=params.with_text,
+                               with_metadata=params.with_metadata,
+                               filter_=filter_from_canonical(params.filter) if params.filter else None)
         return SearchReply(self.shard_id, shard.version_id, (time.perf_counter() - started) * 1000.0, results)
 
     def stage_reply(self, version_id: str) -> StageReply:
@@ -177,6 +183,8 @@ class ShardVersions:
     def _load(self, slot: VersionSlot) -> None:
         try:
             shard = Shard.load(slot.directory, device=self.device)
+            if self.filter_exact_max is not None:
+                shard.filtered.exact_scan_max = self.filter_exact_max
             m = shard.manifest
             if m.embedding_version.id != slot.version_id:
                 raise IndexIntegrityError(f"{slot.directory} holds version {m.embedding_version.id}, "

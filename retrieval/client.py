@@ -63,10 +63,16 @@ class ShardragClient:
         timeout_ms: int | None = None,
         with_text: bool = True,
         version: str | None = None,
+        filter: dict[str, Any] | None = None,
+        with_metadata: bool = False,
     ) -> dict[str, Any]:
+        """``filter``: only documents whose metadata match (``docs/filters.md``); ``with_metadata``:
+        each hit carries its metadata."""
         body: dict[str, Any] = {"with_text": with_text}
+        if with_metadata:
+            body["with_metadata"] = True
         for name, value in (("text", text), ("k", k), ("top_m", top_m), ("nprobe", nprobe), ("ef_search", ef_search),
-                            ("timeout_ms", timeout_ms), ("version", version)):
+                            ("timeout_ms", timeout_ms), ("version", version), ("filter", filter)):
             if value is not None:
                 body[name] = value
         if vector is not None:

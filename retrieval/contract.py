@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 from urllib.parse import urlencode
 
 from retrieval.types import EmbeddingVersion
@@ -33,6 +33,7 @@ class HitColumns(TypedDict):
     scores: list[float]
     titles: list[str]
     texts: list[str]
+    metadata: NotRequired[list[dict[str, Any]]]  # only when the search asked with_metadata
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,6 +45,8 @@ class SearchParams:
     nprobe: int | None = None  # IVF lists to visit
     ef_search: int | None = None  # HNSW search breadth
     with_text: bool = True  # return titles and texts
+    with_metadata: bool = False  # return each hit's metadata
+    filter: str | None = None  # a filter's canonical JSON (retrieval.filters): only documents it selects
 
     def query_string(self) -> str:
         params: dict[str, Any] = {"k": self.k}
@@ -55,6 +58,10 @@ class SearchParams:
             params["ef_search"] = self.ef_search
         if not self.with_text:
             params["with_text"] = "false"
+        if self.with_metadata:
+            params["with_metadata"] = "true"
+        if self.filter is not None:
+            params["filter"] = self.filter
         return urlencode(params)
 
 

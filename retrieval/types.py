@@ -36,6 +36,7 @@ class Hit:
     title: str = ""
     text: str = ""
     version: str = ""  # the embedding version the score was computed in
+    metadata: Mapping[str, Any] | None = None  # when the query asked for it
 
 
 @dataclass(slots=True, frozen=True)

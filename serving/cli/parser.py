@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
     query.add_argument("--json", action="store_true", help="print the raw JSON response")
     query.add_argument("--api-key", default=None, help="API key [env SHARDRAG_API_KEY]")
+    query.add_argument("--filter", default=None,
+                       help="only documents whose metadata match, as JSON (or @FILE), e.g. "
+                            "'{\"must\": [{\"key\": \"lang\", \"match\": {\"value\": \"en\"}}]}' (docs/filters.md)")
+    query.add_argument("--with-metadata", action="store_true", help="print each hit's metadata")
     query.set_defaults(func=cmd_query)
 
     # Training lives in the training package (serving must not import it): `shardrag train|eval ...`

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+from retrieval.errors import ConfigError
 from serving.cli.common import auth_headers, gateway_url
 
 
@@ -14,8 +16,10 @@ def cmd_query(args: argparse.Namespace) -> int:
     from retrieval.client import ShardragClient
 
     url = gateway_url(args)
+    filter_ = _json_argument(args.filter, "--filter") if args.filter else None
     with ShardragClient(url, timeout_s=args.timeout, api_key=args.api_key) as client:
-        response = client.query(text=args.text, k=args.k, top_m=args.top_m)
+        response = client.query(text=args.text, k=args.k, top_m=args.top_m, filter=filter_,
+                                with_metadata=args.with_metadata)
     if args.json:
         print(json.dumps(response, indent=1))
         return 0
@@ -25,7 +29,22 @@ def cmd_query(args: argparse.Namespace) -> int:
     for rank, hit in enumerate(response["hits"], start=1):
         snippet = " ".join(hit["text"].split())[:110]
         print(f"{rank:2d}. {hit['score']:.4f}  [{hit['doc_id']}] {hit['title']}\n      {snippet}")
+        if "metadata" in hit:
+            print(f"      {json.dumps(hit['metadata'], sort_keys=True)}")
     return 0
+
+
+def _json_argument(text: str, flag: str) -> Any:
+    """A JSON flag value, or the content of the file it names with @PATH."""
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{flag}: cannot read {text[1:]}: {exc.strerror}", field=flag.lstrip("-")) from exc
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{flag} is not valid JSON: {exc}", field=flag.lstrip("-")) from exc
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:

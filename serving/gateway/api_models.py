@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +33,11 @@ class QueryRequest(BaseModel):
                                 description="embedding version to pin; 409 unless it is served")
     allow_partial: bool | None = Field(None, description="answer with the shards that made the deadline "
                                        "(default from config); false: 504 naming the missing shards")
+    filter: dict[str, Any] | None = Field(
+        None, description="only documents whose metadata match: {\"must\"|\"should\"|\"must_not\": [conditions]} "
+        "with conditions {\"key\", \"match\": {\"value\"|\"any\"}}, {\"key\", \"range\": {gt, gte, lt, lte}}, "
+        "{\"has_id\": [...]} or a nested filter (docs/filters.md)")
+    with_metadata: bool = Field(False, description="return each hit's metadata")
 
 
 class HitModel(BaseModel):
@@ -42,6 +47,7 @@ class HitModel(BaseModel):
     version: str = Field(description="embedding version the score was computed in (always the response's)")
     title: str = ""
     text: str = ""
+    metadata: dict[str, Any] | None = Field(None, description="the document's metadata (with_metadata)")
 
 
 class ShardCallModel(BaseModel):

@@ -25,6 +25,8 @@ from retrieval.errors import (
     VersionConflict,
     validation_error_body,
 )
+from retrieval.filters import parse_filter
+from retrieval.types import Hit
 from retrieval.wire import check_finite
 from serving.gateway.api_models import QueryRequest
 from serving.gateway.config import Limits
@@ -105,6 +107,12 @@ class QueryService:
                                  "(larger ones overflow float32 scores)", field="vector")
         return vector
 
+    @staticmethod
+    def _hit(hit: Hit) -> dict[str, Any]:
+        """A hit with its metadata (the query asked ``with_metadata``)."""
+        return {"doc_id": hit.doc_id, "score": hit.score, "shard": hit.shard_id, "version": hit.version,
+                "title": hit.title, "text": hit.text, "metadata": dict(hit.metadata or {})}
+
     async def query(self, request: QueryRequest) -> dict[str, Any]:
         limits = self.limits
         started = time.perf_counter()
@@ -133,8 +141,10 @@ class QueryService:
             encode_ms = (time.perf_counter() - encode_started) * 1000.0
             self.metrics.encode_latency.observe(encode_ms / 1000.0)
             self.recent_queries.append(text)
+        filter_ = parse_filter(request.filter) if request.filter is not None else None
         params = SearchParams(k=k, version=snapshot.version, nprobe=request.nprobe, ef_search=request.ef_search,
-                              with_text=request.with_text)
+                              with_text=request.with_text, with_metadata=request.with_metadata,
+                              filter=filter_.canonical() if filter_ is not None and not filter_.empty else None)
         remaining_ms = timeout_ms - (time.perf_counter() - started) * 1000.0  # encoding spent part of it
         result = await self.fanout.search(vector, params, snapshot.route, top_m=request.top_m,
                                           timeout_s=max(remaining_ms, 1.0) / 1000.0)
@@ -149,7 +159,7 @@ class QueryService:
         took_ms = (time.perf_counter() - started) * 1000.0
         self.metrics.query_latency.observe(took_ms / 1000.0)
         return {
-            "hits": [
+            "hits": [self._hit(h) for h in result.hits] if request.with_metadata else [
                 {"doc_id": h.doc_id, "score": h.score, "shard": h.shard_id, "version": h.version, "title": h.title,
                  "text": h.text}
                 for h in result.hits

@@ -54,6 +54,7 @@ class LocalCluster:
         generators: int = 0,
         generator_model: str = "smollm2",
         generator_args: tuple[str, ...] = (),
+        shard_args: tuple[str, ...] = (),
         api_keys: list[str] | None = None,
         internal_token: str | None = None,
         tls: tuple[str, str, str] | None = None,
@@ -101,6 +102,7 @@ class LocalCluster:
         self.generator_count = generators
         self.generator_model = generator_model
         self.generator_args = tuple(generator_args)
+        self.shard_args = tuple(shard_args)  # extra flags of every `python -m index_shards serve`
         self.shards: list[list[Child]] = []
         self.kv_nodes: list[Child] = []
         self.generators: list[Child] = []
@@ -152,7 +154,7 @@ class LocalCluster:
                     # once instead of waiting for the gateways to reconcile it after a rollout.
                     directory = shard_dir(self._active_version_dir(), shard_id)
                     return [self.python, "-m", "index_shards", "serve", "--dir", str(directory), "--host", self.host,
-                            "--port", str(port), "--faiss-threads", str(self.faiss_threads)]
+                            "--port", str(port), "--faiss-threads", str(self.faiss_threads), *self.shard_args]
 
                 child = Child(name, argv, self.workdir / f"{name}.log")
                 child.start(self.env)

@@ -180,6 +180,8 @@ def _merge(answers: list[_Answer], k: int) -> list[Hit]:
     hits = []
     for a, i in winners:
         columns, call = answers[a]
+        metadata = columns.get("metadata")
         hits.append(Hit(DocId(columns["doc_ids"][i]), columns["scores"][i], ShardId(call.shard_id),
-                        columns["titles"][i], columns["texts"][i], call.version))
+                        columns["titles"][i], columns["texts"][i], call.version,
+                        metadata[i] if metadata is not None else None))
     return hits

@@ -54,6 +54,14 @@ def post_raw(client, body: bytes | str):
     ({"vector": ["a"] * DIM}, 422, "vector.0"),
     ({"vector": "not a list"}, 422, "vector"),
     ({"vector": GOOD, "allow_partial": "yes"}, 422, "allow_partial"),
+    ({"vector": GOOD, "filter": "lang=en"}, 422, "filter"),
+    ({"vector": GOOD, "filter": {"must": [{"key": "lang", "eq": "en"}]}}, 422, "filter.must[0].eq"),
+    ({"vector": GOOD, "filter": {"must": [{"key": "year", "range": {"gte": "2020"}}]}}, 422,
+     "filter.must[0].range.gte"),
+    ({"vector": GOOD, "filter": {"should": [{}, {"must": [{"has_id": []}]}]}}, 422, "filter.should[1].must[0].has_id"),
+    ({"vector": GOOD, "filter": {"must": [{"must": [{"must": [{"must": [{"must": [{}]}]}]}]}]}}, 422,
+     "filter.must[0].must[0].must[0].must[0].must[0]"),
+    ({"vector": GOOD, "with_metadata": "yes"}, 422, "with_metadata"),
 ])
 def test_bad_fields(client, payload, status, field):
     response = client.post("/v1/query", json=payload)
@@ -117,6 +125,21 @@ def test_cluster_health_and_metrics(client):
     metrics = client.get("/metrics").text
     assert "shardrag_gateway_query_latency_seconds" in metrics
     assert 'shardrag_gateway_requests_total{endpoint="query",status="422"}' in metrics
+
+
+def test_filters_and_metadata(client):
+    documents, vectors, _ = random_corpus(dim=DIM)
+    by_id = {d.doc_id: d for d in documents}
+    wanted = {"must": [{"key": "i", "range": {"gte": 100, "lt": 200}}]}
+    response = client.post("/v1/query", json={"vector": vectors[150].tolist(), "k": 5, "filter": wanted,
+                                              "with_metadata": True})
+    hits = response.json()["hits"]
+    assert response.status_code == 200 and len(hits) == 5 and hits[0]["doc_id"] == "doc-150"
+    assert all(100 <= h["metadata"]["i"] < 200 and h["metadata"] == by_id[h["doc_id"]].metadata for h in hits)
+    outside = client.post("/v1/query", json={"vector": vectors[5].tolist(), "k": 5, "filter": wanted}).json()["hits"]
+    assert "doc-5" not in [h["doc_id"] for h in outside] and "metadata" not in outside[0]
+    none = client.post("/v1/query", json={"vector": GOOD, "filter": {"must": [{"has_id": ["nope"]}]}})
+    assert none.status_code == 200 and none.json()["hits"] == []
 
 
 def test_vector_results_are_sane(client):
