@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 EXACT_SCAN_MAX = 4096  # matching documents up to which an exact scan is cheaper than a filtered walk
 MAX_EF = 4096  # widest HNSW breadth a filtered search may use
+# A filtered walk starts at efSearch ≥ 6·k (before the 1/selectivity factor): a restricted graph walk
+# has fewer useful neighbours per hop, and the filtered answer should not be worse than unfiltered.
+FILTERED_EF_PER_HIT = 6
 NO_RESULT = -1
 
 
@@ -91,7 +94,7 @@ class FilteredSearcher:
         if self._hnsw:
             params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]
             inner: Any = faiss.downcast_index(self.searchable.index.index)  # type: ignore[attr-defined]
-            base = ef_search or max(int(inner.hnsw.efSearch), k)
+            base = ef_search or max(int(inner.hnsw.efSearch), FILTERED_EF_PER_HIT * k)
             params.efSearch = int(min(MAX_EF, math.ceil(base * breadth)))
         elif self._ivf is not None:
             params = faiss.SearchParametersIVF()
