@@ -31,7 +31,7 @@ from httpkit.asgi import Receive, Scope, Send
 from retrieval import env as environment
 from retrieval.errors import ConfigError, Forbidden, RateLimited, ShardragError, Unauthorized
 
-SCOPES = ("read", "admin")
+SCOPES = ("read", "write", "admin")  # write: documents in and out (and read); admin: everything
 TOKEN_HEADER = b"x-shardrag-token"
 TOKEN_HEADER_STR = TOKEN_HEADER.decode()
 _OPEN = None  # policy result: no credentials needed
@@ -57,7 +57,8 @@ class KeyRing:
         for number, entry in enumerate(entries, start=1):
             scope, sep, secret = entry.strip().partition(":")
             if not sep or scope not in SCOPES:
-                raise ConfigError(f"API key entry {number} must be 'read:<key>' or 'admin:<key>'", field="api_keys")
+                raise ConfigError(f"API key entry {number} must be 'read:<key>', 'write:<key>' or 'admin:<key>'",
+                                  field="api_keys")
             if len(secret) < 16:
                 raise ConfigError(f"API key entry {number} is shorter than 16 characters", field="api_keys")
             keys.append(ApiKey(scope, _digest(secret)))
@@ -134,6 +135,8 @@ def gateway_policy(method: str, path: str) -> str | None:
         return _OPEN
     if path.startswith("/admin"):
         return "admin"
+    if method == "POST" and path.startswith("/v1/documents"):
+        return "write"
     return "read"
 
 
@@ -185,6 +188,9 @@ class AuthGuard:
         if needed == "admin" and key.scope != "admin":
             raise Forbidden(f"{scope.get('method')} {scope.get('path')} needs an admin key; this key is {key.scope}",
                             field="authorization")
+        if needed == "write" and key.scope not in ("write", "admin"):
+            raise Forbidden(f"{scope.get('method')} {scope.get('path')} needs a write key (or admin); this key is "
+                            f"{key.scope}", field="authorization")
         return f"key:{key.key_id}"
 
     def _routed(self, scope: Scope) -> bool:

@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch", type=int, default=1024, help="most vectors per search request (default 1024)")
     serve.add_argument("--max-versions", type=int, default=2,
                        help="embedding versions held at once during a rollout (default 2)")
+    serve.add_argument("--data-dir", default=None,
+                       help="this replica's own folder for its write-ahead logs (one per version); without it "
+                            "the replica is read-only")
     serve.add_argument("--filter-exact-max", type=int, default=4096,
                        help="filtered searches matching at most this many documents are scored exactly; more "
                             "take the index's own filtered search (default 4096)")
@@ -99,7 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError("--filter-exact-max must be ≥ 0", field="filter_exact_max")
     config = ShardServerConfig(max_k=args.max_k, max_batch=args.max_batch, faiss_threads=args.faiss_threads,
                                faults=faults, max_versions=args.max_versions, device=args.device,
-                               filter_exact_max=args.filter_exact_max)
+                               filter_exact_max=args.filter_exact_max, data_dir=args.data_dir)
     serve_app(
         create_app(shard, config), host=args.host, port=args.port, port_file=args.port_file,
         name=f"shard-{shard.manifest.shard_id}", log_level=args.log_level,

@@ -87,9 +87,23 @@ class FilteredSearcher:
                 distances[still], ids[still] = self.exact(queries[still], k, allowed)
         return distances, ids, plan
 
-    def _in_index(self, queries: np.ndarray, k: int, allowed: np.ndarray, nprobe: int | None,
+    def search_excluding(self, queries: np.ndarray, k: int, excluded: np.ndarray, every: np.ndarray, *,
+                         nprobe: int | None = None, ef_search: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Every document but ``excluded`` (tombstones): the index's search with an ``IDSelectorNot``;
+        rows left short are scored exactly over ``every`` minus ``excluded``."""
+        remaining = max(int(every.size) - int(excluded.size), 0)
+        selector = faiss.IDSelectorNot(faiss.IDSelectorBatch(excluded))
+        breadth = max(1.0, every.size / max(remaining, 1))
+        distances, ids = self._in_index(queries, k, selector, nprobe, ef_search, breadth)
+        short = np.flatnonzero((ids >= 0).sum(axis=1) < min(k, remaining))
+        if short.size:
+            allowed = np.setdiff1d(every, excluded, assume_unique=True)
+            distances[short], ids[short] = self.exact(queries[short], k, allowed)
+        return distances, ids
+
+    def _in_index(self, queries: np.ndarray, k: int, allowed: np.ndarray | Any, nprobe: int | None,
                   ef_search: int | None, breadth: float) -> tuple[np.ndarray, np.ndarray]:
-        selector = faiss.IDSelectorBatch(allowed)
+        selector = faiss.IDSelectorBatch(allowed) if isinstance(allowed, np.ndarray) else allowed
         params: Any  # faiss's stubs know neither SearchParametersHNSW nor its fields
         if self._hnsw:
             params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]
@@ -109,7 +123,7 @@ class FilteredSearcher:
     def exact(self, queries: np.ndarray, k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Score every allowed vector: the exact filtered top k, best first (FAISS's convention:
         inner products descending, L2 distances ascending)."""
-        vectors = self._vectors(allowed)
+        vectors = self.vectors(allowed)
         if self.metric == "l2":
             scores = -(np.sum(queries ** 2, axis=1)[:, None] - 2.0 * queries @ vectors.T
                        + np.sum(vectors ** 2, axis=1)[None, :])
@@ -129,7 +143,8 @@ class FilteredSearcher:
         out_scores[:, :kk] = -best if self.metric == "l2" else best
         return out_scores, out_ids
 
-    def _vectors(self, ids: np.ndarray) -> np.ndarray:
+    def vectors(self, ids: np.ndarray) -> np.ndarray:
+        """The stored vectors of these int ids (for PQ/SQ indexes: decoded from their codes)."""
         index = self.searchable.index
         if self._ivf is not None and not self._direct_map_ready:
             with self._lock:  # a hash table id → list entry, built once, on the first filtered query

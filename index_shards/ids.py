@@ -3,19 +3,14 @@ build, every shard and every machine, so deletes and upserts can address it late
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 
 import numpy as np
 
 from retrieval.errors import BuildError
+from retrieval.routing import doc_int_id
 
-_MASK_63 = (1 << 63) - 1  # keep ids positive: FAISS uses -1 for "no result"
-
-
-def doc_int_id(doc_id: str) -> int:
-    digest = hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8, person=b"shardrag.id").digest()
-    return int.from_bytes(digest, "little") & _MASK_63
+__all__ = ["doc_int_id", "doc_int_ids"]
 
 
 def doc_int_ids(doc_ids: Iterable[str]) -> np.ndarray:

@@ -44,6 +44,7 @@ class PayloadIndex:
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and is_scalar(value):
                     numeric[key].append((float(value), position))
         self.int_ids = np.asarray(int_ids, dtype=np.int64)
+        self._ids: set[int] | None = None  # made on the first membership question
         self._equality = {key: {value: np.asarray(positions, dtype=np.int64) for value, positions in by_value.items()}
                           for key, by_value in equality.items()}
         self._numeric = {}
@@ -55,6 +56,12 @@ class PayloadIndex:
     @property
     def size(self) -> int:
         return int(self.int_ids.size)
+
+    def contains(self, int_id: int) -> bool:
+        """Whether the shard holds this document."""
+        if self._ids is None:
+            self._ids = set(self.int_ids.tolist())
+        return int_id in self._ids
 
     def mask(self, filter_: Filter) -> np.ndarray:
         """Which documents (by position) ``filter_`` selects."""

@@ -15,6 +15,7 @@ on a small machine several shard processes share the cores, so a thread hop buys
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -32,10 +33,12 @@ from httpkit.metrics import add_metrics_route, status_counter
 from httpkit.responses import json_response
 from index_shards.faults import FaultConfig, FaultInjector, wait_unless_gone
 from index_shards.metrics import ShardMetrics
+from index_shards.segment import LiveShard
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
+from index_shards.wal import decode_records, encode_records
 from retrieval.contract import TIMEOUT_HEADER, SearchParams
-from retrieval.errors import DeadlineExceeded, InvalidRequest, MalformedBody
+from retrieval.errors import DeadlineExceeded, InvalidRequest, MalformedBody, NotFound, ReplicaBehind
 from retrieval.filters import filter_from_canonical
 from retrieval.wire import decode_vectors
 
@@ -55,17 +58,33 @@ class ShardServerConfig:
     max_versions: int = 2  # embedding versions held at once (V and V+1 during a rollout)
     device: str = "auto"  # where staged versions are searched (as for the first one)
     filter_exact_max: int = 4096  # filtered searches with at most this many matches are scored exactly
+    data_dir: str | None = None  # where this replica keeps its WALs; None: read-only
+    max_write_bytes: int = 64 * 1024 * 1024  # largest replicated write batch
 
 
-_INT_PARAMS = {"k": (1, None), "nprobe": (1, 65536), "ef_search": (1, 65536)}
-_KNOWN_PARAMS = {"k", "version", "nprobe", "ef_search", "with_text", "with_metadata", "filter"}
+_INT_PARAMS = {"k": (1, None), "nprobe": (1, 65536), "ef_search": (1, 65536), "min_seq": (0, None)}
+_KNOWN_PARAMS = {"k", "version", "nprobe", "ef_search", "with_text", "with_metadata", "filter", "min_seq"}
+CATCH_UP_WAIT_S = 0.5  # how long a session read waits for this replica to apply the write it needs
 _BOOL_PARAMS = ("with_text", "with_metadata")
+
+
+async def _wait_for_seq(served: LiveShard, min_seq: int, deadline: float | None) -> None:
+    """A session read: wait (briefly, within the deadline) for the write it needs, else 409 — the
+    caller tries a replica that has it."""
+    give_up = time.monotonic() + CATCH_UP_WAIT_S
+    if deadline is not None:
+        give_up = min(give_up, deadline)
+    while served.applied_seq < min_seq:
+        if time.monotonic() >= give_up:
+            raise ReplicaBehind(f"this replica applied up to seq {served.applied_seq}; the read needs {min_seq}",
+                                field="min_seq")
+        await asyncio.sleep(0.005)
 
 
 def parse_search_params(query_string: bytes, max_k: int) -> SearchParams:
     """The search's query parameters, validated; errors name the parameter."""
     params: dict[str, Any] = {"k": 10, "version": None, "nprobe": None, "ef_search": None, "with_text": True,
-                              "with_metadata": False, "filter": None}
+                              "with_metadata": False, "filter": None, "min_seq": None}
     for name, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
         if name not in _KNOWN_PARAMS:
             raise InvalidRequest(f"unknown query parameter {name!r}", field=name)
@@ -96,7 +115,8 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
     config = config or ShardServerConfig()
     versions = shard if isinstance(shard, ShardVersions) else ShardVersions(shard, max_versions=config.max_versions,
                                                                                   device=config.device,
-                                                                                  filter_exact_max=config.filter_exact_max)
+                                                                                  filter_exact_max=config.filter_exact_max,
+                                                                                  data_dir=config.data_dir)
     shard_id = versions.shard_id
     metrics = ShardMetrics.create(shard_id)
     metrics.documents.labels(shard=str(shard_id)).set(versions.get(versions.ready_ids()[0]).manifest.count)
@@ -120,6 +140,8 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
         served = versions.get(params.version)  # 409 naming the versions held when it is not one of them
         queries = decode_vectors(body, served.manifest.dim, field="body", max_rows=config.max_batch)
         deadline = arrived + timeout_ms / 1000.0 if timeout_ms is not None else None
+        if params.min_seq is not None and served.applied_seq < params.min_seq:
+            await _wait_for_seq(served, params.min_seq, deadline)
         if faults.active:
             async def wait(seconds: float, honour_deadline: bool = True) -> None:
                 await wait_unless_gone(receive, seconds, deadline if honour_deadline else None)
@@ -209,6 +231,32 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
         return json_response(versions.unload_reply(version_id).to_dict())
 
     add_metrics_route(app, metrics.registry)
+
+    @app.post("/v1/writes", summary="Append writes (WAL framing) to a version: fsynced, then applied")
+    async def post_writes(request: Request,
+                          version: Annotated[str, Query(description="embedding version")]) -> Response:
+        body = await read_request_body(request, config.max_write_bytes)
+        try:
+            records = decode_records(body)
+        except ValueError as exc:
+            raise MalformedBody(f"write records do not parse: {exc}", field="body") from exc
+        applied = await asyncio.get_running_loop().run_in_executor(None, versions.write, version, records)
+        return json_response({"shard_id": shard_id, "version": version, "applied_seq": applied})
+
+    @app.get("/v1/writes", summary="The writes after a seq (WAL framing): a lagging peer catches up from these")
+    async def get_writes(version: Annotated[str, Query()], after: Annotated[int, Query(ge=0)] = 0) -> Response:
+        records = versions.writes_after(version, after)
+        return Response(encode_records(records), media_type="application/octet-stream")
+
+    @app.get("/v1/documents/{doc_id:path}", summary="One document as this replica holds it (404 if absent or deleted)")
+    async def get_document(doc_id: str, version: Annotated[str | None, Query()] = None) -> Response:
+        live = versions.get(version)
+        stored = live.get(doc_id)
+        if stored is None:
+            raise NotFound(f"no document {doc_id!r} in shard {shard_id}", field="id", shard=shard_id)
+        return json_response({"id": stored.doc_id, "title": stored.title, "text": stored.text,
+                              "metadata": stored.metadata, "seq": stored.seq, "shard": shard_id,
+                              "version": live.version_id, "applied_seq": live.applied_seq})
 
     @app.get("/admin/faults", summary="Current fault injection settings and counts")
     async def get_faults() -> Response:

@@ -75,9 +75,11 @@ class Shard:
         with_text: bool = True,
         with_metadata: bool = False,
         filter_: Filter | None = None,
+        exclude: np.ndarray | None = None,
     ) -> list[HitColumns]:
         """Per query row, its hits best first as parallel columns (compact on the wire). With a
-        filter, only documents it selects (see ``filtered``); ``with_metadata`` adds their metadata."""
+        filter, only documents it selects (see ``filtered``); ``exclude``: int ids never returned
+        (the tombstones of a shard taking writes); ``with_metadata`` adds their metadata."""
         if queries.ndim != 2 or queries.shape[1] != self.manifest.dim:
             raise DimensionMismatch(
                 f"query vectors have {queries.shape[-1]} dims, this shard has {self.manifest.dim}", field="vector"
@@ -86,9 +88,17 @@ class Shard:
             raise InvalidRequest(f"k must be ≥ 1, got {k}", field="k")
         if self.manifest.count == 0:
             return [_empty(with_metadata) for _ in range(len(queries))]
+        excluding = exclude is not None and exclude.size > 0
         if filter_ is not None and not filter_.empty:
-            scores, ids, _ = self.filtered.search(queries, min(k, self.manifest.count), self.payload.select(filter_),
+            allowed = self.payload.select(filter_)
+            if exclude is not None and exclude.size:
+                allowed = np.setdiff1d(allowed, exclude, assume_unique=True)
+            scores, ids, _ = self.filtered.search(queries, min(k, self.manifest.count), allowed,
                                                   nprobe=nprobe, ef_search=ef_search)
+        elif excluding:
+            assert exclude is not None
+            scores, ids = self.filtered.search_excluding(queries, min(k, self.manifest.count), exclude,
+                                                         self.payload.int_ids, nprobe=nprobe, ef_search=ef_search)
         else:
             scores, ids = self.index.search(queries, min(k, self.manifest.count), nprobe=nprobe,
                                             ef_search=ef_search)

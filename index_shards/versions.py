@@ -13,14 +13,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from index_shards.layout import INDEX_FILE
 from index_shards.manifest import SHARD_MANIFEST
+from index_shards.segment import LiveShard
 from index_shards.shard import Shard
+from index_shards.wal import WalRecord, WriteAheadLog
 from retrieval.contract import (
     FAILED,
     LOADING,
@@ -37,8 +40,10 @@ from retrieval.errors import (
     IndexIntegrityError,
     InvalidRequest,
     NotFound,
+    ReplicaBehind,
     ResourceExhausted,
     ShardragError,
+    ShardUnavailable,
     VersionConflict,
 )
 from retrieval.filters import filter_from_canonical
@@ -55,17 +60,24 @@ class VersionSlot:
     error: str | None = None
     started_at: float = 0.0
     ready_at: float | None = None
+    live: LiveShard | None = None  # the shard with the writes applied since its base
+    wal: WriteAheadLog | None = None  # None: this replica takes no writes (no --data-dir)
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def describe(self) -> VersionInfo:
         load_s = self.ready_at - self.started_at if self.ready_at is not None else None
         if self.shard is None:
             return VersionInfo(self.version_id, self.state, error=self.error, load_s=load_s)
         m = self.shard.manifest
+        live = self.live
         return VersionInfo(
             self.version_id, self.state, error=self.error, embedding_version=m.embedding_version, count=m.count,
             dim=m.dim, metric=m.metric, factory=m.factory, partitioner=m.partitioner, num_shards=m.num_shards,
             centroid=tuple(float(x) for x in m.centroid) if m.centroid is not None else None,
-            on_gpu=self.shard.index.on_gpu, load_s=load_s)
+            on_gpu=self.shard.index.on_gpu, load_s=load_s,
+            applied_seq=live.applied_seq if live is not None and self.wal is not None else None,
+            segment=live.segment_size if live is not None and self.wal is not None else None,
+            tombstones=live.tombstones if live is not None and self.wal is not None else None)
 
 
 def available_memory_bytes() -> int | None:
@@ -81,8 +93,12 @@ def available_memory_bytes() -> int | None:
 
 class ShardVersions:
     def __init__(self, first: Shard, *, max_versions: int = 2, device: str = "auto",
-                 memory_headroom: float = 0.2, filter_exact_max: int | None = None) -> None:
+                 memory_headroom: float = 0.2, filter_exact_max: int | None = None,
+                 data_dir: str | Path | None = None) -> None:
+        """``data_dir``: where this replica keeps its write-ahead logs (one folder per version);
+        None: the replica is read-only."""
         manifest = first.manifest
+        self.data_dir = Path(data_dir) if data_dir is not None else None
         self.filter_exact_max = filter_exact_max  # None: each shard's default (index_shards.filtered)
         if filter_exact_max is not None:
             first.filtered.exact_scan_max = filter_exact_max
@@ -95,27 +111,77 @@ class ShardVersions:
         self.device = device
         self.memory_headroom = memory_headroom
         self._lock = threading.Lock()
-        self._slots: dict[str, VersionSlot] = {
-            first.version_id: VersionSlot(first.version_id, first.directory, READY, first, started_at=time.time(),
-                                          ready_at=time.time())
-        }
+        slot = VersionSlot(first.version_id, first.directory, LOADING, first, started_at=time.time())
+        self._go_live(slot, first)
+        slot.state, slot.ready_at = READY, time.time()
+        self._slots: dict[str, VersionSlot] = {first.version_id: slot}
+
+    def _go_live(self, slot: VersionSlot, shard: Shard) -> None:
+        """The shard plus the writes its WAL holds (replayed in order); a damaged WAL stops here."""
+        slot.live = LiveShard(shard)
+        if self.data_dir is None:
+            return
+        wal = WriteAheadLog(self.data_dir / slot.version_id)
+        records = wal.open()
+        slot.live.apply(records)
+        slot.wal = wal
+        if records:
+            logger.warning("version %s: replayed %d writes from the WAL (applied seq %d)", slot.version_id,
+                           len(records), slot.live.applied_seq)
 
     # -- queries ------------------------------------------------------------------------------
     def ready_ids(self) -> list[str]:
         return [v for v, s in self._slots.items() if s.state == READY]
 
-    def get(self, version_id: str | None) -> Shard:
-        """The ready shard of ``version_id`` (None: the only ready version, if there is one)."""
+    def get(self, version_id: str | None) -> LiveShard:
+        """The ready shard of ``version_id`` (None: the only ready version, if there is one), with
+        the writes applied to it."""
+        live = self._slot(version_id).live
+        assert live is not None  # a ready slot is live
+        return live
+
+    def _slot(self, version_id: str | None) -> VersionSlot:
         if version_id is None:
             ready = self.ready_ids()
             if len(ready) == 1:
-                return self._slots[ready[0]].shard  # type: ignore[return-value]
+                return self._slots[ready[0]]
             raise VersionConflict(f"this replica holds versions {ready}; name one in 'version'", field="version")
         slot = self._slots.get(version_id)
         if slot is None or slot.state != READY:
             held = ", ".join(f"{v} ({s.state})" for v, s in self._slots.items())
             raise VersionConflict(f"this replica does not hold {version_id!r} ready; it has: {held}", field="version")
-        return slot.shard  # type: ignore[return-value]
+        return slot
+
+    # -- writes -------------------------------------------------------------------------------
+    def write(self, version_id: str, records: Sequence[WalRecord]) -> int:
+        """Append ``records`` to the version's WAL (fsynced) and apply them; the applied seq after.
+        Records this replica has already applied are skipped (a retry applies nothing twice); a
+        batch that would leave a gap is refused with ReplicaBehind (it must catch up first)."""
+        slot = self._slot(version_id)
+        if slot.wal is None or slot.live is None:
+            raise ShardUnavailable(f"this replica of shard {self.shard_id} takes no writes (no --data-dir)",
+                                   shard=self.shard_id)
+        with slot.write_lock:
+            applied = slot.live.applied_seq
+            fresh = [r for r in records if r.seq > applied]
+            if fresh and fresh[0].seq != applied + 1:
+                raise ReplicaBehind(f"shard {self.shard_id} applied up to seq {applied}; got {fresh[0].seq}",
+                                    field="seq", shard=self.shard_id)
+            if fresh:
+                slot.wal.append(fresh)
+                slot.live.apply(fresh)
+            return slot.live.applied_seq
+
+    def writes_after(self, version_id: str, after_seq: int) -> list[WalRecord]:
+        """The records after ``after_seq`` (a lagging peer catches up from these)."""
+        slot = self._slot(version_id)
+        if slot.wal is None:
+            raise NotFound(f"this replica of shard {self.shard_id} keeps no WAL", field="version")
+        first = slot.wal.first_seq
+        if first is not None and after_seq < first - 1:
+            raise NotFound(f"writes after seq {after_seq} are compacted away here (the WAL starts at {first})",
+                           field="after")
+        return list(slot.wal.read_after(after_seq))
 
     def describe(self) -> tuple[VersionInfo, ...]:
         return tuple(slot.describe() for slot in list(self._slots.values()))
@@ -131,6 +197,9 @@ class ShardVersions:
         """One search against the version ``params`` names (409 when this replica does not hold it)."""
         started = time.perf_counter()
         shard = self.get(params.version)
+        if params.min_seq is not None and shard.applied_seq < params.min_seq:
+            raise ReplicaBehind(f"shard {self.shard_id} applied up to seq {shard.applied_seq}, the read needs "
+                                f"{params.min_seq}", field="min_seq", shard=self.shard_id)
         results = shard.search(np.asarray(vectors, dtype=np.float32), params.k, nprobe=params.nprobe,
                                ef_search=params.ef_search, with_text=params.with_text,
                                with_metadata=params.with_metadata,
@@ -185,6 +254,7 @@ class ShardVersions:
             shard = Shard.load(slot.directory, device=self.device)
             if self.filter_exact_max is not None:
                 shard.filtered.exact_scan_max = self.filter_exact_max
+            self._go_live(slot, shard)
             m = shard.manifest
             if m.embedding_version.id != slot.version_id:
                 raise IndexIntegrityError(f"{slot.directory} holds version {m.embedding_version.id}, "
@@ -214,6 +284,8 @@ class ShardVersions:
                 raise VersionConflict(f"{version_id} is the only version this replica holds; stage another "
                                       "before unloading it", field="version")
             del self._slots[version_id]
+        if slot.wal is not None:
+            slot.wal.close()
         if slot.shard is not None:
             slot.shard.docstore.close()
         logger.warning("version %s unloaded", version_id)

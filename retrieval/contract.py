@@ -47,6 +47,7 @@ class SearchParams:
     with_text: bool = True  # return titles and texts
     with_metadata: bool = False  # return each hit's metadata
     filter: str | None = None  # a filter's canonical JSON (retrieval.filters): only documents it selects
+    min_seq: int | None = None  # session reads: only a replica that applied this write may answer
 
     def query_string(self) -> str:
         params: dict[str, Any] = {"k": self.k}
@@ -62,6 +63,8 @@ class SearchParams:
             params["with_metadata"] = "true"
         if self.filter is not None:
             params["filter"] = self.filter
+        if self.min_seq is not None:
+            params["min_seq"] = self.min_seq
         return urlencode(params)
 
 
@@ -104,6 +107,9 @@ class VersionInfo:
     centroid: tuple[float, ...] | None = None  # kmeans partitions: this shard's centroid
     on_gpu: bool | None = None
     load_s: float | None = None
+    applied_seq: int | None = None  # the last write this replica applied to the version (None: takes no writes)
+    segment: int | None = None  # documents written since the base was sealed
+    tombstones: int | None = None  # base documents hidden by later writes
 
     @property
     def ready(self) -> bool:
@@ -121,6 +127,9 @@ class VersionInfo:
                         "on_gpu": self.on_gpu})
         if self.load_s is not None:
             out["load_s"] = self.load_s
+        for name in ("applied_seq", "segment", "tombstones"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
 
     @classmethod
@@ -134,7 +143,8 @@ class VersionInfo:
             factory=data.get("factory"), partitioner=data.get("partitioner"),
             num_shards=_int_or_none(data.get("num_shards")),
             centroid=tuple(float(x) for x in centroid) if centroid is not None else None,
-            on_gpu=data.get("on_gpu"), load_s=data.get("load_s"),
+            on_gpu=data.get("on_gpu"), load_s=data.get("load_s"), applied_seq=_int_or_none(data.get("applied_seq")),
+            segment=_int_or_none(data.get("segment")), tombstones=_int_or_none(data.get("tombstones")),
         )
 
 

@@ -17,6 +17,7 @@ body ``{"error": {"code", "message", "field"?, "shard"?}}`` using ``status_code`
     ├── NotFound                    404      unknown collection / version / document
     ├── VersionConflict             409      embedding version not held / not mergeable
     │   └── RolloutRefused          409      a rollout command that makes no sense now (reason given)
+    ├── ReplicaBehind               409      a replica has not applied the writes a request needs yet
     ├── ResourceExhausted           507      not enough memory to hold another version
     ├── ConfigError                 --       bad configuration or command-line value
     ├── BuildError                  --       building or publishing a collection failed
@@ -108,6 +109,14 @@ class NotFound(ShardragError):
 class VersionConflict(ShardragError):
     status_code = 409
     code = "version_conflict"
+
+
+class ReplicaBehind(ShardragError):
+    """A replica that has not applied the sequence number a request needs (session reads, a write
+    that would leave a gap): another replica may answer, or this one after it caught up."""
+
+    status_code = 409
+    code = "replica_behind"
 
 
 class ResourceExhausted(ShardragError):

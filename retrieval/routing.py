@@ -1,9 +1,25 @@
-"""Centroid routing, shared by the kmeans partitioner (build) and the gateway (query):
-a document lives in the shard of its nearest centroid; a query visits its ``top_m`` nearest."""
+"""Routing, shared by the build (index_shards) and the gateway (queries and writes): a document's
+int64 id and its shard — by id hash, or the nearest centroid for kmeans partitions — and the
+``top_m`` nearest shards of a query."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
+
+_MASK_63 = (1 << 63) - 1  # keep ids positive: FAISS uses -1 for "no result"
+
+
+def doc_int_id(doc_id: str) -> int:
+    """The stable int64 of a string doc id: the same on every build, shard and machine."""
+    digest = hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8, person=b"shardrag.id").digest()
+    return int.from_bytes(digest, "little") & _MASK_63
+
+
+def hash_shard(doc_id: str, num_shards: int) -> int:
+    """The shard of ``doc_id`` in a hash-partitioned collection (what the build's partitioner does)."""
+    return doc_int_id(doc_id) % num_shards
 
 
 def assign_to_centroids(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -12,6 +12,7 @@ __all__ = ["ERROR_RESPONSES", "ErrorDetail", "ErrorResponse", "QueryRequest", "Q
            "ActivateCommand", "RetireCommand", "VersionCommand"]
 
 KnobInt = Annotated[int, Field(ge=1, le=65536), JSON_INTEGER]
+SeqInt = Annotated[int, Field(ge=0), JSON_INTEGER]
 # Embedding version ids: encoder name, weights hash, preprocessing hash — a file-name-safe token.
 VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$"
 
@@ -38,6 +39,10 @@ class QueryRequest(BaseModel):
         "with conditions {\"key\", \"match\": {\"value\"|\"any\"}}, {\"key\", \"range\": {gt, gte, lt, lte}}, "
         "{\"has_id\": [...]} or a nested filter (docs/filters.md)")
     with_metadata: bool = Field(False, description="return each hit's metadata")
+    consistency: Literal["eventual", "session"] = Field(
+        "eventual", description="session: only replicas that applied min_seq answer (read your writes)")
+    min_seq: dict[str, SeqInt] | None = Field(
+        None, description="per shard, the seq a write returned: what a session read must see")
 
 
 class HitModel(BaseModel):

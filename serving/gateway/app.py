@@ -41,6 +41,7 @@ from serving.gateway.api_models import (
 from serving.gateway.factory import Gateway, GatewaySetup
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.openapi import query_request_schema
+from serving.writes.models import DeleteRequest, UpsertRequest
 
 
 class _Running:
@@ -112,6 +113,21 @@ def create_app(setup: GatewaySetup) -> Any:
             if request.stream:
                 return StreamingResponse(answers.stream(request), media_type=EVENT_STREAM)
             return json_response(await answers.answer(request))
+
+    @app.post("/v1/documents", summary="Upsert documents (text embedded by every loaded version, or vectors); "
+              "answers once write_ack replicas of each touched shard have them fsynced", responses=ERROR_RESPONSES)
+    async def upsert_documents(request: UpsertRequest) -> Response:
+        return json_response(await running.gateway.writes.upsert(request))
+
+    @app.post("/v1/documents/delete", summary="Delete documents by id (same acks as upserts)",
+              responses=ERROR_RESPONSES)
+    async def delete_documents(request: DeleteRequest) -> Response:
+        return json_response(await running.gateway.writes.delete(request))
+
+    @app.get("/v1/documents/{doc_id:path}", summary="One document with its metadata and seq (404 if absent)",
+             responses=ERROR_RESPONSES)
+    async def get_document(doc_id: str) -> Response:
+        return json_response(await running.gateway.writes.get(doc_id))
 
     @app.get("/v1/cluster", summary="Shards, replicas, versions and live health", responses=ERROR_RESPONSES)
     async def cluster() -> Response:

@@ -45,7 +45,8 @@ class ClusterView:
         except ShardragError as exc:
             return {"url": replica, "healthy": False, "error": exc.message, "ejection": state}
         return {"url": replica, "healthy": True,
-                "versions": [{k: v for k, v in row.to_dict().items() if k in ("id", "state", "count", "error")}
+                "versions": [{k: v for k, v in row.to_dict().items()
+                              if k in ("id", "state", "count", "error", "applied_seq", "segment", "tombstones")}
                              for row in info.versions],
                 "on_gpu": info.primary.on_gpu if info.primary else None,
                 "latency_ms": (time.perf_counter() - started) * 1000.0, "ejection": state}

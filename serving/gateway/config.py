@@ -30,6 +30,7 @@ from serving.shardcall.fanout import FanOutSettings
 from serving.versions.gate import GateSettings
 from serving.versions.query_encoder import EncoderSettings
 from serving.versions.rollout import RolloutSettings
+from serving.writes.service import WriteSettings
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class GatewayConfig:
     gate: GateSettings = field(default_factory=GateSettings)  # the rollout's quality gate
     encoder: EncoderSettings = field(default_factory=EncoderSettings)  # the query encoders
     answer: AnswerSettings = field(default_factory=AnswerSettings)  # /v1/answer
+    writes: WriteSettings = field(default_factory=WriteSettings)  # /v1/documents
     discovery_timeout_s: float = 60.0  # how long startup waits for every replica's /v1/info
     probe_timeout_s: float = 1.0  # per-replica timeout of health probes and /v1/info polls
     supervision_path: str | None = None  # the local launcher's restart log (JSON), shown in /v1/cluster
@@ -118,6 +120,7 @@ class GatewayConfig:
 SECTIONS: dict[str, type[Any]] = {
     "limits": Limits, "calls": FanOutSettings, "hedging": HedgingSettings, "ejection": EjectionSettings,
     "rollout": RolloutSettings, "gate": GateSettings, "encoder": EncoderSettings, "answer": AnswerSettings,
+    "writes": WriteSettings,
 }
 TOP_LEVEL = ("discovery_timeout_s", "probe_timeout_s", "supervision_path")
 

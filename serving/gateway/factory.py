@@ -34,6 +34,8 @@ from serving.transport.http import HttpShardClient
 from serving.versions.registry import DEFAULT_MODEL, EncoderLoader, VersionRegistry
 from serving.versions.rollout import RolloutService
 from serving.versions.store import RolloutStore, make_store
+from serving.writes.sequencer import Sequencer
+from serving.writes.service import WriteService
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class Gateway:
     queries: QueryService
     rollout: RolloutService
     answers: AnswerService
+    writes: WriteService
     cluster: ClusterView
     metrics: GatewayMetrics
     tasks: tuple[asyncio.Future[None], ...]
@@ -61,6 +64,7 @@ class Gateway:
             task.cancel()
         self.registry.close()
         await self.answers.close()
+        await self.writes.close()
         await self.client.close()
 
 
@@ -118,10 +122,12 @@ class GatewaySetup:
                                  recent_queries=lambda: list(queries.recent_queries),
                                  on_event=on_event)
         answers = AnswerService(self.generators, queries.retrieve, settings=config.answer)
+        writes = WriteService(registry, client, Sequencer(config.writes.state_path), config.writes)
         tasks: tuple[asyncio.Future[Any], ...] = (
+            asyncio.ensure_future(writes.repair_forever(config.rollout.poll_interval_s)),
             asyncio.ensure_future(probe_ejected(detector, client, interval_s=config.ejection.probe_interval_s,
                                                 timeout_s=config.probe_timeout_s)),
             asyncio.ensure_future(registry.poll_forever(config.rollout.poll_interval_s)),
         )
         return Gateway(config, replicas, client, registry, detector, caller, fanout, queries, rollout, answers,
-                       ClusterView(config, registry, client, detector, caller), metrics, tasks)
+                       writes, ClusterView(config, registry, client, detector, caller), metrics, tasks)

@@ -108,6 +108,20 @@ class QueryService:
         return vector
 
     @staticmethod
+    def _min_seq(request: QueryRequest, snapshot: VersionSnapshot) -> dict[int, int] | None:
+        if request.consistency != "session":
+            if request.min_seq:
+                raise InvalidRequest("min_seq needs consistency: session", field="min_seq")
+            return None
+        out: dict[int, int] = {}
+        for shard, seq in (request.min_seq or {}).items():
+            if not shard.isdigit() or int(shard) >= snapshot.topology.num_shards:
+                raise InvalidRequest(f"min_seq names shard {shard!r}; this collection has shards 0.."
+                                     f"{snapshot.topology.num_shards - 1}", field=f"min_seq.{shard}")
+            out[int(shard)] = seq
+        return out
+
+    @staticmethod
     def _hit(hit: Hit) -> dict[str, Any]:
         """A hit with its metadata (the query asked ``with_metadata``)."""
         return {"doc_id": hit.doc_id, "score": hit.score, "shard": hit.shard_id, "version": hit.version,
@@ -145,9 +159,10 @@ class QueryService:
         params = SearchParams(k=k, version=snapshot.version, nprobe=request.nprobe, ef_search=request.ef_search,
                               with_text=request.with_text, with_metadata=request.with_metadata,
                               filter=filter_.canonical() if filter_ is not None and not filter_.empty else None)
+        min_seq = self._min_seq(request, snapshot)
         remaining_ms = timeout_ms - (time.perf_counter() - started) * 1000.0  # encoding spent part of it
         result = await self.fanout.search(vector, params, snapshot.route, top_m=request.top_m,
-                                          timeout_s=max(remaining_ms, 1.0) / 1000.0)
+                                          timeout_s=max(remaining_ms, 1.0) / 1000.0, min_seq=min_seq)
         missing = sorted(result.missing)
         allow_partial = request.allow_partial if request.allow_partial is not None else limits.allow_partial
         if missing and (not allow_partial or not result.calls):

@@ -79,6 +79,9 @@ class LocalCluster:
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="shardrag-cluster-"))
         if gateway.supervision_path is None:
             gateway = replace(gateway, supervision_path=str(self.workdir / "supervision.json"))
+        if gateway.writes.state_path is None:  # sequence numbers live with the collection too
+            gateway = replace(gateway, writes=replace(
+                gateway.writes, state_path=str(collection_dir(root, collection) / "writes.sqlite")))
         assert gateway.rollout.state_path is not None
         if version is None:
             state = FileRolloutStore(gateway.rollout.state_path).load()
@@ -149,12 +152,13 @@ class LocalCluster:
             for replica in range(self.replicas):
                 name = f"shard-{shard_id}-r{replica}"
 
-                def argv(port: int, shard_id: int = shard_id) -> list[str]:
+                def argv(port: int, shard_id: int = shard_id, replica: int = replica) -> list[str]:
                     # A restarted replica comes back with the version active *now*, so it serves at
                     # once instead of waiting for the gateways to reconcile it after a rollout.
                     directory = shard_dir(self._active_version_dir(), shard_id)
                     return [self.python, "-m", "index_shards", "serve", "--dir", str(directory), "--host", self.host,
-                            "--port", str(port), "--faiss-threads", str(self.faiss_threads), *self.shard_args]
+                            "--port", str(port), "--faiss-threads", str(self.faiss_threads),
+                            "--data-dir", str(self.replica_data_dir(shard_id, replica)), *self.shard_args]
 
                 child = Child(name, argv, self.workdir / f"{name}.log")
                 child.start(self.env)
@@ -166,6 +170,10 @@ class LocalCluster:
                 child.wait_ready(deadline)
         self._shards_launched = True
         logger.info("%d shard replicas ready", sum(len(g) for g in self.shards))
+
+    def replica_data_dir(self, shard_id: int, replica: int) -> Path:
+        """A replica's own state (its write-ahead logs): with the collection, so it outlives the cluster."""
+        return collection_dir(self.root, self.collection) / "replicas" / f"shard-{shard_id}-r{replica}"
 
     def _active_version_dir(self) -> Path:
         """The directory of the version the rollout state says is active (the launch version

@@ -24,7 +24,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from retrieval.contract import SearchParams
-from retrieval.errors import ConfigError, DeadlineExceeded, ShardragError, ShardUnavailable, VersionConflict
+from retrieval.errors import (
+    ConfigError,
+    DeadlineExceeded,
+    ReplicaBehind,
+    ShardragError,
+    ShardUnavailable,
+    VersionConflict,
+)
 from serving.shardcall.balancer import Balancer
 from serving.shardcall.ejection import OutlierDetector
 from serving.shardcall.hedging import AdaptiveHedgeDelay, HedgeBudget
@@ -203,7 +210,9 @@ class ShardCaller:
                         return CallResult(task.result(), attempt.replica, len(tried), hedges > 0, attempt.is_hedge,
                                           (timer.now() - started) * 1000.0)
                     self.balancer.on_finish(attempt.replica, latency_s, ok=False)
-                    if isinstance(error, VersionConflict):
+                    if isinstance(error, ReplicaBehind):
+                        pass  # not sick, just behind on writes for a session read: try another replica
+                    elif isinstance(error, VersionConflict):
                         # not a sick replica, just one without this version: not eligible, try another
                         if self.on_not_eligible is not None and params.version is not None:
                             self.on_not_eligible(attempt.replica, params.version)

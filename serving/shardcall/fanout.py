@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -134,11 +134,13 @@ class FanOut:
         return [int(s) for s in route_top_m(vector[None, :], route.centroids, top_m)[0]]
 
     async def search(self, vector: np.ndarray, params: SearchParams, route: ShardRoute, *, top_m: int | None,
-                     timeout_s: float) -> FanOutResult:
-        """``route`` must be that of ``params.version``."""
+                     timeout_s: float, min_seq: Mapping[int, int] | None = None) -> FanOutResult:
+        """``route`` must be that of ``params.version``. ``min_seq``: per shard, the write a replica
+        must have applied to answer (session reads)."""
         targets = self.targets(vector, top_m, route)
         deadline = time.monotonic() + timeout_s
-        futures = [self._batchers[s].submit(params, (vector, deadline, route.replicas[s])) for s in targets]
+        futures = [self._batchers[s].submit(replace(params, min_seq=min_seq[s]) if min_seq and s in min_seq else params,
+                                            (vector, deadline, route.replicas[s])) for s in targets]
         _, pending = await asyncio.wait(futures, timeout=timeout_s)
         answers: list[_Answer] = []
         missing: dict[int, str] = {}

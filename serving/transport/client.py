@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from retrieval.contract import HealthInfo, HitColumns, ReplicaInfo, SearchParams, StageReply, UnloadReply
+from retrieval.errors import ShardUnavailable
 
 
 @dataclass(slots=True, frozen=True)
@@ -50,6 +52,21 @@ class ShardClient(ABC):
     @abstractmethod
     async def unload(self, replica: str, version: str, timeout_s: float) -> UnloadReply:
         """Ask the replica to drop ``version`` (idempotent)."""
+
+    # The write path (issue 13): replicated writes, catch-up, reads by id. Clients that cannot
+    # carry writes say so.
+    async def write(self, replica: str, shard_id: int, version: str, records: bytes, timeout_s: float) -> int:
+        """Send write records (``retrieval.records`` framing); the replica's applied seq after."""
+        raise ShardUnavailable(f"{type(self).__name__} carries no writes", shard=shard_id)
+
+    async def writes_after(self, replica: str, version: str, after_seq: int, timeout_s: float) -> bytes:
+        """The replica's write records after ``after_seq`` (a lagging peer catches up from these)."""
+        raise ShardUnavailable(f"{type(self).__name__} carries no writes")
+
+    async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
+                       timeout_s: float) -> dict[str, Any] | None:
+        """The document as the replica holds it, or None (absent or deleted)."""
+        raise ShardUnavailable(f"{type(self).__name__} carries no reads by id", shard=shard_id)
 
     async def close(self) -> None:  # noqa: B027 - optional: only clients that hold resources close them
         pass

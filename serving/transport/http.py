@@ -85,5 +85,44 @@ class HttpShardClient(JsonControlClient):
         answer: dict[str, Any] = orjson.loads(payload)
         return answer
 
+    async def write(self, replica: str, shard_id: int, version: str, records: bytes, timeout_s: float) -> int:
+        try:
+            status, payload = await self._pool.request("POST", f"{replica}/v1/writes?version={quote(version, safe='')}",
+                                                       records, timeout_s=timeout_s, headers=self._auth)
+        except TimeoutError as exc:
+            raise DeadlineExceeded(f"shard {shard_id} ({replica}) did not take the write in {timeout_s:.3f}s",
+                                   shard=shard_id) from exc
+        except HttpError as exc:
+            raise ShardUnavailable(f"shard {shard_id} ({replica}) unreachable: {exc}", shard=shard_id) from exc
+        if status != 200:
+            raise error_for_status(status, payload, peer=replica, shard=shard_id)
+        return int(orjson.loads(payload)["applied_seq"])
+
+    async def writes_after(self, replica: str, version: str, after_seq: int, timeout_s: float) -> bytes:
+        path = f"/v1/writes?version={quote(version, safe='')}&after={after_seq}"
+        try:
+            status, payload = await self._pool.request("GET", f"{replica}{path}", timeout_s=timeout_s,
+                                                       headers=self._auth)
+        except (TimeoutError, HttpError) as exc:
+            raise ShardUnavailable(f"{replica}{path} unreachable: {exc!r}") from exc
+        if status != 200:
+            raise error_for_status(status, payload, peer=replica)
+        return payload
+
+    async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
+                       timeout_s: float) -> dict[str, Any] | None:
+        path = f"/v1/documents/{quote(doc_id, safe='')}?version={quote(version, safe='')}"
+        try:
+            status, payload = await self._pool.request("GET", f"{replica}{path}", timeout_s=timeout_s,
+                                                       headers=self._auth)
+        except (TimeoutError, HttpError) as exc:
+            raise ShardUnavailable(f"shard {shard_id} ({replica}) unreachable: {exc!r}", shard=shard_id) from exc
+        if status == 404:
+            return None
+        if status != 200:
+            raise error_for_status(status, payload, peer=replica, shard=shard_id)
+        answer: dict[str, Any] = orjson.loads(payload)
+        return answer
+
     async def close(self) -> None:
         self._pool.close()

@@ -10,6 +10,8 @@ shard server. One of the places ``serving`` imports ``index_shards``.
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +19,7 @@ from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from retrieval.contract import HealthInfo, ReplicaInfo, SearchParams, StageReply, UnloadReply
 from retrieval.errors import ShardUnavailable
+from retrieval.records import decode_records, encode_records
 from serving.transport.client import ShardClient, ShardReply
 
 SCHEME = "inproc://"
@@ -27,9 +30,13 @@ class InProcessShardClient(ShardClient):
         self.replicas = replicas
 
     @classmethod
-    def of(cls, shards: list[Shard]) -> tuple[InProcessShardClient, list[list[str]]]:
-        """A client over ``shards`` (one replica each) and the replica names per shard id."""
-        names = {f"{SCHEME}shard-{s.manifest.shard_id}": ShardVersions(s, device="cpu") for s in shards}
+    def of(cls, shards: list[Shard], *, data_dir: str | Path | None = None
+           ) -> tuple[InProcessShardClient, list[list[str]]]:
+        """A client over ``shards`` (one replica each) and the replica names per shard id; with
+        ``data_dir`` the replicas take writes (their WALs in ``data_dir/shard-<i>``)."""
+        names = {f"{SCHEME}shard-{s.manifest.shard_id}": ShardVersions(
+            s, device="cpu", data_dir=Path(data_dir) / f"shard-{s.manifest.shard_id}" if data_dir else None)
+            for s in shards}
         ordered = sorted(names, key=lambda n: names[n].shard_id)
         return cls(names), [[name] for name in ordered]
 
@@ -56,3 +63,18 @@ class InProcessShardClient(ShardClient):
 
     async def unload(self, replica: str, version: str, timeout_s: float) -> UnloadReply:
         return self._replica(replica).unload_reply(version)
+
+    async def write(self, replica: str, shard_id: int, version: str, records: bytes, timeout_s: float) -> int:
+        return self._replica(replica, shard_id).write(version, decode_records(records))
+
+    async def writes_after(self, replica: str, version: str, after_seq: int, timeout_s: float) -> bytes:
+        return encode_records(self._replica(replica).writes_after(version, after_seq))
+
+    async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
+                       timeout_s: float) -> dict[str, Any] | None:
+        live = self._replica(replica, shard_id).get(version)
+        stored = live.get(doc_id)
+        if stored is None:
+            return None
+        return {"id": stored.doc_id, "title": stored.title, "text": stored.text, "metadata": stored.metadata,
+                "seq": stored.seq, "shard": shard_id, "version": live.version_id, "applied_seq": live.applied_seq}

@@ -28,6 +28,7 @@ import numpy as np
 from index_shards.layout import resolve_version, shard_dir
 from retrieval.contract import HealthInfo, ReplicaInfo, SearchParams, SearchReply, StageReply, UnloadReply
 from retrieval.errors import ConfigError, DeadlineExceeded, ShardragError, ShardUnavailable
+from retrieval.records import decode_records, encode_records
 from serving.transport.client import ShardClient, ShardReply
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,21 @@ class ShardReplica:
 
     def unload(self, version: str) -> UnloadReply:
         return self.versions.unload_reply(version)
+
+    def write(self, version: str, records: bytes) -> int:
+        return self.versions.write(version, decode_records(records))
+
+    def writes_after(self, version: str, after_seq: int) -> bytes:
+        return encode_records(self.versions.writes_after(version, after_seq))
+
+    def document(self, version: str, doc_id: str) -> dict[str, Any] | None:
+        live = self.versions.get(version)
+        stored = live.get(doc_id)
+        if stored is None:
+            return None
+        return {"id": stored.doc_id, "title": stored.title, "text": stored.text, "metadata": stored.metadata,
+                "seq": stored.seq, "shard": self.versions.shard_id, "version": live.version_id,
+                "applied_seq": live.applied_seq}
 
 
 def _ray() -> Any:
@@ -134,6 +150,23 @@ class RayShardClient(ShardClient):
         reply: StageReply = await self._call(self._handle(replica).stage.remote(version), f"{replica} stage", None,
                                              timeout_s)
         return reply
+
+    async def write(self, replica: str, shard_id: int, version: str, records: bytes, timeout_s: float) -> int:
+        applied: int = await self._call(self._handle(replica, shard_id).write.remote(version, records),
+                                        f"shard {shard_id} ({replica}) write", shard_id, timeout_s)
+        return applied
+
+    async def writes_after(self, replica: str, version: str, after_seq: int, timeout_s: float) -> bytes:
+        records: bytes = await self._call(self._handle(replica).writes_after.remote(version, after_seq),
+                                          f"{replica} writes", None, timeout_s)
+        return records
+
+    async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
+                       timeout_s: float) -> dict[str, Any] | None:
+        ref = self._handle(replica, shard_id).document.remote(version, doc_id)
+        found: dict[str, Any] | None = await self._call(ref, f"shard {shard_id} ({replica}) document", shard_id,
+                                                        timeout_s)
+        return found
 
     async def unload(self, replica: str, version: str, timeout_s: float) -> UnloadReply:
         reply: UnloadReply = await self._call(self._handle(replica).unload.remote(version), f"{replica} unload",

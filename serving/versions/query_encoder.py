@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from retrieval.encoders import Encoder
+from retrieval.encoders import Encoder, format_document
 from retrieval.errors import ConfigError, EncoderError, VersionConflict
+from retrieval.types import Document
 from serving.shardcall.batching import NaturalBatcher
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,20 @@ class QueryEncoder:
             raise EncoderError(f"query encoder is {self.state}" + (f": {self.error}" if self.error else "")
                                + "; send a vector instead", field="text")
         return await self._batcher.submit(None, text)
+
+    async def encode_documents(self, documents: Sequence[Document]) -> np.ndarray:
+        """Document vectors for written documents (title + text, the version's preprocessing), on
+        the encoder's worker thread, between query batches."""
+        if self.state == "loading" and self._loaded is not None:
+            await asyncio.shield(self._loaded)
+        encoder = self._encoder
+        if encoder is None:
+            raise EncoderError(f"encoder of {self._expected} is {self.state}" + (f": {self.error}" if self.error
+                                                                                 else ""), field="documents")
+        texts = [format_document(d, encoder.version.preprocessing) for d in documents]
+        vectors: np.ndarray = await asyncio.get_running_loop().run_in_executor(self._executor, encoder.encode_texts,
+                                                                               texts)
+        return vectors
 
     async def _encode_batch(self, _: None, texts: list[str]) -> Sequence[np.ndarray]:
         encoder = self._encoder

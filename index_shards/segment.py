@@ -1,0 +1,214 @@
+"""A shard that takes writes: the sealed base (the verified, immutable shard directory), a mutable
+segment of documents written since, and tombstones over the base.
+
+* **upsert** of id X: X's old copy is hidden (a tombstone when it is in the base, removed when it
+  is in the segment) and the new one goes into the segment — an id is never duplicated;
+* **delete** of X: the same, without the new copy;
+* **search**: the base searched with its tombstones excluded (a FAISS ``IDSelectorNot``; with a
+  filter, the payload index's matches minus the tombstones) and the segment searched exactly (it
+  is small: compaction folds it into a new base), merged by score;
+* **get**: the segment's copy, else the base's unless tombstoned.
+
+Records are applied in sequence order; :attr:`applied_seq` is the last one applied. The WAL
+(``index_shards.wal``) is written by the caller before :meth:`apply` — this class keeps no files.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from index_shards.ids import doc_int_id
+from index_shards.shard import Shard, _empty
+from retrieval.contract import HitColumns
+from retrieval.errors import DimensionMismatch, InvalidRequest
+from retrieval.filters import Filter
+from retrieval.records import DELETE, NOOP, UPSERT, WalRecord
+
+
+@dataclass(slots=True, frozen=True)
+class SegmentDoc:
+    int_id: int
+    doc_id: str
+    title: str
+    text: str
+    metadata: dict[str, Any]
+    vector: np.ndarray
+    seq: int
+
+
+@dataclass(slots=True, frozen=True)
+class StoredDocument:
+    """What ``GET /v1/documents/{id}`` returns."""
+
+    doc_id: str
+    title: str
+    text: str
+    metadata: dict[str, Any]
+    seq: int  # the write that stored it (0: from the build)
+    vector: np.ndarray | None = None
+
+
+class LiveShard:
+    def __init__(self, base: Shard, *, base_seq: int = 0) -> None:
+        self.base = base
+        self.base_seq = base_seq  # writes up to this seq are inside the base already
+        self.applied_seq = base_seq
+        self.dim = base.manifest.dim
+        self.metric = base.manifest.metric
+        self._docs: dict[str, SegmentDoc] = {}
+        # the segment as one matrix for scoring, rebuilt on the first search after a write
+        self._snapshot: tuple[list[SegmentDoc], np.ndarray] | None = None
+        self._tombstones: set[int] = set()  # base int ids hidden by a later write
+        self._tombstone_array = np.zeros(0, dtype=np.int64)
+        self._lock = threading.RLock()
+
+    @property
+    def version_id(self) -> str:
+        return self.base.version_id
+
+    @property
+    def manifest(self) -> Any:
+        return self.base.manifest
+
+    @property
+    def segment_size(self) -> int:
+        return len(self._docs)
+
+    @property
+    def tombstones(self) -> int:
+        return len(self._tombstones)
+
+    # -- writes ----------------------------------------------------------------------------------
+    def apply(self, records: Sequence[WalRecord]) -> None:
+        """Apply records in sequence order (each seq exactly once: older ones are skipped, so a
+        replayed or re-sent record changes nothing)."""
+        with self._lock:
+            for record in records:
+                if record.seq <= self.applied_seq:
+                    continue
+                if record.seq != self.applied_seq + 1:
+                    raise InvalidRequest(f"write seq {record.seq} does not follow {self.applied_seq}", field="seq")
+                if record.op == NOOP:  # a sequence number handed out but never written
+                    self.applied_seq = record.seq
+                    continue
+                self._hide(record.doc_id)
+                if record.op == UPSERT:
+                    assert record.vector is not None
+                    if record.vector.shape != (self.dim,):
+                        raise DimensionMismatch(f"document {record.doc_id!r} has {record.vector.size} dims, the "
+                                                f"shard {self.dim}", field="vector")
+                    int_id = doc_int_id(record.doc_id)
+                    vector = np.ascontiguousarray(record.vector, dtype=np.float32)
+                    self._docs[record.doc_id] = SegmentDoc(int_id, record.doc_id, record.title, record.text,
+                                                           dict(record.metadata), vector, record.seq)
+                elif record.op != DELETE:
+                    raise InvalidRequest(f"unknown write op {record.op}", field="op")
+                self.applied_seq = record.seq
+            self._tombstone_array = np.fromiter(self._tombstones, dtype=np.int64, count=len(self._tombstones))
+            self._snapshot = None
+
+    def _hide(self, doc_id: str) -> None:
+        self._docs.pop(doc_id, None)
+        int_id = doc_int_id(doc_id)
+        if self.base.payload.contains(int_id):
+            self._tombstones.add(int_id)
+
+    # -- reads -----------------------------------------------------------------------------------
+    def get(self, doc_id: str, *, with_vector: bool = False) -> StoredDocument | None:
+        with self._lock:
+            doc = self._docs.get(doc_id)
+            if doc is not None:
+                return StoredDocument(doc.doc_id, doc.title, doc.text, doc.metadata, doc.seq,
+                                      doc.vector if with_vector else None)
+            int_id = doc_int_id(doc_id)
+            if int_id in self._tombstones or not self.base.payload.contains(int_id):
+                return None
+        stored = self.base.docstore.get_many([int_id], with_metadata=True).get(int_id)
+        if stored is None:
+            return None
+        vector = self.base.filtered.vectors(np.asarray([int_id], dtype=np.int64))[0] if with_vector else None
+        return StoredDocument(stored.doc_id, stored.title, stored.text, stored.metadata or {}, 0, vector)
+
+    def documents(self) -> Iterable[StoredDocument]:
+        """Every live document with its vector (compaction and replica comparisons read this)."""
+        with self._lock:
+            segment = list(self._docs.values())
+            hidden = set(self._tombstones) | {d.int_id for d in segment}
+        base_ids = np.asarray([i for i in self.base.payload.int_ids.tolist() if i not in hidden], dtype=np.int64)
+        for start in range(0, base_ids.size, 1024):
+            chunk = base_ids[start:start + 1024]
+            vectors = self.base.filtered.vectors(chunk)
+            stored = self.base.docstore.get_many(chunk.tolist(), with_metadata=True)
+            for int_id, vector in zip(chunk.tolist(), vectors, strict=True):
+                base_doc = stored[int_id]
+                yield StoredDocument(base_doc.doc_id, base_doc.title, base_doc.text, base_doc.metadata or {}, 0,
+                                     vector)
+        for written in segment:
+            yield StoredDocument(written.doc_id, written.title, written.text, written.metadata, written.seq,
+                                 written.vector)
+
+    def search(self, queries: np.ndarray, k: int, *, nprobe: int | None = None, ef_search: int | None = None,
+               with_text: bool = True, with_metadata: bool = False,
+               filter_: Filter | None = None) -> list[HitColumns]:
+        """The base (tombstones excluded) and the segment, merged: per query its top k."""
+        if not self._docs and not self._tombstones:  # no writes yet: the base alone, as before
+            return self.base.search(queries, k, nprobe=nprobe, ef_search=ef_search, with_text=with_text,
+                                    with_metadata=with_metadata, filter_=filter_)
+        with self._lock:
+            tombstones = self._tombstone_array
+            segment, matrix = self._segment()
+        base = self.base.search(queries, k, nprobe=nprobe, ef_search=ef_search, with_text=with_text,
+                                with_metadata=with_metadata, filter_=filter_, exclude=tombstones)
+        if not segment:
+            return base
+        chosen = np.asarray([filter_ is None or filter_.empty or filter_.matches(d.doc_id, d.metadata)
+                             for d in segment])
+        if self.metric == "l2":
+            scores = -(np.sum(queries ** 2, axis=1)[:, None] - 2.0 * queries @ matrix.T
+                       + np.sum(matrix ** 2, axis=1)[None, :])
+        else:
+            scores = queries @ matrix.T
+        return [_merge(row, self._top(scores[q], chosen, segment, k, with_text, with_metadata), k)
+                for q, row in enumerate(base)]
+
+    def _segment(self) -> tuple[list[SegmentDoc], np.ndarray]:
+        if self._snapshot is None:
+            docs = list(self._docs.values())
+            matrix = np.stack([d.vector for d in docs]) if docs else np.zeros((0, self.dim), dtype=np.float32)
+            self._snapshot = (docs, matrix)
+        return self._snapshot
+
+    @staticmethod
+    def _top(scores: np.ndarray, chosen: np.ndarray, segment: list[SegmentDoc], k: int, with_text: bool,
+             with_metadata: bool) -> HitColumns:
+        columns = _empty(with_metadata)
+        candidates = np.flatnonzero(chosen)
+        for i in sorted(candidates.tolist(), key=lambda i: (-float(scores[i]), segment[i].doc_id))[:k]:
+            doc = segment[i]
+            columns["doc_ids"].append(doc.doc_id)
+            columns["scores"].append(float(scores[i]))
+            columns["titles"].append(doc.title if with_text else "")
+            columns["texts"].append(doc.text if with_text else "")
+            if with_metadata:
+                columns["metadata"].append(doc.metadata)
+        return columns
+
+
+def _merge(a: HitColumns, b: HitColumns, k: int) -> HitColumns:
+    """Two hit lists of one query, best first, into the top k (ties by doc id, like the gateway)."""
+    rows = [(a, i) for i in range(len(a["doc_ids"]))] + [(b, i) for i in range(len(b["doc_ids"]))]
+    rows.sort(key=lambda row: (-row[0]["scores"][row[1]], row[0]["doc_ids"][row[1]]))
+    out = _empty("metadata" in a or "metadata" in b)
+    for columns, i in rows[:k]:
+        out["doc_ids"].append(columns["doc_ids"][i])
+        out["scores"].append(columns["scores"][i])
+        out["titles"].append(columns["titles"][i])
+        out["texts"].append(columns["texts"][i])
+        if "metadata" in out:
+            out["metadata"].append(columns.get("metadata", [{}] * (i + 1))[i])
+    return out

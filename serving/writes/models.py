@@ -1,0 +1,44 @@
+"""Request models of the write API (they also make its OpenAPI schema)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from httpkit.api import FiniteFloat
+
+MAX_ID_CHARS = 512
+MAX_DOCUMENTS = 1000  # per request
+MAX_TEXT_CHARS = 100_000
+WriteAck = Literal["one", "majority", "all"]
+
+
+class DocumentIn(BaseModel):
+    """Exactly one of ``text`` (embedded by the gateway) and ``vector``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str = Field(min_length=1, max_length=MAX_ID_CHARS, description="the document's id (an upsert replaces it)")
+    title: str = Field("", max_length=MAX_TEXT_CHARS)
+    text: str | None = Field(None, max_length=MAX_TEXT_CHARS, description="embedded with each loaded version")
+    vector: list[FiniteFloat] | None = Field(None, description="instead of text: the active version's vector")
+    metadata: dict[str, Any] = Field(default_factory=dict,
+                                     description="flat: strings, numbers, booleans, lists of strings")
+
+
+class UpsertRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    documents: list[DocumentIn] = Field(min_length=1, max_length=MAX_DOCUMENTS)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200,
+                                        description="a retry with the same key returns the first reply")
+    write_ack: WriteAck = Field("majority", description="replicas of every touched shard that must have it fsynced")
+
+
+class DeleteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    ids: list[str] = Field(min_length=1, max_length=MAX_DOCUMENTS)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    write_ack: WriteAck = "majority"

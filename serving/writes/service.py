@@ -1,0 +1,377 @@
+"""Upserts, deletes and reads by id, as the gateway carries them out.
+
+An upsert batch is validated whole (nothing is applied when one item is bad; the error names its
+index and field), embedded with the encoder of every version a query may be served from (the
+active one, and a staged one during a rollout: dual-write), routed (hash partitions: by id;
+kmeans: the nearest centroid of the new vector, plus a delete on every other shard so an id that
+moved is never found twice), given per-(shard, version) sequence numbers (``sequencer``) and sent
+to every replica of each touched shard. The answer comes once ``write_ack`` replicas of every
+touched shard have it fsynced; the others keep receiving it in the background.
+
+A replica that missed writes (down, restarted, stopped) answers ``replica_behind``; the service
+then copies the records it lacks from a peer's WAL and sends again. The background loop does the
+same for replicas that fell behind while nobody wrote to their shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from retrieval.errors import (
+    ConfigError,
+    DimensionMismatch,
+    InvalidRequest,
+    NotFound,
+    ReplicaBehind,
+    ShardragError,
+    ShardUnavailable,
+    VersionConflict,
+)
+from retrieval.filters import check_metadata
+from retrieval.records import DELETE, NOOP, UPSERT, WalRecord, decode_records, encode_records
+from retrieval.routing import assign_to_centroids, hash_shard
+from retrieval.types import DocId, Document
+from retrieval.wire import check_finite
+from serving.transport.client import ShardClient
+from serving.versions.registry import VersionRegistry, VersionSnapshot
+from serving.writes.models import DeleteRequest, DocumentIn, UpsertRequest, WriteAck
+from serving.writes.sequencer import Sequencer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class WriteSettings:
+    state_path: str | None = None  # sequence numbers and idempotent replies (None: in memory)
+    timeout_s: float = 10.0  # how long a write may take to reach the replicas it needs
+    max_document_bytes: int = 1 << 20  # largest document (title + text + metadata)
+    hole_fill_after_s: float = 60.0  # a number taken but on no replica after this long becomes a no-op
+
+    def validate(self) -> None:
+        if self.timeout_s <= 0 or self.max_document_bytes <= 0 or self.hole_fill_after_s <= self.timeout_s:
+            raise ConfigError("writes.timeout_s and max_document_bytes must be > 0, hole_fill_after_s above "
+                              "timeout_s", field="writes.timeout_s")
+
+
+def needed_acks(ack: WriteAck, replicas: int) -> int:
+    return {"one": 1, "majority": replicas // 2 + 1, "all": replicas}[ack]
+
+
+@dataclass(slots=True)
+class _Item:
+    op: int
+    doc_id: str
+    title: str = ""
+    text: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    vector: np.ndarray | None = None
+
+
+class WriteService:
+    def __init__(self, registry: VersionRegistry, client: ShardClient, sequencer: Sequencer,
+                 settings: WriteSettings | None = None) -> None:
+        self.registry = registry
+        self.client = client
+        self.sequencer = sequencer
+        self.settings = settings or WriteSettings()
+        self._locks: dict[tuple[int, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._background: set[asyncio.Task[Any]] = set()
+        self._holes: dict[tuple[int, str], tuple[int, float]] = {}  # (shard, version) → (seq, first seen)
+
+    # -- requests --------------------------------------------------------------------------------
+    async def upsert(self, request: UpsertRequest) -> dict[str, Any]:
+        if request.idempotency_key is not None:
+            earlier = self.sequencer.recall(request.idempotency_key)
+            if earlier is not None:
+                return earlier
+        self._validate(request.documents)
+        view = self.registry.view
+        versions = self._versions()
+        if len(versions) > 1 and any(d.vector is not None for d in request.documents):
+            raise VersionConflict(f"versions {versions} are loaded (a rollout is under way): every write goes to "
+                                  "each of them, embedded by its own encoder; send text, not vectors",
+                                  field="documents")
+        plans: dict[str, dict[int, list[_Item]]] = {}
+        for version in versions:
+            snapshot = view.snapshot(version)
+            vectors = await self._vectors(request.documents, snapshot)
+            plans[version] = self._route_upserts(request.documents, vectors, snapshot)
+        return await self._commit(plans, versions[0], [d.id for d in request.documents], request.write_ack,
+                                  request.idempotency_key)
+
+    async def delete(self, request: DeleteRequest) -> dict[str, Any]:
+        if request.idempotency_key is not None:
+            earlier = self.sequencer.recall(request.idempotency_key)
+            if earlier is not None:
+                return earlier
+        self._check_ids(request.ids, "ids")
+        view = self.registry.view
+        versions = self._versions()
+        plans: dict[str, dict[int, list[_Item]]] = {}
+        for version in versions:
+            topology = view.snapshot(version).topology
+            plan: dict[int, list[_Item]] = defaultdict(list)
+            for doc_id in request.ids:
+                for shard in self._shards_holding(doc_id, topology.num_shards, topology.centroids is not None):
+                    plan[shard].append(_Item(DELETE, doc_id))
+            plans[version] = plan
+        return await self._commit(plans, versions[0], list(request.ids), request.write_ack, request.idempotency_key)
+
+    async def get(self, doc_id: str) -> dict[str, Any]:
+        """The document as the replica that applied the most writes holds it."""
+        self._check_ids([doc_id], "id")
+        view = self.registry.view
+        version = view.state.active
+        topology = view.snapshot(version).topology
+        for shard in self._shards_holding(doc_id, topology.num_shards, topology.centroids is not None):
+            for replica in self._by_applied(shard, version):
+                try:
+                    found = await self.client.document(replica, shard, version, doc_id, self.settings.timeout_s)
+                except ShardragError as exc:
+                    logger.info("reading %s from %s: %s", doc_id, replica, exc.message)
+                    continue
+                if found is not None:
+                    return found
+                break  # the most up-to-date reachable replica says it is absent
+        raise NotFound(f"no document {doc_id!r}", field="id")
+
+    # -- validation and routing ------------------------------------------------------------------
+    def _check_ids(self, ids: Sequence[str], field_name: str) -> None:
+        seen: dict[str, int] = {}
+        for index, doc_id in enumerate(ids):
+            where = f"{field_name}[{index}]" if field_name != "id" else "id"
+            if not doc_id.strip():
+                raise InvalidRequest(f"{where} is empty", field=where)
+            if doc_id in seen:
+                raise InvalidRequest(f"{where}: id {doc_id!r} also at index {seen[doc_id]}; one write per id "
+                                     "per request", field=where)
+            seen[doc_id] = index
+
+    def _validate(self, documents: Sequence[DocumentIn]) -> None:
+        self._check_ids([d.id for d in documents], "documents")
+        for index, doc in enumerate(documents):
+            where = f"documents[{index}]"
+            if (doc.text is None) == (doc.vector is None):
+                raise InvalidRequest(f"{where}: give exactly one of text and vector", field=f"{where}.text")
+            if doc.text is not None and not doc.text.strip():
+                raise InvalidRequest(f"{where}.text is empty", field=f"{where}.text")
+            check_metadata(doc.metadata, f"{where}.metadata")
+            size = len(doc.title.encode()) + len((doc.text or "").encode()) + len(str(doc.metadata).encode())
+            if size > self.settings.max_document_bytes:
+                raise InvalidRequest(f"{where} is {size} bytes, over the limit of {self.settings.max_document_bytes}",
+                                     field=where)
+
+    def _versions(self) -> list[str]:
+        """The versions writes go to: the active one first, then the others loaded (a staged version
+        during a rollout, the previous one while it drains)."""
+        view = self.registry.view
+        loaded = [v for v in view.state.loaded() if v in view.versions]
+        return [view.state.active] + [v for v in loaded if v != view.state.active]
+
+    async def _vectors(self, documents: Sequence[DocumentIn], snapshot: VersionSnapshot) -> np.ndarray:
+        dim = snapshot.topology.dim
+        out = np.zeros((len(documents), dim), dtype=np.float32)
+        to_embed = [i for i, d in enumerate(documents) if d.vector is None]
+        for i, doc in enumerate(documents):
+            if doc.vector is not None:
+                vector = np.asarray(doc.vector, dtype=np.float32)
+                if vector.shape != (dim,):
+                    raise DimensionMismatch(f"documents[{i}].vector has {vector.size} dims, version "
+                                            f"{snapshot.version} has {dim}", field=f"documents[{i}].vector")
+                check_finite(vector, field=f"documents[{i}].vector")
+                out[i] = vector
+        if to_embed:
+            if snapshot.encoder is None:
+                raise ShardUnavailable(f"no encoder for version {snapshot.version}: send vectors", field="documents")
+            embedded = await snapshot.encoder.encode_documents(
+                [Document(DocId(documents[i].id), documents[i].text or "", documents[i].title) for i in to_embed])
+            out[to_embed] = embedded
+        return out
+
+    @staticmethod
+    def _shards_holding(doc_id: str, num_shards: int, kmeans: bool) -> list[int]:
+        """Where a document may live: its hash shard, or any shard of a kmeans partition."""
+        return list(range(num_shards)) if kmeans else [hash_shard(doc_id, num_shards)]
+
+    def _route_upserts(self, documents: Sequence[DocumentIn], vectors: np.ndarray,
+                       snapshot: VersionSnapshot) -> dict[int, list[_Item]]:
+        topology = snapshot.topology
+        plan: dict[int, list[_Item]] = defaultdict(list)
+        homes = (assign_to_centroids(vectors, topology.centroids).tolist() if topology.centroids is not None
+                 else [hash_shard(d.id, topology.num_shards) for d in documents])
+        for doc, vector, home in zip(documents, vectors, homes, strict=True):
+            plan[int(home)].append(_Item(UPSERT, doc.id, doc.title, doc.text or "", dict(doc.metadata), vector))
+            if topology.centroids is not None:  # the id may have lived elsewhere: never found twice
+                for other in range(topology.num_shards):
+                    if other != home:
+                        plan[other].append(_Item(DELETE, doc.id))
+        return plan
+
+    # -- replication -----------------------------------------------------------------------------
+    async def _commit(self, plans: dict[str, dict[int, list[_Item]]], active: str, ids: list[str],
+                      ack: WriteAck, idempotency_key: str | None) -> dict[str, Any]:
+        results = await asyncio.gather(*(self._replicate(version, shard, items, ack)
+                                         for version, plan in plans.items() for shard, items in sorted(plan.items())),
+                                       return_exceptions=True)
+        keys = [(version, shard) for version, plan in plans.items() for shard in sorted(plan)]
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        seq = {str(shard): int(last) for (version, shard), last in zip(keys, results, strict=True)
+               if version == active and isinstance(last, int)}
+        reply = {"ids": ids, "seq": seq, "version": active}
+        if idempotency_key is not None:
+            self.sequencer.remember(idempotency_key, reply)
+        return reply
+
+    async def _replicate(self, version: str, shard: int, items: list[_Item], ack: WriteAck) -> int:
+        replicas = list(self.registry.shard_replicas[shard])
+        needed = needed_acks(ack, len(replicas))
+        async with self._locks[(shard, version)]:  # one batch at a time per shard: replicas see seqs in order
+            first = self.sequencer.take(shard, version, len(items))
+            records = [WalRecord(first + i, item.op, item.doc_id, item.title, item.text, item.metadata, item.vector)
+                       for i, item in enumerate(items)]
+            payload = encode_records(records)
+            deadline = time.monotonic() + self.settings.timeout_s
+            tasks = [asyncio.ensure_future(self._send(replica, shard, version, payload, first, deadline))
+                     for replica in replicas]
+            ok, errors = 0, []
+            for finished in asyncio.as_completed(tasks):
+                try:
+                    await finished
+                    ok += 1
+                except ShardragError as exc:
+                    errors.append(exc.message)
+                if ok >= needed or len(errors) > len(replicas) - needed:
+                    break
+            for task in tasks:
+                if not task.done():  # the rest keep going: every replica should have every write
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+                    task.add_done_callback(_consume)
+        if ok < needed:
+            raise ShardUnavailable(f"shard {shard}: the write reached {ok} of the {needed} replicas {ack} needs "
+                                   f"({'; '.join(errors)})", shard=shard)
+        return records[-1].seq
+
+    async def _send(self, replica: str, shard: int, version: str, payload: bytes, first_seq: int,
+                    deadline: float) -> int:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ShardUnavailable(f"{replica} did not take seq {first_seq} in time", shard=shard)
+            try:
+                return await self.client.write(replica, shard, version, payload, remaining)
+            except ReplicaBehind:
+                # the replica misses earlier writes: copy them from a peer's WAL, then again
+                if not await self.catch_up(replica, shard, version, first_seq - 1, deadline):
+                    await asyncio.sleep(0.02)  # an earlier batch may still be on its way to it
+
+    async def catch_up(self, replica: str, shard: int, version: str, upto: int, deadline: float) -> bool:
+        """Bring ``replica`` to at least seq ``upto`` from a peer's WAL. False when no peer could."""
+        applied = await self._applied(replica, version)
+        if applied is None:
+            return False
+        if applied >= upto:
+            return True
+        for peer in self.registry.shard_replicas[shard]:
+            if peer == replica:
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                missing = await self.client.writes_after(peer, version, applied, remaining)
+                if not missing or decode_records(missing)[-1].seq < upto:
+                    continue
+                await self.client.write(replica, shard, version, missing, max(deadline - time.monotonic(), 0.1))
+                logger.info("%s caught up on %s from %s (seq %d → %d)", replica, version, peer, applied, upto)
+                return True
+            except (ShardragError, ValueError) as exc:
+                logger.info("catch-up of %s from %s: %s", replica, peer, exc)
+        return False
+
+    async def _applied(self, replica: str, version: str) -> int | None:
+        try:
+            info = await self.client.info(replica, self.settings.timeout_s)
+        except ShardragError:
+            return None
+        held = info.held().get(version)
+        return held.applied_seq if held is not None else None
+
+    def _by_applied(self, shard: int, version: str) -> list[str]:
+        """The shard's replicas, the one that applied the most writes first (from the last poll)."""
+        def applied(replica: str) -> int:
+            seq = self._last_known(replica, version)
+            return -1 if seq is None else seq
+
+        return sorted(self.registry.shard_replicas[shard], key=applied, reverse=True)
+
+    # -- background ------------------------------------------------------------------------------
+    async def repair(self) -> None:
+        """Bring lagging replicas up to their peers, and fill numbers taken long ago that no replica
+        has (a gateway died between taking them and sending) with no-ops, so writes never stall."""
+        view = self.registry.view
+        for version in view.versions:
+            for shard, replicas in enumerate(self.registry.shard_replicas):
+                applied = {r: self._last_known(r, version) for r in replicas}
+                known = [a for a in applied.values() if a is not None]
+                if not known:
+                    continue
+                best = max(known)
+                deadline = time.monotonic() + self.settings.timeout_s
+                for replica, seq in applied.items():
+                    if seq is not None and seq < best:
+                        await self.catch_up(replica, shard, version, best, deadline)
+                await self._fill_hole(shard, version, best)
+
+    def _last_known(self, replica: str, version: str) -> int | None:
+        info = self.registry.infos.get(replica)
+        held = info.held().get(version) if info is not None else None
+        return held.applied_seq if held is not None else None
+
+    async def _fill_hole(self, shard: int, version: str, best: int) -> None:
+        taken = self.sequencer.last(shard, version)
+        key = (shard, version)
+        if taken <= best or self._locks[key].locked():
+            self._holes.pop(key, None)
+            return
+        seen = self._holes.get(key)
+        if seen is None or seen[0] != best:
+            self._holes[key] = (best, time.monotonic())
+            return
+        if time.monotonic() - seen[1] < self.settings.hole_fill_after_s:
+            return
+        logger.warning("shard %d, %s: seqs %d..%d were taken but no replica has them; filling with no-ops",
+                       shard, version, best + 1, taken)
+        payload = encode_records([WalRecord(seq, NOOP, "") for seq in range(best + 1, taken + 1)])
+        deadline = time.monotonic() + self.settings.timeout_s
+        await asyncio.gather(*(self._send(r, shard, version, payload, best + 1, deadline)
+                               for r in self.registry.shard_replicas[shard]), return_exceptions=True)
+        self._holes.pop(key, None)
+
+    async def repair_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.repair()
+            except ShardragError as exc:
+                logger.warning("write repair: %s", exc.message)
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        self.sequencer.close()
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
