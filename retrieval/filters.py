@@ -30,8 +30,9 @@ from typing import Any, Union
 
 from retrieval.errors import InvalidRequest
 
-MAX_DEPTH = 4  # nested filters below the top one
-MAX_CLAUSES = 128  # conditions in one filter, all levels together
+MAX_DEPTH = 2  # nested filters below the top one (the OpenAPI schema spells out each level)
+MAX_CLAUSES = 256  # conditions in one filter, all levels together
+MAX_LIST_ITEMS = 16  # conditions in one must / should / must_not list
 MAX_VALUES = 1024  # values in one `any` or `has_id`
 MAX_KEY_CHARS = 128
 MAX_VALUE_CHARS = 1024
@@ -159,8 +160,9 @@ class _Parser:
             items = data.get(occur)
             if items is None:
                 continue
-            if not isinstance(items, list):
-                raise InvalidRequest(f"{path}.{occur} must be a list of conditions", field=f"{path}.{occur}")
+            if not isinstance(items, list) or len(items) > MAX_LIST_ITEMS:
+                raise InvalidRequest(f"{path}.{occur} must be a list of at most {MAX_LIST_ITEMS} conditions",
+                                     field=f"{path}.{occur}")
             parts[occur] = tuple(self.condition(item, f"{path}.{occur}[{i}]", depth) for i, item in enumerate(items))
         return Filter(**parts)
 

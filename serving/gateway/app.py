@@ -40,7 +40,7 @@ from serving.gateway.api_models import (
 )
 from serving.gateway.factory import Gateway, GatewaySetup
 from serving.gateway.metrics import GatewayMetrics
-from serving.gateway.openapi import query_request_schema
+from serving.gateway.openapi import filter_schemas, query_request_schema
 from serving.writes.models import DeleteRequest, UpsertRequest
 
 
@@ -177,8 +177,9 @@ def create_app(setup: GatewaySetup) -> Any:
             if gateway is not None:
                 view = gateway.registry.view
                 topology = view.versions[view.state.active].topology if view.state.active in view.versions else None
-            schema.setdefault("components", {}).setdefault("schemas", {})["QueryRequest"] = \
-                query_request_schema(limits, topology)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components["QueryRequest"] = query_request_schema(limits, topology)
+            components.update(filter_schemas())
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -6,6 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from retrieval.filters import (
+    MAX_DEPTH,
+    MAX_KEY_CHARS,
+    MAX_LIST_ITEMS,
+    MAX_VALUE_CHARS,
+    MAX_VALUES,
+    OCCURS,
+    RANGE_BOUNDS,
+)
 from serving.gateway.api_models import QueryRequest
 from serving.gateway.config import Limits
 from serving.versions.topology import Topology
@@ -36,7 +45,42 @@ def query_request_schema(limits: Limits, topology: Topology | None) -> dict[str,
                 props[name] = {"type": "null", "title": props[name].get("title", name),
                                "description": props[name].get("description", "") + f" (not for {factory})"}
     set_in("vector", **{k: v for k, v in vector.items() if k != "type"})
+    props["filter"] = {"anyOf": [{"$ref": f"#/components/schemas/{FILTER_SCHEMA}0"}, {"type": "null"}],
+                       "description": props["filter"].get("description", "")}
     # exactly one of text and vector
     schema["oneOf"] = [{"required": ["text"], "properties": {"text": {"type": "string"}}},
                        {"required": ["vector"], "properties": {"vector": {"type": "array"}}}]
     return schema
+
+
+FILTER_SCHEMA = "ShardragFilter"  # components/schemas/ShardragFilter0 .. ShardragFilter{MAX_DEPTH}
+
+
+def filter_schemas() -> dict[str, Any]:
+    """The filter language (retrieval.filters) as JSON Schema, one definition per nesting level, so
+    that every filter the schema allows is one the parser accepts."""
+    scalar = {"anyOf": [{"type": "string", "maxLength": MAX_VALUE_CHARS}, {"type": "number"}, {"type": "boolean"}]}
+    key = {"type": "string", "minLength": 1, "maxLength": MAX_KEY_CHARS}
+    match = {"type": "object", "required": ["key", "match"], "additionalProperties": False, "properties": {
+        "key": key, "match": {"oneOf": [
+            {"type": "object", "required": ["value"], "additionalProperties": False, "properties": {"value": scalar}},
+            {"type": "object", "required": ["any"], "additionalProperties": False, "properties": {
+                "any": {"type": "array", "minItems": 1, "maxItems": MAX_VALUES, "items": scalar}}}]}}}
+    range_ = {"type": "object", "required": ["key", "range"], "additionalProperties": False, "properties": {
+        "key": key, "range": {"type": "object", "minProperties": 1, "additionalProperties": False,
+                              "properties": {bound: {"type": "number"} for bound in RANGE_BOUNDS}}}}
+    has_id = {"type": "object", "required": ["has_id"], "additionalProperties": False, "properties": {
+        "has_id": {"type": "array", "minItems": 1, "maxItems": MAX_VALUES,
+                   "items": {"type": "string", "minLength": 1}}}}
+    schemas = {}
+    for depth in range(MAX_DEPTH + 1):
+        options: list[dict[str, Any]] = [match, range_, has_id]
+        if depth < MAX_DEPTH:
+            options.append({"$ref": f"#/components/schemas/{FILTER_SCHEMA}{depth + 1}"})
+        condition = {"anyOf": options}
+        schemas[f"{FILTER_SCHEMA}{depth}"] = {
+            "type": "object", "additionalProperties": False,
+            "description": "must: all hold; should: one holds; must_not: none holds (docs/filters.md)",
+            "properties": {occur: {"type": "array", "maxItems": MAX_LIST_ITEMS, "items": condition}
+                           for occur in OCCURS}}
+    return schemas

@@ -84,6 +84,9 @@ class NaturalBatcher(Generic[K, T, R]):
             for _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
+                    # A waiter that already gave up (a hedge that lost, a deadline) never reads
+                    # it; reading it here keeps asyncio from logging "never retrieved" at GC.
+                    future.add_done_callback(_retrieve_exception)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
         else:
@@ -93,3 +96,8 @@ class NaturalBatcher(Generic[K, T, R]):
         finally:
             self._inflight -= 1
             self._drain()
+
+
+def _retrieve_exception(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

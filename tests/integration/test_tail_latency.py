@@ -104,40 +104,42 @@ def test_a_stopped_shard_gives_flagged_partial_answers_within_the_deadline(clust
         time.sleep(0.2)
 
 
-def warm_up_hedging(url: str, vectors, min_samples: int = 40) -> None:
+def warm_up_hedging(client, vectors, min_samples: int = 40) -> None:
     """Queries without faults until every shard's hedge delay comes from measured latencies (below
-    the cap): a fresh gateway hedges only after the cap, which a 150 ms stall never reaches. The
-    test must not depend on earlier tests having warmed the gateway up."""
+    the cap): a fresh gateway hedges only after the cap, which a 150 ms stall never reaches."""
     deadline = time.monotonic() + 60
-    with httpx.Client(base_url=url, timeout=30) as client:
-        while True:
-            for vector in vectors[:min_samples]:
-                assert client.post("/v1/query", json={"vector": vector, "k": 10}).status_code == 200
-            delays = client.get("/v1/cluster").json()["hedging"]["delay_ms"]
-            if all(delay < 250.0 for delay in delays.values()):
-                return
-            assert time.monotonic() < deadline, delays
+    while True:
+        for vector in vectors[:min_samples]:
+            assert client.post("/v1/query", json={"vector": vector, "k": 10}).status_code == 200
+        delays = client.get("/v1/cluster").json()["hedging"]["delay_ms"]
+        if all(delay < 250.0 for delay in delays.values()):
+            return
+        assert time.monotonic() < deadline, delays
 
 
 def test_stalling_replica_is_hedged_within_budget_and_answers_do_not_change(cluster, vectors, msmarco):
+    """A gateway of its own over the module's shard processes (nothing earlier warms or cools it),
+    balancing round robin so the stalling replica keeps getting calls for the hedges to rescue (p2c
+    learns to avoid it, which is right, but leaves the hedges little to win)."""
     stalled = cluster.shards[0][0].ready["url"]
     set_faults(stalled)  # a clean start whatever ran before
-    warm_up_hedging(cluster.gateway_url, vectors)
-    set_faults(stalled, stall_probability=0.3, stall_ms=150, seed=7)
-    try:
-        before = httpx.get(f"{cluster.gateway_url}/v1/cluster", timeout=10).json()["hedging"]
-        hedged_answers = {}
-        hedge_flags = 0
-        with httpx.Client(base_url=cluster.gateway_url, timeout=30) as client:
+    config = GatewayConfig.from_dict({"encoder": {"load": False}, "calls": {"balancer": "round_robin"}})
+    with TestClient(create_app(GatewaySetup(config, cluster.shard_urls))) as client:
+        warm_up_hedging(client, vectors)
+        set_faults(stalled, stall_probability=0.3, stall_ms=150, seed=7)
+        try:
+            before = client.get("/v1/cluster").json()["hedging"]
+            hedged_answers = {}
+            hedge_flags = 0
             for _round in range(3):
                 for i, vector in enumerate(vectors):
                     body = client.post("/v1/query", json={"vector": vector, "k": 10}).json()
                     assert not body["partial"]
                     hedged_answers[i] = [(h["doc_id"], h["score"]) for h in body["hits"]]
                     hedge_flags += sum(c["hedged"] for c in body["diagnostics"]["per_shard"])
-        after = httpx.get(f"{cluster.gateway_url}/v1/cluster", timeout=10).json()["hedging"]
-    finally:
-        set_faults(stalled)
+            after = client.get("/v1/cluster").json()["hedging"]
+        finally:
+            set_faults(stalled)
     fired = after["hedges_fired"] - before["hedges_fired"]
     calls = after["calls"] - before["calls"]
     assert fired > 0 and hedge_flags > 0

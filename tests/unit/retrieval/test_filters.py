@@ -55,8 +55,7 @@ def test_meaning_on_one_document(data, expected):
     ({"must": [{"has_id": []}]}, "filter.must[0].has_id"),
     ({"must": [{"has_id": ["a", 3]}]}, "filter.must[0].has_id[1]"),
     ({"must": [{"has_id": ["a"], "key": "x"}]}, "filter.must[0]"),
-    ({"must": [{"must": [{"must": [{"must": [{"must": [{"must": []}]}]}]}]}]},
-     "filter.must[0].must[0].must[0].must[0].must[0]"),
+    ({"must": [{"must": [{"must": [{"must": []}]}]}]}, "filter.must[0].must[0].must[0]"),
 ])
 def test_refusals_name_the_bad_clause(data, field):
     with pytest.raises(InvalidRequest) as caught:
@@ -65,8 +64,13 @@ def test_refusals_name_the_bad_clause(data, field):
 
 
 def test_too_many_conditions_are_refused():
-    with pytest.raises(InvalidRequest, match="more than 128 conditions"):
-        parse_filter({"should": [{"key": "k", "match": {"value": i}} for i in range(200)]})
+    with pytest.raises(InvalidRequest, match="at most 16 conditions") as caught:
+        parse_filter({"should": [{"key": "k", "match": {"value": i}} for i in range(17)]})
+    assert caught.value.field == "filter.should"
+    wide = {"should": [{"should": [{"should": [{"key": "k", "match": {"value": i}} for i in range(16)]}
+                                   for _ in range(16)]} for _ in range(2)]}
+    with pytest.raises(InvalidRequest, match="more than 256 conditions"):
+        parse_filter(wide)
 
 
 def test_the_canonical_form_round_trips_and_ignores_value_order():
