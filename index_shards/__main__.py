@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", default=None,
                        help="this replica's own folder for its write-ahead logs (one per version); without it "
                             "the replica is read-only")
+    serve.add_argument("--compact-after", type=int, default=20_000,
+                       help="written documents + deletes held in memory before a background compaction folds "
+                            "them into a new sealed base (default 20000; writes pause at 4x that while it runs)")
     serve.add_argument("--filter-exact-max", type=int, default=4096,
                        help="filtered searches matching at most this many documents are scored exactly; more "
                             "take the index's own filtered search (default 4096)")
@@ -98,11 +101,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ShardragError as exc:
         exc.message = f"cannot serve {args.dir}: {exc.message}"
         raise
+    if args.compact_after < 1:
+        raise ConfigError("--compact-after must be ≥ 1", field="compact_after")
     if args.filter_exact_max < 0:
         raise ConfigError("--filter-exact-max must be ≥ 0", field="filter_exact_max")
     config = ShardServerConfig(max_k=args.max_k, max_batch=args.max_batch, faiss_threads=args.faiss_threads,
                                faults=faults, max_versions=args.max_versions, device=args.device,
-                               filter_exact_max=args.filter_exact_max, data_dir=args.data_dir)
+                               filter_exact_max=args.filter_exact_max, data_dir=args.data_dir,
+                               compact_after=args.compact_after)
     serve_app(
         create_app(shard, config), host=args.host, port=args.port, port_file=args.port_file,
         name=f"shard-{shard.manifest.shard_id}", log_level=args.log_level,

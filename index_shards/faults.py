@@ -11,6 +11,10 @@ time through ``PUT /admin/faults``. What it can do to a search request:
 * ``slow_start``   ``S`` — for S seconds after start, requests wait extra (linearly less over time)
 * ``seed``         seed of the fault dice (reproducible runs)
 
+And one that is not about searches: ``crash`` — ``after_wal_append`` | ``mid_compaction`` |
+``after_checkpoint``: the replica kills itself (SIGKILL, as ``kill -9`` would) the first time its
+write path reaches that point (index_shards.versions), for crash-recovery tests and drills.
+
 Spec string: comma-separated ``name=value``, e.g. ``stall=0.05:100,latency=lognormal:1:0.5``.
 Delays end early when the client disconnects (a cancelled hedge) or the request's deadline passes.
 """
@@ -18,8 +22,11 @@ Delays end early when the client disconnects (a cancelled hedge) or the request'
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import os
 import random
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
@@ -27,6 +34,11 @@ from typing import Any
 
 from httpkit.asgi import ClientDisconnected, Receive
 from retrieval.errors import InvalidRequest, ShardragError
+
+logger = logging.getLogger(__name__)
+
+
+CRASH_POINTS = ("after_wal_append", "mid_compaction", "after_checkpoint")
 
 
 class InjectedFault(ShardragError):
@@ -46,9 +58,13 @@ class FaultConfig:
     slowdown: float = 1.0  # service-time multiplier (≥ 1)
     slow_start_s: float = 0.0  # extra delay right after start, fading linearly to 0
     seed: int | None = None
+    crash_at: str = "none"  # a write-path point where the replica kills itself (CRASH_POINTS)
 
     def validate(self) -> FaultConfig:
         _parse_latency(self.latency)
+        if self.crash_at not in ("none", *CRASH_POINTS):
+            raise InvalidRequest(f"crash_at must be one of none, {', '.join(CRASH_POINTS)}; got {self.crash_at!r}",
+                                 field="crash_at")
         for name in ("stall_probability", "error_rate", "hang_probability"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -102,6 +118,8 @@ class FaultConfig:
                     config = replace(config, slowdown=float(value))
                 elif name == "slow_start":
                     config = replace(config, slow_start_s=float(value))
+                elif name == "crash":
+                    config = replace(config, crash_at=value)
                 elif name == "seed":
                     config = replace(config, seed=int(value))
                 else:
@@ -147,7 +165,15 @@ class FaultInjector:
 
     @property
     def active(self) -> bool:
-        return self.config.active
+        """Whether searches are touched (a crash point alone leaves them alone)."""
+        return replace(self.config, crash_at="none").active
+
+    def crash_point(self, point: str) -> None:
+        """Called by the write path at ``point``: dies there when configured to."""
+        if self.config.crash_at == point:
+            logger.warning("fault injection: crashing at %s", point)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def plan_before(self) -> tuple[float, int | None, bool]:
         """Dice for one request: (delay before search in s, error status or None, hang)."""

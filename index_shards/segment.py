@@ -54,9 +54,10 @@ class StoredDocument:
 
 
 class LiveShard:
-    def __init__(self, base: Shard, *, base_seq: int = 0) -> None:
+    def __init__(self, base: Shard, *, base_seq: int = 0, base_seqs: dict[int, int] | None = None) -> None:
         self.base = base
         self.base_seq = base_seq  # writes up to this seq are inside the base already
+        self._base_seqs = base_seqs or {}  # int id → seq of a base document (a compacted base)
         self.applied_seq = base_seq
         self.dim = base.manifest.dim
         self.metric = base.manifest.metric
@@ -132,13 +133,23 @@ class LiveShard:
         if stored is None:
             return None
         vector = self.base.filtered.vectors(np.asarray([int_id], dtype=np.int64))[0] if with_vector else None
-        return StoredDocument(stored.doc_id, stored.title, stored.text, stored.metadata or {}, 0, vector)
+        return StoredDocument(stored.doc_id, stored.title, stored.text, stored.metadata or {},
+                              self._base_seqs.get(int_id, 0), vector)
 
     def documents(self) -> Iterable[StoredDocument]:
-        """Every live document with its vector (compaction and replica comparisons read this)."""
+        """Every live document with its vector (replica comparisons read this)."""
+        return self.frozen_documents()[1]
+
+    def frozen_documents(self) -> tuple[int, Iterable[StoredDocument]]:
+        """The applied seq and every live document as of that seq (compaction reads this; writes
+        applied later do not show in the iterator)."""
         with self._lock:
+            seq = self.applied_seq
             segment = list(self._docs.values())
             hidden = set(self._tombstones) | {d.int_id for d in segment}
+        return seq, self._iter_documents(segment, hidden)
+
+    def _iter_documents(self, segment: list[SegmentDoc], hidden: set[int]) -> Iterable[StoredDocument]:
         base_ids = np.asarray([i for i in self.base.payload.int_ids.tolist() if i not in hidden], dtype=np.int64)
         for start in range(0, base_ids.size, 1024):
             chunk = base_ids[start:start + 1024]
@@ -146,8 +157,8 @@ class LiveShard:
             stored = self.base.docstore.get_many(chunk.tolist(), with_metadata=True)
             for int_id, vector in zip(chunk.tolist(), vectors, strict=True):
                 base_doc = stored[int_id]
-                yield StoredDocument(base_doc.doc_id, base_doc.title, base_doc.text, base_doc.metadata or {}, 0,
-                                     vector)
+                yield StoredDocument(base_doc.doc_id, base_doc.title, base_doc.text, base_doc.metadata or {},
+                                     self._base_seqs.get(int_id, 0), vector)
         for written in segment:
             yield StoredDocument(written.doc_id, written.title, written.text, written.metadata, written.seq,
                                  written.vector)

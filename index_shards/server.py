@@ -59,6 +59,7 @@ class ShardServerConfig:
     device: str = "auto"  # where staged versions are searched (as for the first one)
     filter_exact_max: int = 4096  # filtered searches with at most this many matches are scored exactly
     data_dir: str | None = None  # where this replica keeps its WALs; None: read-only
+    compact_after: int = 20_000  # segment documents + tombstones that start a background compaction
     max_write_bytes: int = 64 * 1024 * 1024  # largest replicated write batch
 
 
@@ -113,16 +114,14 @@ def parse_search_params(query_string: bytes, max_k: int) -> SearchParams:
 def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = None) -> Any:
     """The shard server's ASGI app: a fast path for POST /v1/search around a FastAPI app."""
     config = config or ShardServerConfig()
-    versions = shard if isinstance(shard, ShardVersions) else ShardVersions(shard, max_versions=config.max_versions,
-                                                                                  device=config.device,
-                                                                                  filter_exact_max=config.filter_exact_max,
-                                                                                  data_dir=config.data_dir)
+    faults = FaultInjector(config.faults)
+    versions = shard if isinstance(shard, ShardVersions) else ShardVersions(
+        shard, max_versions=config.max_versions, device=config.device, filter_exact_max=config.filter_exact_max,
+        data_dir=config.data_dir, compact_after=config.compact_after, crash_point=faults.crash_point)
     shard_id = versions.shard_id
     metrics = ShardMetrics.create(shard_id)
     metrics.documents.labels(shard=str(shard_id)).set(versions.get(versions.ready_ids()[0]).manifest.count)
     started_at = time.time()
-
-    faults = FaultInjector(config.faults)
 
     async def handle_search(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
         arrived = time.monotonic()
@@ -257,6 +256,12 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
         return json_response({"id": stored.doc_id, "title": stored.title, "text": stored.text,
                               "metadata": stored.metadata, "seq": stored.seq, "shard": shard_id,
                               "version": live.version_id, "applied_seq": live.applied_seq})
+
+    @app.post("/admin/compact", summary="Fold the write segment and tombstones into a new sealed base now")
+    async def post_compact(version: Annotated[str | None, Query(description="embedding version")] = None) -> Response:
+        version_id = versions.get(version).version_id
+        done = await asyncio.get_running_loop().run_in_executor(None, versions.compact, version_id)
+        return json_response(done)
 
     @app.get("/admin/faults", summary="Current fault injection settings and counts")
     async def get_faults() -> Response:

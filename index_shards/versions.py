@@ -13,17 +13,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from index_shards import compaction
 from index_shards.layout import INDEX_FILE
 from index_shards.manifest import SHARD_MANIFEST
 from index_shards.segment import LiveShard
 from index_shards.shard import Shard
-from index_shards.wal import WalRecord, WriteAheadLog
+from index_shards.wal import WalCorrupted, WalRecord, WriteAheadLog
 from retrieval.contract import (
     FAILED,
     LOADING,
@@ -48,6 +49,9 @@ from retrieval.errors import (
 )
 from retrieval.filters import filter_from_canonical
 
+COMPACT_AFTER = 20_000  # segment documents + tombstones that start a background compaction
+WAL_RETAIN = 100_000  # WAL records kept behind a checkpoint, for peers that fall behind
+
 logger = logging.getLogger(__name__)
 
 
@@ -63,6 +67,8 @@ class VersionSlot:
     live: LiveShard | None = None  # the shard with the writes applied since its base
     wal: WriteAheadLog | None = None  # None: this replica takes no writes (no --data-dir)
     write_lock: threading.Lock = field(default_factory=threading.Lock)
+    compact_lock: threading.Lock = field(default_factory=threading.Lock)  # one compaction at a time
+    compactions: int = 0
 
     def describe(self) -> VersionInfo:
         load_s = self.ready_at - self.started_at if self.ready_at is not None else None
@@ -94,11 +100,20 @@ def available_memory_bytes() -> int | None:
 class ShardVersions:
     def __init__(self, first: Shard, *, max_versions: int = 2, device: str = "auto",
                  memory_headroom: float = 0.2, filter_exact_max: int | None = None,
-                 data_dir: str | Path | None = None) -> None:
-        """``data_dir``: where this replica keeps its write-ahead logs (one folder per version);
-        None: the replica is read-only."""
+                 data_dir: str | Path | None = None, compact_after: int = COMPACT_AFTER,
+                 wal_retain: int = WAL_RETAIN, crash_point: Callable[[str], None] | None = None) -> None:
+        """``data_dir``: where this replica keeps its write-ahead logs and compacted bases (one folder
+        per version); None: the replica is read-only. ``compact_after``: segment documents plus
+        tombstones that start a background compaction (writes are refused with 503 past 4× that
+        while it runs: the segment's memory is bounded). ``crash_point``: the fault injector's hook,
+        called at named points of the write path (index_shards.faults)."""
         manifest = first.manifest
         self.data_dir = Path(data_dir) if data_dir is not None else None
+        if compact_after < 1:
+            raise InvalidRequest(f"compact_after must be ≥ 1, got {compact_after}", field="compact_after")
+        self.compact_after = compact_after
+        self.wal_retain = max(0, wal_retain)
+        self._crash_point = crash_point or (lambda point: None)
         self.filter_exact_max = filter_exact_max  # None: each shard's default (index_shards.filtered)
         if filter_exact_max is not None:
             first.filtered.exact_scan_max = filter_exact_max
@@ -112,22 +127,46 @@ class ShardVersions:
         self.memory_headroom = memory_headroom
         self._lock = threading.Lock()
         slot = VersionSlot(first.version_id, first.directory, LOADING, first, started_at=time.time())
-        self._go_live(slot, first)
+        slot.shard = self._go_live(slot, first)
         slot.state, slot.ready_at = READY, time.time()
         self._slots: dict[str, VersionSlot] = {first.version_id: slot}
 
-    def _go_live(self, slot: VersionSlot, shard: Shard) -> None:
-        """The shard plus the writes its WAL holds (replayed in order); a damaged WAL stops here."""
-        slot.live = LiveShard(shard)
+    def _go_live(self, slot: VersionSlot, shard: Shard) -> Shard:
+        """The shard plus the writes its WAL holds: the last compacted base (when a checkpoint
+        names one) and the WAL records past it, replayed in order. A damaged WAL or base stops
+        here. Returns the base in use."""
         if self.data_dir is None:
-            return
-        wal = WriteAheadLog(self.data_dir / slot.version_id)
-        records = wal.open()
-        slot.live.apply(records)
-        slot.wal = wal
-        if records:
-            logger.warning("version %s: replayed %d writes from the WAL (applied seq %d)", slot.version_id,
-                           len(records), slot.live.applied_seq)
+            slot.live = LiveShard(shard)
+            return shard
+        wal_dir = self.data_dir / slot.version_id
+        checkpoint = compaction.read_checkpoint(wal_dir)
+        compaction.remove_leftovers(wal_dir, checkpoint.base if checkpoint else None)
+        base_seq, base_seqs = 0, {}
+        if checkpoint is not None:
+            shard.docstore.close()
+            shard = self._load_base(wal_dir / checkpoint.base, shard)
+            base_seq, base_seqs = checkpoint.seq, compaction.read_seqs(shard.directory)
+        wal = WriteAheadLog(wal_dir)
+        records = wal.open(after_seq=base_seq)
+        live = LiveShard(shard, base_seq=base_seq, base_seqs=base_seqs)
+        if records and records[0].seq != base_seq + 1:
+            raise WalCorrupted(f"WAL {wal_dir} resumes at seq {records[0].seq}, but the base holds writes up to "
+                               f"{base_seq}: writes {base_seq + 1}..{records[0].seq - 1} are missing", field="wal")
+        live.apply(records)
+        slot.live, slot.wal = live, wal
+        if records or checkpoint:
+            logger.warning("version %s: base at seq %d, replayed %d writes from the WAL (applied seq %d)",
+                           slot.version_id, base_seq, len(records), live.applied_seq)
+        return shard
+
+    def _load_base(self, directory: Path, build: Shard) -> Shard:
+        base = Shard.load(directory, device=self.device)
+        if self.filter_exact_max is not None:
+            base.filtered.exact_scan_max = self.filter_exact_max
+        m, b = base.manifest, build.manifest
+        if (m.embedding_version.id, m.shard_id, m.num_shards) != (b.embedding_version.id, b.shard_id, b.num_shards):
+            raise IndexIntegrityError(f"{directory} is not a compaction of {build.directory}")
+        return base
 
     # -- queries ------------------------------------------------------------------------------
     def ready_ids(self) -> list[str]:
@@ -167,10 +206,74 @@ class ShardVersions:
             if fresh and fresh[0].seq != applied + 1:
                 raise ReplicaBehind(f"shard {self.shard_id} applied up to seq {applied}; got {fresh[0].seq}",
                                     field="seq", shard=self.shard_id)
+            live = slot.live
+            if fresh and live.segment_size + live.tombstones >= 4 * self.compact_after and slot.compact_lock.locked():
+                raise ResourceExhausted(f"shard {self.shard_id}: the write segment is full while compaction runs; "
+                                        "retry shortly", field="documents", shard=self.shard_id)
             if fresh:
                 slot.wal.append(fresh)
-                slot.live.apply(fresh)
-            return slot.live.applied_seq
+                self._crash_point("after_wal_append")  # durable, not applied, not acknowledged
+                live.apply(fresh)
+            applied = live.applied_seq
+            due = live.segment_size + live.tombstones >= self.compact_after
+        if due and not slot.compact_lock.locked():
+            threading.Thread(target=self._compact_quietly, args=(slot,), daemon=True,
+                             name=f"compact-{slot.version_id}").start()
+        return applied
+
+    # -- compaction ---------------------------------------------------------------------------
+    def compact(self, version_id: str) -> dict[str, float | int | str]:
+        """Fold the version's segment and tombstones into a new sealed base (index_shards.compaction);
+        queries and writes go on meanwhile. Returns what was done."""
+        slot = self._slot(version_id)
+        if slot.wal is None:
+            raise ShardUnavailable(f"this replica of shard {self.shard_id} takes no writes (no --data-dir)",
+                                   shard=self.shard_id)
+        with slot.compact_lock:
+            return self._compact(slot)
+
+    def _compact_quietly(self, slot: VersionSlot) -> None:
+        if not slot.compact_lock.acquire(blocking=False):
+            return
+        try:
+            self._compact(slot)
+        except Exception:  # noqa: BLE001 - a background compaction that fails is retried by the next write
+            logger.exception("compaction of version %s failed", slot.version_id)
+        finally:
+            slot.compact_lock.release()
+
+    def _compact(self, slot: VersionSlot) -> dict[str, float | int | str]:
+        assert slot.live is not None and slot.wal is not None and self.data_dir is not None
+        started = time.perf_counter()
+        live = slot.live
+        seq, documents = live.frozen_documents()
+        if seq == live.base_seq:
+            return {"version": slot.version_id, "base_seq": seq, "count": live.base.manifest.count,
+                    "compacted": 0, "seconds": 0.0}
+        wal_dir = self.data_dir / slot.version_id
+        folded = live.segment_size + live.tombstones
+        base_dir = compaction.write_base(wal_dir, live.base.manifest, documents, seq)
+        self._crash_point("mid_compaction")  # the new base is on disk, no checkpoint names it yet
+        compaction.publish_checkpoint(wal_dir, base_dir, seq)
+        self._crash_point("after_checkpoint")  # named by the checkpoint; the WAL is still whole
+        base = self._load_base(base_dir, live.base)
+        with slot.write_lock:  # the writes applied while the base was built move to the new segment
+            current = slot.live
+            fresh = LiveShard(base, base_seq=seq, base_seqs=compaction.read_seqs(base_dir))
+            fresh.apply(list(slot.wal.read_after(seq)))
+            if fresh.applied_seq != current.applied_seq:
+                raise IndexIntegrityError(f"compaction of {slot.version_id}: the WAL reaches seq "
+                                          f"{fresh.applied_seq}, the replica {current.applied_seq}")
+            slot.live, slot.shard = fresh, base
+            slot.compactions += 1
+        # queries still running on the old base hold their own references; its files can go
+        compaction.remove_leftovers(wal_dir, keep=base_dir.name)
+        slot.wal.drop_through(seq - self.wal_retain)
+        took = time.perf_counter() - started
+        logger.warning("version %s compacted at seq %d: %d documents, %d segment entries folded (%.2f s)",
+                       slot.version_id, seq, base.manifest.count, folded, took)
+        return {"version": slot.version_id, "base_seq": seq, "count": base.manifest.count, "compacted": folded,
+                "seconds": round(took, 3)}
 
     def writes_after(self, version_id: str, after_seq: int) -> list[WalRecord]:
         """The records after ``after_seq`` (a lagging peer catches up from these)."""
@@ -254,7 +357,6 @@ class ShardVersions:
             shard = Shard.load(slot.directory, device=self.device)
             if self.filter_exact_max is not None:
                 shard.filtered.exact_scan_max = self.filter_exact_max
-            self._go_live(slot, shard)
             m = shard.manifest
             if m.embedding_version.id != slot.version_id:
                 raise IndexIntegrityError(f"{slot.directory} holds version {m.embedding_version.id}, "
@@ -263,6 +365,7 @@ class ShardVersions:
                 raise IndexIntegrityError(
                     f"{slot.directory} is shard {m.shard_id}/{m.num_shards} of {m.collection!r}; this replica "
                     f"serves shard {self.shard_id}/{self.num_shards} of {self.collection!r}")
+            shard = self._go_live(slot, shard)
         except ShardragError as exc:
             slot.state, slot.error = FAILED, exc.message
             logger.error("version %s failed to load: %s", slot.version_id, exc.message)

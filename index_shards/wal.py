@@ -80,7 +80,7 @@ class WriteAheadLog:
                 previous = record.seq
                 if record.seq > after_seq:
                     records.append(record)
-        self.last_seq = previous or 0
+        self.last_seq = max(previous or 0, after_seq)  # after a checkpoint the log may hold nothing newer
         if files:
             self._current = files[-1]
             self._handle = open(self._current, "ab")  # noqa: SIM115 - held open for appends
