@@ -136,6 +136,19 @@ class LiveShard:
         return StoredDocument(stored.doc_id, stored.title, stored.text, stored.metadata or {},
                               self._base_seqs.get(int_id, 0), vector)
 
+    def matching_ids(self, filter_: Filter, limit: int) -> list[str]:
+        """The ids of live documents that ``filter_`` selects (delete by filter reads this), at most
+        ``limit``."""
+        with self._lock:
+            segment = list(self._docs.values())
+            hidden = set(self._tombstones) | {d.int_id for d in segment}
+        found = [d.doc_id for d in segment if filter_.matches(d.doc_id, d.metadata)][:limit]
+        room = max(0, limit - len(found))
+        base_ids = [i for i in self.base.payload.select(filter_).tolist() if i not in hidden][:room]
+        stored = self.base.docstore.get_many(base_ids, with_text=False)
+        found.extend(stored[i].doc_id for i in base_ids if i in stored)
+        return found
+
     def documents(self) -> Iterable[StoredDocument]:
         """Every live document with its vector (replica comparisons read this)."""
         return self.frozen_documents()[1]

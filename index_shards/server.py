@@ -257,6 +257,12 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
                               "metadata": stored.metadata, "seq": stored.seq, "shard": shard_id,
                               "version": live.version_id, "applied_seq": live.applied_seq})
 
+    @app.get("/v1/ids", summary="Ids of the live documents a filter selects (delete by filter reads these)")
+    async def get_ids(version: Annotated[str, Query()], filter: Annotated[str, Query()],
+                      limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000) -> Response:
+        ids = await asyncio.get_running_loop().run_in_executor(None, versions.matching_ids, version, filter, limit)
+        return json_response({"shard_id": shard_id, "version": version, "ids": ids})
+
     @app.post("/admin/compact", summary="Fold the write segment and tombstones into a new sealed base now")
     async def post_compact(version: Annotated[str | None, Query(description="embedding version")] = None) -> Response:
         version_id = versions.get(version).version_id

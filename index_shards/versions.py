@@ -286,6 +286,10 @@ class ShardVersions:
                            field="after")
         return list(slot.wal.read_after(after_seq))
 
+    def matching_ids(self, version_id: str, filter_canonical: str, limit: int) -> list[str]:
+        """Ids of live documents of the version that the filter (canonical JSON) selects."""
+        return self.get(version_id).matching_ids(filter_from_canonical(filter_canonical), limit)
+
     def describe(self) -> tuple[VersionInfo, ...]:
         return tuple(slot.describe() for slot in list(self._slots.values()))
 

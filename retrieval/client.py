@@ -65,12 +65,16 @@ class ShardragClient:
         version: str | None = None,
         filter: dict[str, Any] | None = None,
         with_metadata: bool = False,
+        min_seq: dict[str, int] | None = None,
     ) -> dict[str, Any]:
         """``filter``: only documents whose metadata match (``docs/filters.md``); ``with_metadata``:
-        each hit carries its metadata."""
+        each hit carries its metadata; ``min_seq``: a session read — only replicas that applied
+        these writes answer (pass the ``seq`` an :meth:`upsert` or :meth:`delete` returned)."""
         body: dict[str, Any] = {"with_text": with_text}
         if with_metadata:
             body["with_metadata"] = True
+        if min_seq is not None:
+            body.update(consistency="session", min_seq=dict(min_seq))
         for name, value in (("text", text), ("k", k), ("top_m", top_m), ("nprobe", nprobe), ("ef_search", ef_search),
                             ("timeout_ms", timeout_ms), ("version", version), ("filter", filter)):
             if value is not None:
@@ -78,6 +82,34 @@ class ShardragClient:
         if vector is not None:
             body["vector"] = [float(x) for x in vector]
         return self._check(self._http.post("/v1/query", json=body))
+
+    def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
+               idempotency_key: str | None = None) -> dict[str, Any]:
+        """Insert or replace documents (``{"id", "title"?, "text" | "vector", "metadata"?}``); returns
+        ``{"ids", "seq", "version"}`` once ``write_ack`` replicas of each touched shard have them
+        fsynced. Needs a key with the ``write`` scope."""
+        body: dict[str, Any] = {"documents": list(documents), "write_ack": write_ack}
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        return self._check(self._http.post("/v1/documents", json=body))
+
+    def delete(self, ids: Sequence[str] | None = None, *, filter: dict[str, Any] | None = None,
+               write_ack: str = "majority", idempotency_key: str | None = None) -> dict[str, Any]:
+        """Delete by ``ids`` or by ``filter`` (every live document it selects); same reply as upsert."""
+        body: dict[str, Any] = {"write_ack": write_ack}
+        if ids is not None:
+            body["ids"] = list(ids)
+        if filter is not None:
+            body["filter"] = filter
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        return self._check(self._http.post("/v1/documents/delete", json=body))
+
+    def get(self, doc_id: str) -> dict[str, Any]:
+        """One document with its metadata and seq (raises NotFound when absent or deleted)."""
+        from urllib.parse import quote
+
+        return self._check(self._http.get(f"/v1/documents/{quote(doc_id, safe='')}"))
 
     def cluster(self) -> dict[str, Any]:
         return self._check(self._http.get("/v1/cluster"))

@@ -36,6 +36,7 @@ MAX_LIST_ITEMS = 16  # conditions in one must / should / must_not list
 MAX_VALUES = 1024  # values in one `any` or `has_id`
 MAX_KEY_CHARS = 128
 MAX_VALUE_CHARS = 1024
+MAX_METADATA_KEYS = 64  # keys of one document's metadata
 OCCURS = ("must", "should", "must_not")
 RANGE_BOUNDS = ("gt", "gte", "lt", "lte")
 
@@ -260,6 +261,8 @@ def check_metadata(metadata: Any, path: str = "metadata") -> dict[str, Any]:
     strings (flat: one level), keys non-empty strings."""
     if not isinstance(metadata, Mapping):
         raise InvalidRequest(f"{path} must be an object", field=path)
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise InvalidRequest(f"{path} has {len(metadata)} keys; at most {MAX_METADATA_KEYS}", field=path)
     out: dict[str, Any] = {}
     for key, value in metadata.items():
         if not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS:

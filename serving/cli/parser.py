@@ -11,6 +11,7 @@ from serving.cli.cluster import cmd_demo, cmd_serve
 from serving.cli.common import DEFAULT_URL
 from serving.cli.processes import cmd_gateway, cmd_generator, cmd_kv_node
 from serving.cli.remote import cmd_query, cmd_rollout
+from serving.cli.writes import add_write_commands
 
 DESCRIPTION = """``shardrag`` — build, serve and query sharded retrieval collections.
 
@@ -19,6 +20,10 @@ DESCRIPTION = """``shardrag`` — build, serve and query sharded retrieval colle
   shardrag build --corpus PATH ...    corpus (JSONL or BEIR folder) → collection on disk
   shardrag serve --collection NAME    start the local cluster for a built collection
   shardrag query "text"               ask a running gateway
+  shardrag ingest --collection NAME --corpus FILE.jsonl
+                                      upsert a corpus into a running cluster (resumable)
+  shardrag delete --ids a,b | --filter JSON
+                                      delete documents from a running cluster
   shardrag rollout stage|activate|retire|abort|rollback|status [VERSION]
                                       roll a new embedding version out through the gateway
   shardrag train --collection NAME    fine-tune the retriever on the slices (DDP) → new version
@@ -144,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "'{\"must\": [{\"key\": \"lang\", \"match\": {\"value\": \"en\"}}]}' (docs/filters.md)")
     query.add_argument("--with-metadata", action="store_true", help="print each hit's metadata")
     query.set_defaults(func=cmd_query)
+    add_write_commands(commands)
 
     # Training lives in the training package (serving must not import it): `shardrag train|eval ...`
     # runs `python -m training train|eval ...` in this process (see main()).

@@ -40,7 +40,7 @@ from serving.gateway.api_models import (
 )
 from serving.gateway.factory import Gateway, GatewaySetup
 from serving.gateway.metrics import GatewayMetrics
-from serving.gateway.openapi import filter_schemas, query_request_schema
+from serving.gateway.openapi import filter_schemas, query_request_schema, write_schemas
 from serving.writes.models import DeleteRequest, UpsertRequest
 
 
@@ -180,6 +180,7 @@ def create_app(setup: GatewaySetup) -> Any:
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             components["QueryRequest"] = query_request_schema(limits, topology)
             components.update(filter_schemas())
+            components.update(write_schemas(limits, topology))
             app.openapi_schema = schema
         return app.openapi_schema
 

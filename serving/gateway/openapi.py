@@ -10,6 +10,7 @@ from retrieval.filters import (
     MAX_DEPTH,
     MAX_KEY_CHARS,
     MAX_LIST_ITEMS,
+    MAX_METADATA_KEYS,
     MAX_VALUE_CHARS,
     MAX_VALUES,
     OCCURS,
@@ -18,6 +19,7 @@ from retrieval.filters import (
 from serving.gateway.api_models import QueryRequest
 from serving.gateway.config import Limits
 from serving.versions.topology import Topology
+from serving.writes.models import MAX_ID_CHARS, DeleteRequest, UpsertRequest
 
 
 def query_request_schema(limits: Limits, topology: Topology | None) -> dict[str, Any]:
@@ -84,3 +86,55 @@ def filter_schemas() -> dict[str, Any]:
             "properties": {occur: {"type": "array", "maxItems": MAX_LIST_ITEMS, "items": condition}
                            for occur in OCCURS}}
     return schemas
+
+
+def _non_null(prop: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic ``X | None`` property without its null option (absent means None)."""
+    options = [o for o in prop.get("anyOf", [prop]) if o.get("type") != "null"]
+    out = dict(options[0]) if len(options) == 1 else {"anyOf": options}
+    for key in ("description", "title"):
+        if key in prop:
+            out[key] = prop[key]
+    return out
+
+
+def _one_of(present: str, present_type: str, absent: str, absent_type: str) -> dict[str, Any]:
+    """``present`` is given (not null) and ``absent`` is missing or null."""
+    return {"required": [present], "properties": {present: {"type": present_type}},
+            "not": {"required": [absent], "properties": {absent: {"type": absent_type}}}}
+
+
+def write_schemas(limits: Limits, topology: Topology | None) -> dict[str, Any]:
+    """``UpsertRequest``, ``DocumentIn`` and ``DeleteRequest`` stated as exactly as JSON Schema can:
+    non-blank ids and texts, exactly one of text and vector (of the collection's dimension),
+    flat metadata. What it cannot say — ids unique within a batch, a document's total size — is
+    refused with a 422 naming the item (docs/writes.md)."""
+    ref = "#/components/schemas/{model}"
+    upsert = UpsertRequest.model_json_schema(ref_template=ref)
+    defs = upsert.pop("$defs", {})
+    document = defs["DocumentIn"]
+    props = document["properties"]
+    props["id"]["pattern"] = r"\S"
+    props["text"] = {"anyOf": [{**_non_null(props["text"]), "pattern": r"\S"}, {"type": "null"}]}
+    bound = float(limits.max_vector_abs)
+    vector: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "items": {"type": "number", "minimum": -bound, "maximum": bound}}
+    if topology is not None:
+        vector.update(minItems=int(topology.dim), maxItems=int(topology.dim))
+    props["vector"] = {"anyOf": [vector, {"type": "null"}], "description": props["vector"].get("description", "")}
+    scalar = [{"type": "string", "maxLength": MAX_VALUE_CHARS}, {"type": "number"}, {"type": "boolean"}]
+    props["metadata"] = {
+        "type": "object", "maxProperties": MAX_METADATA_KEYS, "description": props["metadata"].get("description", ""),
+        "propertyNames": {"minLength": 1, "maxLength": MAX_KEY_CHARS},
+        "additionalProperties": {"anyOf": [*scalar, {"type": "array", "maxItems": MAX_VALUES,
+                                                     "items": {"type": "string", "maxLength": MAX_VALUE_CHARS}}]}}
+    document["oneOf"] = [_one_of("text", "string", "vector", "array"), _one_of("vector", "array", "text", "string")]
+    delete = DeleteRequest.model_json_schema(ref_template=ref)
+    dprops = delete["properties"]
+    ids = {**_non_null(dprops["ids"]), "uniqueItems": True,
+           "items": {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS, "pattern": r"\S"}}
+    dprops["ids"] = {"anyOf": [ids, {"type": "null"}]}
+    dprops["filter"] = {"anyOf": [{"$ref": f"#/components/schemas/{FILTER_SCHEMA}0"}, {"type": "null"}],
+                        "description": dprops["filter"].get("description", "")}
+    delete["oneOf"] = [_one_of("ids", "array", "filter", "object"), _one_of("filter", "object", "ids", "array")]
+    return {"UpsertRequest": upsert, "DocumentIn": document, "DeleteRequest": delete}

@@ -68,5 +68,10 @@ class ShardClient(ABC):
         """The document as the replica holds it, or None (absent or deleted)."""
         raise ShardUnavailable(f"{type(self).__name__} carries no reads by id", shard=shard_id)
 
+    async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
+                           timeout_s: float) -> list[str]:
+        """Ids of the replica's live documents that the filter (canonical JSON) selects."""
+        raise ShardUnavailable(f"{type(self).__name__} carries no reads by filter", shard=shard_id)
+
     async def close(self) -> None:  # noqa: B027 - optional: only clients that hold resources close them
         pass

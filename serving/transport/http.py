@@ -109,6 +109,19 @@ class HttpShardClient(JsonControlClient):
             raise error_for_status(status, payload, peer=replica)
         return payload
 
+    async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
+                           timeout_s: float) -> list[str]:
+        path = (f"/v1/ids?version={quote(version, safe='')}&filter={quote(filter_canonical, safe='')}"
+                f"&limit={limit}")
+        try:
+            status, payload = await self._pool.request("GET", f"{replica}{path}", timeout_s=timeout_s,
+                                                       headers=self._auth)
+        except (TimeoutError, HttpError) as exc:
+            raise ShardUnavailable(f"shard {shard_id} ({replica}) unreachable: {exc!r}", shard=shard_id) from exc
+        if status != 200:
+            raise error_for_status(status, payload, peer=replica, shard=shard_id)
+        return [str(doc_id) for doc_id in orjson.loads(payload)["ids"]]
+
     async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
                        timeout_s: float) -> dict[str, Any] | None:
         path = f"/v1/documents/{quote(doc_id, safe='')}?version={quote(version, safe='')}"

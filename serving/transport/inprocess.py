@@ -70,6 +70,10 @@ class InProcessShardClient(ShardClient):
     async def writes_after(self, replica: str, version: str, after_seq: int, timeout_s: float) -> bytes:
         return encode_records(self._replica(replica).writes_after(version, after_seq))
 
+    async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
+                           timeout_s: float) -> list[str]:
+        return self._replica(replica, shard_id).matching_ids(version, filter_canonical, limit)
+
     async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
                        timeout_s: float) -> dict[str, Any] | None:
         live = self._replica(replica, shard_id).get(version)

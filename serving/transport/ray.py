@@ -72,6 +72,9 @@ class ShardReplica:
     def writes_after(self, version: str, after_seq: int) -> bytes:
         return encode_records(self.versions.writes_after(version, after_seq))
 
+    def matching_ids(self, version: str, filter_canonical: str, limit: int) -> list[str]:
+        return self.versions.matching_ids(version, filter_canonical, limit)
+
     def document(self, version: str, doc_id: str) -> dict[str, Any] | None:
         live = self.versions.get(version)
         stored = live.get(doc_id)
@@ -160,6 +163,12 @@ class RayShardClient(ShardClient):
         records: bytes = await self._call(self._handle(replica).writes_after.remote(version, after_seq),
                                           f"{replica} writes", None, timeout_s)
         return records
+
+    async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
+                           timeout_s: float) -> list[str]:
+        ref = self._handle(replica, shard_id).matching_ids.remote(version, filter_canonical, limit)
+        ids: list[str] = await self._call(ref, f"shard {shard_id} ({replica}) ids", shard_id, timeout_s)
+        return ids
 
     async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
                        timeout_s: float) -> dict[str, Any] | None:

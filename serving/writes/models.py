@@ -36,9 +36,16 @@ class UpsertRequest(BaseModel):
     write_ack: WriteAck = Field("majority", description="replicas of every touched shard that must have it fsynced")
 
 
+MAX_DELETE_BY_FILTER = 100_000  # documents one delete-by-filter request may remove
+
+
 class DeleteRequest(BaseModel):
+    """Exactly one of ``ids`` and ``filter``."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    ids: list[str] = Field(min_length=1, max_length=MAX_DOCUMENTS)
+    ids: list[str] | None = Field(None, min_length=1, max_length=MAX_DOCUMENTS)
+    filter: dict[str, Any] | None = Field(None, description="delete every live document the filter selects "
+                                                             "(the filter language of /v1/query; docs/filters.md)")
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
     write_ack: WriteAck = "majority"

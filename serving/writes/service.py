@@ -35,14 +35,14 @@ from retrieval.errors import (
     ShardUnavailable,
     VersionConflict,
 )
-from retrieval.filters import check_metadata
+from retrieval.filters import check_metadata, parse_filter
 from retrieval.records import DELETE, NOOP, UPSERT, WalRecord, decode_records, encode_records
 from retrieval.routing import assign_to_centroids, hash_shard
 from retrieval.types import DocId, Document
 from retrieval.wire import check_finite
 from serving.transport.client import ShardClient
 from serving.versions.registry import VersionRegistry, VersionSnapshot
-from serving.writes.models import DeleteRequest, DocumentIn, UpsertRequest, WriteAck
+from serving.writes.models import MAX_DELETE_BY_FILTER, DeleteRequest, DocumentIn, UpsertRequest, WriteAck
 from serving.writes.sequencer import Sequencer
 
 logger = logging.getLogger(__name__)
@@ -112,18 +112,59 @@ class WriteService:
             earlier = self.sequencer.recall(request.idempotency_key)
             if earlier is not None:
                 return earlier
-        self._check_ids(request.ids, "ids")
+        if (request.ids is None) == (request.filter is None):
+            raise InvalidRequest("give exactly one of ids and filter", field="ids")
         view = self.registry.view
         versions = self._versions()
+        found: dict[int, list[str]] = {}  # shard → ids it holds (delete by filter, active version)
+        if request.filter is not None:
+            filter_ = parse_filter(request.filter)
+            if filter_.empty:
+                raise InvalidRequest("an empty filter would delete every document; name what to delete",
+                                     field="filter")
+            found = await self._matching(versions[0], filter_.canonical())
+            ids = [doc_id for shard_ids in found.values() for doc_id in shard_ids]
+        else:
+            assert request.ids is not None
+            ids = list(request.ids)
+            self._check_ids(ids, "ids")
+        if not ids:
+            return {"ids": [], "seq": {}, "version": versions[0]}
         plans: dict[str, dict[int, list[_Item]]] = {}
         for version in versions:
             topology = view.snapshot(version).topology
             plan: dict[int, list[_Item]] = defaultdict(list)
-            for doc_id in request.ids:
-                for shard in self._shards_holding(doc_id, topology.num_shards, topology.centroids is not None):
-                    plan[shard].append(_Item(DELETE, doc_id))
+            if version == versions[0] and found:
+                for shard, shard_ids in found.items():
+                    plan[shard].extend(_Item(DELETE, doc_id) for doc_id in shard_ids)
+            else:
+                for doc_id in ids:
+                    for shard in self._shards_holding(doc_id, topology.num_shards, topology.centroids is not None):
+                        plan[shard].append(_Item(DELETE, doc_id))
             plans[version] = plan
-        return await self._commit(plans, versions[0], list(request.ids), request.write_ack, request.idempotency_key)
+        return await self._commit(plans, versions[0], ids, request.write_ack, request.idempotency_key)
+
+    async def _matching(self, version: str, filter_canonical: str) -> dict[int, list[str]]:
+        """Per shard, the ids the filter selects, as the shard's most up-to-date replica holds them."""
+        found: dict[int, list[str]] = {}
+        for shard in range(len(self.registry.shard_replicas)):
+            for replica in self._by_applied(shard, version):
+                try:
+                    ids = await self.client.matching_ids(replica, shard, version, filter_canonical,
+                                                         MAX_DELETE_BY_FILTER + 1, self.settings.timeout_s)
+                except ShardragError as exc:
+                    logger.info("matching ids on %s: %s", replica, exc.message)
+                    continue
+                found[shard] = ids
+                break
+            else:
+                raise ShardUnavailable(f"no replica of shard {shard} could list the documents the filter selects",
+                                       shard=shard)
+        total = sum(len(ids) for ids in found.values())
+        if total > MAX_DELETE_BY_FILTER:
+            raise InvalidRequest(f"the filter selects more than {MAX_DELETE_BY_FILTER} documents; narrow it and "
+                                 "delete in steps", field="filter")
+        return {shard: ids for shard, ids in found.items() if ids}
 
     async def get(self, doc_id: str) -> dict[str, Any]:
         """The document as the replica that applied the most writes holds it."""

@@ -1,0 +1,161 @@
+"""``shardrag ingest`` and ``shardrag delete``: writes into a running cluster through its gateway.
+
+Ingest streams a JSONL corpus (``_id``/``id``, ``title``, ``text`` or ``vector``, ``metadata``) in
+batches. It is resumable: after each acknowledged batch the number of documents acknowledged is
+recorded (crash-safe) in a progress file keyed by the collection and the corpus' content hash,
+and a re-run starts after them. Every batch carries an idempotency key derived from the same
+hash and the batch's position, so a batch that was sent but whose acknowledgement was lost is
+answered from the gateway's memory of it when it is sent again — never applied twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from retrieval import env
+from retrieval.atomic import atomic_write_bytes
+from retrieval.errors import ConfigError, InvalidRequest
+from serving.cli.common import gateway_url
+from serving.cli.remote import _json_argument
+
+
+def _corpus_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _documents(path: Path) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                raise InvalidRequest(f"{path}:{line_no}: not JSON ({exc})", field="corpus") from exc
+            if not isinstance(record, dict):
+                raise InvalidRequest(f"{path}:{line_no}: a record must be a JSON object", field="corpus")
+            doc_id = record.get("_id", record.get("id", record.get("doc_id")))
+            if doc_id is None:
+                raise InvalidRequest(f"{path}:{line_no}: record has no '_id' (or 'id')", field="_id")
+            document: dict[str, Any] = {"id": str(doc_id), "title": str(record.get("title") or "")}
+            if record.get("vector") is not None:
+                document["vector"] = record["vector"]
+            else:
+                document["text"] = str(record.get("text") or "")
+            if record.get("metadata"):
+                document["metadata"] = record["metadata"]
+            yield document
+
+
+def progress_path(args: argparse.Namespace, collection: str, corpus_hash: str) -> Path:
+    if args.progress:
+        return Path(args.progress)
+    base = Path(env.read("SHARDRAG_CACHE_DIR") or Path.home() / ".cache" / "shardrag" / "embeddings").parent
+    return base / "ingest" / f"{collection}-{corpus_hash[:16]}.json"
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from retrieval.client import ShardragClient
+
+    corpus = Path(args.corpus)
+    if not corpus.is_file():
+        raise ConfigError(f"--corpus {corpus} is not a file", field="corpus")
+    if args.batch < 1 or args.batch > 1000:
+        raise ConfigError("--batch must be between 1 and 1000", field="batch")
+    corpus_hash = _corpus_hash(corpus)
+    with ShardragClient(gateway_url(args), timeout_s=args.timeout, api_key=args.api_key) as client:
+        serving = client.cluster().get("collection")
+        if serving != args.collection:
+            raise ConfigError(f"the gateway at {gateway_url(args)} serves collection {serving!r}, not "
+                              f"{args.collection!r}", field="collection")
+        progress_file = progress_path(args, args.collection, corpus_hash)
+        done = 0
+        if progress_file.exists() and not args.restart:
+            done = int(json.loads(progress_file.read_text())["acknowledged"])
+        total = sum(1 for _ in _documents(corpus))
+        if done:
+            print(f"resuming: {done} of {total} documents were acknowledged before ({progress_file})", file=sys.stderr)
+        progress_file.parent.mkdir(parents=True, exist_ok=True)
+        bar = tqdm(total=total, initial=done, unit="doc", desc=f"ingest → {args.collection}", disable=args.quiet)
+        batch: list[dict[str, Any]] = []
+        position = 0
+        seq: dict[str, int] = {}
+
+        def send(batch: list[dict[str, Any]], first: int) -> None:
+            key = f"ingest:{args.collection}:{corpus_hash[:32]}:{first}:{len(batch)}"
+            reply = client.upsert(batch, write_ack=args.write_ack, idempotency_key=key)
+            for shard, value in reply["seq"].items():
+                seq[shard] = max(seq.get(shard, 0), int(value))
+            atomic_write_bytes(progress_file, json.dumps({
+                "collection": args.collection, "corpus": str(corpus.resolve()), "sha256": corpus_hash,
+                "acknowledged": first + len(batch), "total": total}).encode())
+            bar.update(len(batch))
+
+        for document in _documents(corpus):
+            position += 1
+            if position <= done:
+                continue
+            batch.append(document)
+            if len(batch) == args.batch:
+                send(batch, position - len(batch))
+                batch = []
+        if batch:
+            send(batch, position - len(batch))
+        bar.close()
+    print(json.dumps({"collection": args.collection, "acknowledged": total, "sent": total - done, "seq": seq}))
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    from retrieval.client import ShardragClient
+
+    if (args.ids is None) == (args.filter is None):
+        raise ConfigError("give exactly one of --ids and --filter", field="ids")
+    ids = [i for i in args.ids.split(",") if i] if args.ids is not None else None
+    filter_ = _json_argument(args.filter, "--filter") if args.filter is not None else None
+    with ShardragClient(gateway_url(args), timeout_s=args.timeout, api_key=args.api_key) as client:
+        reply = client.delete(ids, filter=filter_, write_ack=args.write_ack)
+    print(json.dumps(reply))
+    return 0
+
+
+def add_write_commands(commands: Any) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", help="gateway URL [env SHARDRAG_URL, default http://127.0.0.1:8000]")
+    common.add_argument("--api-key", default=None, help="a key with the write scope [env SHARDRAG_API_KEY]")
+    common.add_argument("--write-ack", choices=("one", "majority", "all"), default="majority",
+                        help="replicas of each touched shard that must have fsynced a batch (default majority)")
+    common.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
+
+    ingest = commands.add_parser(
+        "ingest", parents=[common], help="stream a JSONL corpus into a running cluster (upserts; resumable)",
+        description="Upsert every document of a JSONL corpus (_id/id, title, text or vector, metadata) through "
+                    "the gateway, in batches, with a progress bar. Re-running after an interruption skips what "
+                    "was acknowledged; a batch re-sent after a lost acknowledgement is never applied twice.")
+    ingest.add_argument("--collection", required=True, help="the collection the gateway serves (checked)")
+    ingest.add_argument("--corpus", required=True, help="JSONL file, one document per line")
+    ingest.add_argument("--batch", type=int, default=256, help="documents per request, 1..1000 (default 256)")
+    ingest.add_argument("--progress", default=None,
+                        help="progress file (default ~/.cache/shardrag/ingest/<collection>-<corpus hash>.json)")
+    ingest.add_argument("--restart", action="store_true", help="ignore earlier progress and send everything again")
+    ingest.add_argument("--quiet", action="store_true", help="no progress bar")
+    ingest.set_defaults(func=cmd_ingest)
+
+    delete = commands.add_parser("delete", parents=[common], help="delete documents by id or by metadata filter",
+                                 description="Delete documents from a running cluster: --ids a,b,c or --filter JSON "
+                                             "(every live document it selects; docs/filters.md).")
+    delete.add_argument("--ids", default=None, help="comma-separated document ids")
+    delete.add_argument("--filter", default=None, help="a filter as JSON, or @FILE")
+    delete.set_defaults(func=cmd_delete)
