@@ -18,6 +18,7 @@ READ = secrets.token_urlsafe(24)
 ADMIN = secrets.token_urlsafe(24)
 THROTTLED = secrets.token_urlsafe(24)  # only the rate-limit test drains this key's bucket
 TOKEN = secrets.token_urlsafe(32)
+WRITE = secrets.token_urlsafe(24)
 LIMITS = GatewayConfig.from_dict({"encoder": {"load": False}, "limits": {
     "max_k": 20, "max_body_bytes": 20_000, "max_timeout_ms": 2000, "default_timeout_ms": 2000,
     "rate_limit_qps": 5.0, "rate_limit_burst": 10}})
@@ -29,7 +30,7 @@ def cluster(tmp_path_factory, msmarco):
     build_collection(root, msmarco.documents, msmarco.vectors, msmarco.version, BuildConfig("auth", 2),
                      show_progress=False)
     with LocalCluster(root, "auth", replicas=1, gateway=LIMITS, workdir=tmp_path_factory.mktemp("work"),
-                      api_keys=[f"read:{READ}", f"admin:{ADMIN}", f"read:{THROTTLED}"],
+                      api_keys=[f"read:{READ}", f"admin:{ADMIN}", f"read:{THROTTLED}", f"write:{WRITE}"],
                       internal_token=TOKEN) as running:
         yield running
 
@@ -60,6 +61,24 @@ def test_keys_and_scopes(cluster, vector):
     assert httpx.get(f"{url}/healthz").status_code == 200  # probes need no key
 
 
+def test_writes_need_the_write_scope(cluster, vector):
+    url = cluster.gateway_url
+    doc = {"documents": [{"id": "scoped-doc", "vector": vector, "metadata": {"by": "write"}}]}
+    forbidden = httpx.post(f"{url}/v1/documents", json=doc, headers=bearer(READ))
+    assert forbidden.status_code == 403 and "write" in forbidden.json()["error"]["message"]
+    assert forbidden.json()["error"]["field"] == "authorization"
+    assert httpx.post(f"{url}/v1/documents", json=doc).status_code == 401
+    assert httpx.post(f"{url}/v1/documents/delete", json={"ids": ["x"]}, headers=bearer(READ)).status_code == 403
+    written = httpx.post(f"{url}/v1/documents", json=doc, headers=bearer(WRITE))
+    assert written.status_code == 200, written.text
+    assert httpx.get(f"{url}/v1/documents/scoped-doc", headers=bearer(READ)).json()["metadata"] == {"by": "write"}
+    session = {"vector": vector, "k": 1, "consistency": "session", "min_seq": written.json()["seq"]}
+    assert httpx.post(f"{url}/v1/query", json=session, headers=bearer(WRITE)).json()["hits"][0]["doc_id"] == "scoped-doc"
+    assert httpx.get(f"{url}/admin/rollout", headers=bearer(WRITE)).status_code == 403  # write is not admin
+    deleted = httpx.post(f"{url}/v1/documents/delete", json={"ids": ["scoped-doc"]}, headers=bearer(ADMIN))
+    assert deleted.status_code == 200  # admin implies write
+
+
 def test_shards_refuse_calls_without_the_internal_token(cluster):
     shard = cluster.shard_urls[0][0]
     assert httpx.get(f"{shard}/healthz").status_code == 200
@@ -76,7 +95,7 @@ def test_secrets_never_reach_the_logs(cluster, vector):
     httpx.get(f"{cluster.gateway_url}/admin/rollout", headers=bearer(READ))
     logs = "".join(path.read_text(errors="replace") for path in cluster.workdir.glob("*.log"))
     assert logs
-    for secret in (READ, ADMIN, THROTTLED, TOKEN):
+    for secret in (READ, ADMIN, THROTTLED, TOKEN, WRITE):
         assert secret not in logs
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import httpx
@@ -120,3 +121,120 @@ def test_a_stopped_replica_is_skipped_by_session_reads_then_catches_up(cluster, 
         assert time.monotonic() < deadline, "the stopped replica never caught up"
         time.sleep(0.2)
     assert httpx.get(f"{url}/v1/documents/{doc_id}", timeout=10).status_code == 200
+
+
+def test_delete_by_filter_and_get_metadata(http):
+    tag = unique("tenant")
+    docs = [{"id": f"{tag}-{i}", "text": f"invoice number {i} for the tenant", "metadata": {"tenant": tag, "n": i}}
+            for i in range(6)]
+    written = http.post("/v1/documents", json={"documents": docs, "write_ack": "all"})
+    assert written.status_code == 200, written.text
+    only = {"must": [{"key": "tenant", "match": {"value": tag}}]}
+    found = session(http, "invoice for the tenant", written.json()["seq"], k=10, filter=only)["hits"]
+    assert sorted(h["doc_id"] for h in found) == sorted(d["id"] for d in docs)
+    partial = {"must": [{"key": "tenant", "match": {"value": tag}}, {"key": "n", "range": {"gte": 3}}]}
+    deleted = http.post("/v1/documents/delete", json={"filter": partial, "write_ack": "all"})
+    assert deleted.status_code == 200, deleted.text
+    assert sorted(deleted.json()["ids"]) == [f"{tag}-{i}" for i in (3, 4, 5)]
+    left = session(http, "invoice for the tenant", deleted.json()["seq"], k=10, filter=only)["hits"]
+    assert sorted(h["doc_id"] for h in left) == [f"{tag}-{i}" for i in (0, 1, 2)]
+    assert http.get(f"/v1/documents/{tag}-4").status_code == 404
+    assert http.get(f"/v1/documents/{tag}-1").json()["metadata"] == {"tenant": tag, "n": 1}
+    nothing = http.post("/v1/documents/delete", json={"filter": partial})
+    assert nothing.status_code == 200 and nothing.json()["ids"] == []
+
+
+@pytest.mark.parametrize("body, status, field", [
+    ({"documents": [{"id": "a", "vector": [0.1] * 383}]}, 422, "documents[0].vector"),
+    ({"documents": [{"id": "a", "vector": [0.1] * 383 + ["x"]}]}, 422, "documents.0.vector.383"),
+    ({"documents": [{"id": "", "text": "x"}]}, 422, "documents.0.id"),
+    ({"documents": [{"id": " ", "text": "x"}]}, 422, "documents[0]"),
+    ({"documents": [{"id": "k" * 1024, "text": "x"}]}, 422, "documents.0.id"),
+    ({"documents": [{"id": "a", "text": "x", "metadata": ["not", "an", "object"]}]}, 422, "documents.0.metadata"),
+    ({"documents": [{"id": "a", "text": "x", "metadata": {"a": {"b": {"c": 1}}}}]}, 422, "documents[0].metadata.a"),
+    ({"documents": [{"id": "a", "text": "x", "vector": [0.0] * 384}]}, 422, "documents[0].text"),
+    ({"documents": [{"id": "a"}]}, 422, "documents[0].text"),
+    ({"documents": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]}, 422, "documents[1]"),
+    ({"documents": [{"id": "a", "text": "x"}], "write_ack": "some"}, 422, "write_ack"),
+    ({"documents": []}, 422, "documents"),
+    ({"ids": ["a"], "filter": {"must": []}}, 422, "ids"),
+    ({"filter": {"must": [{"key": "n", "near": {"value": 1}}]}}, 422, "filter.must[0]"),
+    ({"filter": {"must": [{"key": "n", "range": {"gte": "2020"}}]}}, 422, "filter.must[0].range.gte"),
+    ({"filter": {}}, 422, "filter"),
+    ({"ids": ["a", "a"]}, 422, "ids[1]"),
+])
+def test_bad_writes_are_refused_naming_the_field(http, body, status, field):
+    path = "/v1/documents/delete" if "documents" not in body else "/v1/documents"
+    response = http.post(path, json=body)
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["field"].startswith(field), response.json()
+
+
+def test_nan_and_huge_documents_are_refused(http):
+    nan = http.post("/v1/documents", content=b'{"documents": [{"id": "n", "vector": [NaN' + b', 0.0' * 383 + b']}]}',
+                    headers={"content-type": "application/json"})
+    assert 400 <= nan.status_code < 500 and nan.status_code != 404, nan.text
+    huge = http.post("/v1/documents", json={"documents": [{"id": "big", "text": "word " * 2_000_000}]})
+    assert huge.status_code == 413 or (huge.status_code == 422 and "documents" in huge.json()["error"]["field"])
+    assert http.get("/v1/documents/big").status_code == 404 and http.get("/v1/documents/n").status_code == 404
+
+
+def test_a_replica_that_crashes_between_wal_append_and_ack_keeps_the_write(cluster, http):
+    victim = cluster.shards[0][0]
+    old_pid = victim.process.pid
+    url = victim.ready["url"]
+    assert httpx.put(f"{url}/admin/faults", json={"crash_at": "after_wal_append"}, timeout=10).status_code == 200
+    doc_id = next(d for d in (unique(f"crash-{i}") for i in range(100)) if hash_shard(d, 2) == 0)
+    reply = http.post("/v1/documents", json={"documents": [{"id": doc_id, "text": "a durable write survives"}]})
+    assert reply.status_code == 200, reply.text  # the two other replicas acknowledged: majority
+    deadline = time.monotonic() + 60
+    while victim.process.pid == old_pid or victim.ready is None:
+        assert time.monotonic() < deadline, "the supervisor did not restart the crashed replica"
+        time.sleep(0.1)
+    stored = httpx.get(f"{victim.ready['url']}/v1/documents/{doc_id}", timeout=10)
+    assert stored.status_code == 200, stored.text  # replayed from its WAL: fsynced before the crash
+    assert stored.json()["seq"] == reply.json()["seq"]["0"]
+
+
+def test_compaction_under_query_load_changes_no_answer(cluster, http, msmarco):
+    ids = [unique(f"compact-{i}") for i in range(40)]
+    written = http.post("/v1/documents", json={"write_ack": "all", "documents": [
+        {"id": doc_id, "text": msmarco.documents[700 + i].text, "metadata": {"i": i}} for i, doc_id in
+        enumerate(ids)]}).json()
+    http.post("/v1/documents/delete", json={"ids": [msmarco.documents[i].doc_id for i in range(10)],
+                                            "write_ack": "all"})
+    queries = [msmarco.dataset.queries[q] for q in msmarco.query_ids[:20]]
+
+    def answers():
+        return [[h["doc_id"] for h in session(http, q, written["seq"], k=10)["hits"]] for q in queries]
+
+    before = answers()
+    errors, served = [], [0]
+    stop = threading.Event()
+
+    def load():
+        with httpx.Client(base_url=cluster.gateway_url, timeout=60) as client:
+            while not stop.is_set():
+                r = client.post("/v1/query", json={"text": queries[served[0] % len(queries)], "k": 10})
+                served[0] += 1
+                if r.status_code != 200 or r.json()["partial"]:
+                    errors.append(r.text)
+
+    workers = [threading.Thread(target=load) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    try:
+        for row in cluster.shards:
+            for replica in row:
+                done = httpx.post(f"{replica.ready['url']}/admin/compact", timeout=120)
+                assert done.status_code == 200, done.text
+                assert done.json()["compacted"] > 0 or done.json()["base_seq"] > 0
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+    assert served[0] > 20 and errors == []
+    assert answers() == before
+    for row in cluster.shards:
+        info = httpx.get(f"{row[0].ready['url']}/v1/info", timeout=10).json()["versions"][0]
+        assert info["segment"] == 0 and info["tombstones"] == 0
