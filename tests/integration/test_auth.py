@@ -73,7 +73,8 @@ def test_writes_need_the_write_scope(cluster, vector):
     assert written.status_code == 200, written.text
     assert httpx.get(f"{url}/v1/documents/scoped-doc", headers=bearer(READ)).json()["metadata"] == {"by": "write"}
     session = {"vector": vector, "k": 1, "consistency": "session", "min_seq": written.json()["seq"]}
-    assert httpx.post(f"{url}/v1/query", json=session, headers=bearer(WRITE)).json()["hits"][0]["doc_id"] == "scoped-doc"
+    hits = httpx.post(f"{url}/v1/query", json=session, headers=bearer(WRITE)).json()["hits"]
+    assert hits[0]["doc_id"] == "scoped-doc"
     assert httpx.get(f"{url}/admin/rollout", headers=bearer(WRITE)).status_code == 403  # write is not admin
     deleted = httpx.post(f"{url}/v1/documents/delete", json={"ids": ["scoped-doc"]}, headers=bearer(ADMIN))
     assert deleted.status_code == 200  # admin implies write
