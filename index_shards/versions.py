@@ -208,8 +208,8 @@ class ShardVersions:
                                     field="seq", shard=self.shard_id)
             live = slot.live
             if fresh and live.segment_size + live.tombstones >= 4 * self.compact_after and slot.compact_lock.locked():
-                raise ResourceExhausted(f"shard {self.shard_id}: the write segment is full while compaction runs; "
-                                        "retry shortly", field="documents", shard=self.shard_id)
+                raise ShardUnavailable(f"shard {self.shard_id}: the write segment is full while compaction runs; "
+                                       "retry shortly", field="documents", shard=self.shard_id)
             if fresh:
                 slot.wal.append(fresh)
                 self._crash_point("after_wal_append")  # durable, not applied, not acknowledged

@@ -117,12 +117,12 @@ class GatewaySetup:
         def on_event(event: RolloutEvent) -> None:
             metrics.rollout_events.labels(kind=event.kind).inc()
 
+        writes = WriteService(registry, client, Sequencer(config.writes.state_path), config.writes)
         rollout = RolloutService(registry, client, queries.search_text, settings=config.rollout, gate=config.gate,
                                  encoders_loaded=config.encoder.load,
                                  recent_queries=lambda: list(queries.recent_queries),
-                                 on_event=on_event)
+                                 on_event=on_event, before_activate=writes.prepare_activation)
         answers = AnswerService(self.generators, queries.retrieve, settings=config.answer)
-        writes = WriteService(registry, client, Sequencer(config.writes.state_path), config.writes)
         tasks: tuple[asyncio.Future[Any], ...] = (
             asyncio.ensure_future(writes.repair_forever(config.rollout.poll_interval_s)),
             asyncio.ensure_future(probe_ejected(detector, client, interval_s=config.ejection.probe_interval_s,

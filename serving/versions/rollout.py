@@ -63,8 +63,12 @@ class RolloutService:
     def __init__(self, registry: VersionRegistry, client: ShardClient, search: SearchFn, *,
                  settings: RolloutSettings, gate: GateSettings, encoders_loaded: bool,
                  recent_queries: Callable[[], Sequence[str]],
-                 on_event: Callable[[protocol.RolloutEvent], None] | None = None) -> None:
+                 on_event: Callable[[protocol.RolloutEvent], None] | None = None,
+                 before_activate: Callable[[str], Awaitable[None]] | None = None) -> None:
+        """``before_activate``: awaited with the version once it is ready everywhere, before the gate
+        (the write service gives it the writes it may have missed)."""
         self.registry = registry
+        self.before_activate = before_activate
         self.client = client
         self.search = search
         self.settings = settings
@@ -172,6 +176,8 @@ class RolloutService:
         reasons = self.readiness(version)
         if reasons:
             raise RolloutRefused(f"activation of {version} refused: " + "; ".join(reasons), field="version")
+        if self.before_activate is not None:
+            await self.before_activate(version)
         gate = await quality_gate(state.active, version, queries, qrels, search=self.search, settings=self.gate,
                                   recent=self.recent_queries(), encoders_loaded=self.encoders_loaded)
         if not gate["passed"]:

@@ -85,6 +85,7 @@ class WriteService:
         self._locks: dict[tuple[int, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._background: set[asyncio.Task[Any]] = set()
         self._holes: dict[tuple[int, str], tuple[int, float]] = {}  # (shard, version) → (seq, first seen)
+        self._sync_lock = asyncio.Lock()  # one staged version brought up to date at a time
 
     # -- requests --------------------------------------------------------------------------------
     async def upsert(self, request: UpsertRequest) -> dict[str, Any]:
@@ -94,7 +95,7 @@ class WriteService:
                 return earlier
         self._validate(request.documents)
         view = self.registry.view
-        versions = self._versions()
+        versions = await self._target_versions()
         if len(versions) > 1 and any(d.vector is not None for d in request.documents):
             raise VersionConflict(f"versions {versions} are loaded (a rollout is under way): every write goes to "
                                   "each of them, embedded by its own encoder; send text, not vectors",
@@ -115,7 +116,7 @@ class WriteService:
         if (request.ids is None) == (request.filter is None):
             raise InvalidRequest("give exactly one of ids and filter", field="ids")
         view = self.registry.view
-        versions = self._versions()
+        versions = await self._target_versions()
         found: dict[int, list[str]] = {}  # shard → ids it holds (delete by filter, active version)
         if request.filter is not None:
             filter_ = parse_filter(request.filter)
@@ -210,10 +211,98 @@ class WriteService:
                 raise InvalidRequest(f"{where} is {size} bytes, over the limit of {self.settings.max_document_bytes}",
                                      field=where)
 
+    async def _target_versions(self) -> list[str]:
+        """:meth:`_versions`, after bringing a newly staged version up to date (once per staging)."""
+        versions = self._versions()
+        for version in versions[1:]:
+            if version == self.registry.view.state.staged:
+                await self._bring_up(version, versions[0])
+        return versions
+
+    async def prepare_activation(self, version: str) -> None:
+        """Before ``version`` is activated: it has every write (even if none came since staging)."""
+        view = self.registry.view
+        if version == view.state.staged and version in view.versions:
+            await self._bring_up(version, view.state.active)
+
+    async def _bring_up(self, staged: str, active: str) -> None:
+        """Give a staged version every write the active one took since its build (it was built
+        from a snapshot of the documents): each shard's WAL of the active version, latest record
+        per id, re-embedded by the staged version's encoder and written to it, while writes to the
+        active version wait. Done once per staging (remembered in the sequencer's store), so an
+        activation never loses a write made before the stage command either."""
+        state = self.registry.view.state
+        key = f"__staged_sync__:{active}->{staged}@{state.generation}"
+        if self.sequencer.recall(key) is not None:
+            return
+        async with self._sync_lock:
+            if self.sequencer.recall(key) is not None:
+                return
+            shards = range(len(self.registry.shard_replicas))
+            locks = [self._locks[(shard, active)] for shard in shards]
+            for lock in locks:
+                await lock.acquire()
+            try:
+                started = time.monotonic()
+                latest: dict[str, WalRecord] = {}
+                for shard in shards:
+                    for record in await self._history(shard, active):
+                        if record.op != NOOP:
+                            latest[record.doc_id] = record
+                upserts = [r for r in latest.values() if r.op == UPSERT and r.text.strip()]
+                vector_only = [r.doc_id for r in latest.values() if r.op == UPSERT and not r.text.strip()]
+                deletes = [r.doc_id for r in latest.values() if r.op == DELETE]
+                if vector_only:  # nothing to re-embed them from: the staged version cannot hold them
+                    logger.warning("%d documents written to %s as vectors only cannot be re-embedded for %s; they "
+                                   "are missing from it (send text to keep them across rollouts)", len(vector_only),
+                                   active, staged)
+                snapshot = self.registry.view.snapshot(staged)
+                for start in range(0, len(upserts), 256):
+                    chunk = [DocumentIn(id=r.doc_id, title=r.title, text=r.text, metadata=dict(r.metadata))
+                             for r in upserts[start:start + 256]]
+                    plan = self._route_upserts(chunk, await self._vectors(chunk, snapshot), snapshot)
+                    await asyncio.gather(*(self._replicate(staged, shard, items, "majority")
+                                           for shard, items in sorted(plan.items())))
+                topology = snapshot.topology
+                delete_plan: dict[int, list[_Item]] = defaultdict(list)
+                for doc_id in deletes:
+                    for shard in self._shards_holding(doc_id, topology.num_shards, topology.centroids is not None):
+                        delete_plan[shard].append(_Item(DELETE, doc_id))
+                await asyncio.gather(*(self._replicate(staged, shard, items, "majority")
+                                       for shard, items in sorted(delete_plan.items())))
+                self.sequencer.remember(key, {"upserts": len(upserts), "deletes": len(deletes),
+                                              "vector_only": len(vector_only)})
+                logger.warning("staged %s brought up to date with %s: %d upserts, %d deletes (%.1f s)", staged,
+                               active, len(upserts), len(deletes), time.monotonic() - started)
+            finally:
+                for lock in locks:
+                    lock.release()
+
+    async def _history(self, shard: int, version: str) -> list[WalRecord]:
+        """Every write record the shard's most up-to-date reachable replica holds for ``version``."""
+        for replica in self._by_applied(shard, version):
+            try:
+                payload = await self.client.writes_after(replica, version, 0, self.settings.timeout_s)
+            except NotFound as exc:
+                raise ShardUnavailable(f"shard {shard}: the writes to {version} since its build are compacted away "
+                                       f"({exc.message}); build the new version from the current documents",
+                                       shard=shard, field="version") from exc
+            except ShardragError as exc:
+                logger.info("history of shard %d from %s: %s", shard, replica, exc.message)
+                continue
+            return decode_records(payload)
+        raise ShardUnavailable(f"no replica of shard {shard} could send the writes to {version}", shard=shard)
+
     def _versions(self) -> list[str]:
         """The versions writes go to: the active one first, then the others loaded (a staged version
         during a rollout, the previous one while it drains)."""
         view = self.registry.view
+        staged = view.state.staged
+        if staged is not None and staged not in view.versions:
+            # Until every shard holds it ready it cannot take its copy of a write, and a write it
+            # missed would be missing from it after activation: writes wait (503, retry) instead.
+            raise ShardUnavailable(f"version {staged} is being staged and is not yet ready on every shard; writes "
+                                   "resume once it is (or abort it) — retry shortly", field="version")
         loaded = [v for v in view.state.loaded() if v in view.versions]
         return [view.state.active] + [v for v in loaded if v != view.state.active]
 

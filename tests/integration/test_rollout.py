@@ -234,3 +234,58 @@ def test_gateway_killed_during_activation_comes_back_consistent(cluster, version
         assert body["version"] == state["active"] and {h["version"] for h in body["hits"]} == {state["active"]}
     done = admin(cluster, "activate", version=target, force=True)  # re-issued: completes or is a no-op
     assert done.status_code == 200 and done.json()["state"]["active"] == target
+
+
+def write_until_stopped(cluster, stop, acknowledged, refused):
+    """Upserts of text documents, one small batch at a time; a 503 (a version loading) is retried."""
+    with httpx.Client(base_url=cluster.gateway_url, timeout=60) as client:
+        n = 0
+        while not stop.is_set():
+            batch = [{"id": f"rollout-write-{time.monotonic_ns()}-{i}", "metadata": {"n": n + i},
+                      "text": f"rollout diary entry {n + i}: the staged encoder must see this write"} for i in range(3)]
+            response = client.post("/v1/documents", json={"documents": batch})
+            if response.status_code == 200:
+                acknowledged.extend(d["id"] for d in batch)
+                n += len(batch)
+            elif response.status_code == 503:
+                refused.append(response.json()["error"]["message"])
+                time.sleep(0.1)
+            else:
+                raise AssertionError(response.text)
+
+
+def test_writes_during_a_rollout_are_all_in_the_new_version(cluster, versions, queries):
+    v1, v2 = versions["v1"], versions["v2"]
+    results: list = []
+    acknowledged: list[str] = []
+    refused: list[str] = []
+    stop = threading.Event()
+    workers = [threading.Thread(target=run_load, args=(cluster, queries, stop, results)),
+               threading.Thread(target=write_until_stopped, args=(cluster, stop, acknowledged, refused))]
+    for worker in workers:
+        worker.start()
+    try:
+        time.sleep(1.0)
+        assert admin(cluster, "stage", version=v2, model=versions["v2_model"]).status_code == 200
+        wait_ready(cluster, v2)
+        time.sleep(1.5)  # dual-writes into V1 and V2
+        during_staging = len(acknowledged)
+        activated = admin(cluster, "activate", version=v2, queries=queries)
+        assert activated.status_code == 200, activated.text
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+    assert during_staging > 0 and len(acknowledged) > during_staging
+    assert all("being staged" in message for message in refused)  # only while V2 was loading
+    with httpx.Client(base_url=cluster.gateway_url, timeout=60) as client:
+        for doc_id in acknowledged:  # every acknowledged write, whenever it came, is in V2
+            stored = client.get(f"/v1/documents/{doc_id}")
+            assert stored.status_code == 200, (doc_id, stored.text)
+            assert stored.json()["version"] == v2
+    errors = [(code, body) for _, _, code, body in results if code != 200]
+    assert errors == [], errors[:3]
+    for _, _, _, body in results:
+        assert {hit["version"] for hit in body["hits"]} <= {body["version"]}  # never mixed
+    admin(cluster, "retire", version=v1, force=True)
