@@ -149,6 +149,20 @@ class LiveShard:
         found.extend(stored[i].doc_id for i in base_ids if i in stored)
         return found
 
+    def digest(self) -> dict[str, Any]:
+        """A fingerprint of the live state: the count and a sha256 over every document's id, vector
+        bytes (float32, little-endian), title, text and metadata (canonical JSON), in id order.
+        Two replicas with equal digests hold the same documents bit for bit."""
+        import hashlib
+
+        seq, documents = self.frozen_documents()
+        rows = sorted(documents, key=lambda d: d.doc_id)
+        digest = hashlib.sha256()
+        for doc in rows:
+            assert doc.vector is not None
+            digest.update(document_fingerprint(doc.doc_id, doc.vector, doc.title, doc.text, doc.metadata))
+        return {"count": len(rows), "sha256": digest.hexdigest(), "applied_seq": seq}
+
     def documents(self) -> Iterable[StoredDocument]:
         """Every live document with its vector (replica comparisons read this)."""
         return self.frozen_documents()[1]
@@ -221,6 +235,14 @@ class LiveShard:
             if with_metadata:
                 columns["metadata"].append(doc.metadata)
         return columns
+
+
+def document_fingerprint(doc_id: str, vector: np.ndarray, title: str, text: str, metadata: Any) -> bytes:
+    """The bytes :meth:`LiveShard.digest` hashes for one document (tests build the same from a model)."""
+    import json
+
+    head = json.dumps([doc_id, title, text, metadata], sort_keys=True, separators=(",", ":")).encode()
+    return len(head).to_bytes(8, "little") + head + np.ascontiguousarray(vector, dtype="<f4").tobytes()
 
 
 def _merge(a: HitColumns, b: HitColumns, k: int) -> HitColumns:

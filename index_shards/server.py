@@ -263,6 +263,11 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
         ids = await asyncio.get_running_loop().run_in_executor(None, versions.matching_ids, version, filter, limit)
         return json_response({"shard_id": shard_id, "version": version, "ids": ids})
 
+    @app.get("/admin/digest", summary="Count and sha256 of every live document (replica consistency checks)")
+    async def get_digest(version: Annotated[str | None, Query()] = None) -> Response:
+        live = versions.get(version)
+        return json_response(await asyncio.get_running_loop().run_in_executor(None, live.digest))
+
     @app.post("/admin/compact", summary="Fold the write segment and tombstones into a new sealed base now")
     async def post_compact(version: Annotated[str | None, Query(description="embedding version")] = None) -> Response:
         version_id = versions.get(version).version_id
