@@ -23,6 +23,7 @@ import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 
+from httpkit.api import ErrorResponse
 from httpkit.asgi import FastPathApp, Receive, Scope, read_request_body
 from httpkit.auth import RateLimiter, gateway_policy, guard_from_env
 from httpkit.errors import install_error_handlers
@@ -67,6 +68,7 @@ def create_app(setup: GatewaySetup) -> Any:
     """The gateway's ASGI app: a fast path for POST /v1/query around the FastAPI app."""
     running = _Running()
     limits = setup.config.limits
+    writes_settings = setup.config.writes
     metrics = GatewayMetrics.create()  # made here so /metrics is routed before the gateway starts
 
     @asynccontextmanager
@@ -125,7 +127,8 @@ def create_app(setup: GatewaySetup) -> Any:
         return json_response(await running.gateway.writes.delete(request))
 
     @app.get("/v1/documents/{doc_id:path}", summary="One document with its metadata and seq (404 if absent)",
-             responses=ERROR_RESPONSES)
+             responses={**ERROR_RESPONSES, 404: {"model": ErrorResponse,
+                                                 "description": "no such document (absent or deleted)"}})
     async def get_document(doc_id: str) -> Response:
         return json_response(await running.gateway.writes.get(doc_id))
 
@@ -180,7 +183,7 @@ def create_app(setup: GatewaySetup) -> Any:
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             components["QueryRequest"] = query_request_schema(limits, topology)
             components.update(filter_schemas())
-            components.update(write_schemas(limits, topology))
+            components.update(write_schemas(limits, topology, writes_settings))
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -20,6 +20,7 @@ from serving.gateway.api_models import QueryRequest
 from serving.gateway.config import Limits
 from serving.versions.topology import Topology
 from serving.writes.models import MAX_ID_CHARS, DeleteRequest, UpsertRequest
+from serving.writes.service import WriteSettings
 
 
 def query_request_schema(limits: Limits, topology: Topology | None) -> dict[str, Any]:
@@ -47,6 +48,13 @@ def query_request_schema(limits: Limits, topology: Topology | None) -> dict[str,
                 props[name] = {"type": "null", "title": props[name].get("title", name),
                                "description": props[name].get("description", "") + f" (not for {factory})"}
     set_in("vector", **{k: v for k, v in vector.items() if k != "type"})
+    shard_names: dict[str, Any] = {"pattern": "^(0|[1-9][0-9]{0,5})$"}
+    if topology is not None:
+        shard_names = {"enum": [str(i) for i in range(int(topology.num_shards))]}
+    set_in("min_seq", propertyNames=shard_names)
+    # min_seq only with consistency "session" (a session read); "eventual" takes none
+    schema["if"] = {"required": ["min_seq"], "properties": {"min_seq": {"type": "object", "minProperties": 1}}}
+    schema["then"] = {"required": ["consistency"], "properties": {"consistency": {"const": "session"}}}
     props["filter"] = {"anyOf": [{"$ref": f"#/components/schemas/{FILTER_SCHEMA}0"}, {"type": "null"}],
                        "description": props["filter"].get("description", "")}
     # exactly one of text and vector
@@ -104,7 +112,7 @@ def _one_of(present: str, present_type: str, absent: str, absent_type: str) -> d
             "not": {"required": [absent], "properties": {absent: {"type": absent_type}}}}
 
 
-def write_schemas(limits: Limits, topology: Topology | None) -> dict[str, Any]:
+def write_schemas(limits: Limits, topology: Topology | None, writes: WriteSettings) -> dict[str, Any]:
     """``UpsertRequest``, ``DocumentIn`` and ``DeleteRequest`` stated as exactly as JSON Schema can:
     non-blank ids and texts, exactly one of text and vector (of the collection's dimension),
     flat metadata. What it cannot say — ids unique within a batch, a document's total size — is
@@ -115,7 +123,10 @@ def write_schemas(limits: Limits, topology: Topology | None) -> dict[str, Any]:
     document = defs["DocumentIn"]
     props = document["properties"]
     props["id"]["pattern"] = r"\S"
-    props["text"] = {"anyOf": [{**_non_null(props["text"]), "pattern": r"\S"}, {"type": "null"}]}
+    props["title"]["maxLength"] = writes.max_text_chars
+    text = {**_non_null(props["text"]), "pattern": r"\S", "maxLength": writes.max_text_chars}
+    props["text"] = {"anyOf": [text, {"type": "null"}]}
+    upsert["properties"]["documents"]["maxItems"] = writes.max_documents
     bound = float(limits.max_vector_abs)
     vector: dict[str, Any] = {"type": "array", "minItems": 1,
                               "items": {"type": "number", "minimum": -bound, "maximum": bound}}
@@ -131,10 +142,13 @@ def write_schemas(limits: Limits, topology: Topology | None) -> dict[str, Any]:
     document["oneOf"] = [_one_of("text", "string", "vector", "array"), _one_of("vector", "array", "text", "string")]
     delete = DeleteRequest.model_json_schema(ref_template=ref)
     dprops = delete["properties"]
-    ids = {**_non_null(dprops["ids"]), "uniqueItems": True,
+    ids = {**_non_null(dprops["ids"]), "uniqueItems": True, "maxItems": writes.max_documents,
            "items": {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS, "pattern": r"\S"}}
     dprops["ids"] = {"anyOf": [ids, {"type": "null"}]}
-    dprops["filter"] = {"anyOf": [{"$ref": f"#/components/schemas/{FILTER_SCHEMA}0"}, {"type": "null"}],
-                        "description": dprops["filter"].get("description", "")}
+    not_empty = {"anyOf": [{"required": [occur], "properties": {occur: {"minItems": 1}}} for occur in OCCURS]}
+    dprops["filter"] = {"anyOf": [{"allOf": [{"$ref": f"#/components/schemas/{FILTER_SCHEMA}0"}, not_empty]},
+                                  {"type": "null"}],
+                        "description": dprops["filter"].get("description", "") + " (not empty: an empty filter "
+                                       "would delete everything)"}
     delete["oneOf"] = [_one_of("ids", "array", "filter", "object"), _one_of("filter", "object", "ids", "array")]
     return {"UpsertRequest": upsert, "DocumentIn": document, "DeleteRequest": delete}

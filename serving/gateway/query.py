@@ -114,8 +114,9 @@ class QueryService:
                 raise InvalidRequest("min_seq needs consistency: session", field="min_seq")
             return None
         out: dict[int, int] = {}
+        names = {str(i) for i in range(snapshot.topology.num_shards)}
         for shard, seq in (request.min_seq or {}).items():
-            if not shard.isdigit() or int(shard) >= snapshot.topology.num_shards:
+            if shard not in names:  # exactly "0", "1", ...: the keys a write's reply uses
                 raise InvalidRequest(f"min_seq names shard {shard!r}; this collection has shards 0.."
                                      f"{snapshot.topology.num_shards - 1}", field=f"min_seq.{shard}")
             out[int(shard)] = seq

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,7 +44,8 @@ class DeleteRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    ids: list[str] | None = Field(None, min_length=1, max_length=MAX_DOCUMENTS)
+    ids: list[Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]] | None = Field(
+        None, min_length=1, max_length=MAX_DOCUMENTS)
     filter: dict[str, Any] | None = Field(None, description="delete every live document the filter selects "
                                                              "(the filter language of /v1/query; docs/filters.md)")
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)

@@ -42,7 +42,15 @@ from retrieval.types import DocId, Document
 from retrieval.wire import check_finite
 from serving.transport.client import ShardClient
 from serving.versions.registry import VersionRegistry, VersionSnapshot
-from serving.writes.models import MAX_DELETE_BY_FILTER, DeleteRequest, DocumentIn, UpsertRequest, WriteAck
+from serving.writes.models import (
+    MAX_DELETE_BY_FILTER,
+    MAX_DOCUMENTS,
+    MAX_TEXT_CHARS,
+    DeleteRequest,
+    DocumentIn,
+    UpsertRequest,
+    WriteAck,
+)
 from serving.writes.sequencer import Sequencer
 
 logger = logging.getLogger(__name__)
@@ -54,11 +62,16 @@ class WriteSettings:
     timeout_s: float = 10.0  # how long a write may take to reach the replicas it needs
     max_document_bytes: int = 1 << 20  # largest document (title + text + metadata)
     hole_fill_after_s: float = 60.0  # a number taken but on no replica after this long becomes a no-op
+    max_documents: int = MAX_DOCUMENTS  # per upsert or delete request
+    max_text_chars: int = MAX_TEXT_CHARS  # of a title or a text
 
     def validate(self) -> None:
         if self.timeout_s <= 0 or self.max_document_bytes <= 0 or self.hole_fill_after_s <= self.timeout_s:
             raise ConfigError("writes.timeout_s and max_document_bytes must be > 0, hole_fill_after_s above "
                               "timeout_s", field="writes.timeout_s")
+        if not 1 <= self.max_documents <= MAX_DOCUMENTS or not 1 <= self.max_text_chars <= MAX_TEXT_CHARS:
+            raise ConfigError(f"writes.max_documents must be 1..{MAX_DOCUMENTS}, max_text_chars 1..{MAX_TEXT_CHARS}",
+                              field="writes.max_documents")
 
 
 def needed_acks(ack: WriteAck, replicas: int) -> int:
@@ -128,6 +141,9 @@ class WriteService:
         else:
             assert request.ids is not None
             ids = list(request.ids)
+            if len(ids) > self.settings.max_documents:
+                raise InvalidRequest(f"{len(ids)} ids; this gateway takes at most {self.settings.max_documents} per "
+                                     "request", field="ids")
             self._check_ids(ids, "ids")
         if not ids:
             return {"ids": [], "seq": {}, "version": versions[0]}
@@ -198,6 +214,9 @@ class WriteService:
             seen[doc_id] = index
 
     def _validate(self, documents: Sequence[DocumentIn]) -> None:
+        if len(documents) > self.settings.max_documents:
+            raise InvalidRequest(f"{len(documents)} documents; this gateway takes at most "
+                                 f"{self.settings.max_documents} per request", field="documents")
         self._check_ids([d.id for d in documents], "documents")
         for index, doc in enumerate(documents):
             where = f"documents[{index}]"
@@ -205,6 +224,10 @@ class WriteService:
                 raise InvalidRequest(f"{where}: give exactly one of text and vector", field=f"{where}.text")
             if doc.text is not None and not doc.text.strip():
                 raise InvalidRequest(f"{where}.text is empty", field=f"{where}.text")
+            for name, value in (("title", doc.title), ("text", doc.text or "")):
+                if len(value) > self.settings.max_text_chars:
+                    raise InvalidRequest(f"{where}.{name} has {len(value)} characters; at most "
+                                         f"{self.settings.max_text_chars}", field=f"{where}.{name}")
             check_metadata(doc.metadata, f"{where}.metadata")
             size = len(doc.title.encode()) + len((doc.text or "").encode()) + len(str(doc.metadata).encode())
             if size > self.settings.max_document_bytes:

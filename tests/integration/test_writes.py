@@ -5,10 +5,14 @@ replica is skipped by session reads and catches up from a peer when it returns."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -238,3 +242,65 @@ def test_compaction_under_query_load_changes_no_answer(cluster, http, msmarco):
     for row in cluster.shards:
         info = httpx.get(f"{row[0].ready['url']}/v1/info", timeout=10).json()["versions"][0]
         assert info["segment"] == 0 and info["tombstones"] == 0
+
+
+def test_shardrag_ingest_is_resumable_and_never_applies_a_batch_twice(cluster, http, tmp_path, msmarco):
+    corpus = tmp_path / "new.jsonl"
+    prefix = unique("ingest")
+    rows = [{"_id": f"{prefix}-{i}", "title": f"t{i}", "vector": msmarco.vectors[i].tolist(), "metadata": {"i": i}}
+            for i in range(400)]
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    progress = tmp_path / "progress.json"
+    command = [str(Path(sys.executable).with_name("shardrag")), "ingest", "--url", cluster.gateway_url,
+               "--collection", "live", "--corpus", str(corpus), "--batch", "20", "--progress", str(progress),
+               "--quiet"]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not progress.exists() or json.loads(progress.read_text())["acknowledged"] < 60:
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.02)
+    first.kill()  # interrupted mid-stream
+    first.wait()
+    acknowledged = json.loads(progress.read_text())["acknowledged"]
+    assert 60 <= acknowledged < 400
+    second = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    summary = json.loads(second.stdout.strip().splitlines()[-1])
+    assert summary["acknowledged"] == 400 and summary["sent"] <= 400 - acknowledged + 20  # at most one batch again
+    assert "resuming" in second.stderr
+    again = json.loads(subprocess.run(command, capture_output=True, text=True, timeout=120).stdout.splitlines()[-1])
+    assert again["sent"] == 0
+    for i in (0, 199, 399):
+        assert http.get(f"/v1/documents/{prefix}-{i}").json()["metadata"] == {"i": i}
+    wrong = subprocess.run([*command[:3], cluster.gateway_url, "--collection", "other", "--corpus", str(corpus)],
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode != 0 and "serves collection 'live'" in wrong.stderr
+
+
+def test_a_crash_during_compaction_loses_nothing_and_rejoins(cluster, http):
+    ids = [unique(f"midcompact-{i}") for i in range(30)]
+    vectors = np.random.default_rng(4).standard_normal((30, 384)).astype(np.float32)
+    http.post("/v1/documents", json={"write_ack": "all", "documents": [
+        {"id": doc_id, "vector": v.tolist()} for doc_id, v in zip(ids, vectors, strict=True)]})
+    row = cluster.shards[1]
+    victim = row[0]
+    old_pid = victim.process.pid
+    url = victim.ready["url"]
+    assert httpx.put(f"{url}/admin/faults", json={"crash_at": "mid_compaction"}, timeout=10).status_code == 200
+    with pytest.raises(httpx.HTTPError):  # the replica dies with the new base written, no checkpoint yet
+        httpx.post(f"{url}/admin/compact", timeout=60)
+    deadline = time.monotonic() + 60
+    while victim.process.pid == old_pid or victim.ready is None:
+        assert time.monotonic() < deadline, "the supervisor did not restart the replica"
+        time.sleep(0.1)
+    peer = httpx.get(f"{row[1].ready['url']}/admin/digest", timeout=30).json()
+    while True:  # the restarted replica holds exactly what its peer holds (a newer write may still arrive)
+        mine = httpx.get(f"{victim.ready['url']}/admin/digest", timeout=30).json()
+        if mine["applied_seq"] >= peer["applied_seq"]:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    peer = httpx.get(f"{row[1].ready['url']}/admin/digest", timeout=30).json()
+    assert (mine["count"], mine["sha256"]) == (peer["count"], peer["sha256"])
+    done = httpx.post(f"{victim.ready['url']}/admin/compact", timeout=60)  # and it compacts fine now
+    assert done.status_code == 200 and done.json()["base_seq"] == mine["applied_seq"]
