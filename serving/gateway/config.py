@@ -30,7 +30,7 @@ from serving.shardcall.fanout import FanOutSettings
 from serving.versions.gate import GateSettings
 from serving.versions.query_encoder import EncoderSettings
 from serving.versions.rollout import RolloutSettings
-from serving.writes.service import WriteSettings
+from serving.writes.plan import WriteSettings
 
 logger = logging.getLogger(__name__)
 

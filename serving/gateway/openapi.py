@@ -20,7 +20,7 @@ from serving.gateway.api_models import QueryRequest
 from serving.gateway.config import Limits
 from serving.versions.topology import Topology
 from serving.writes.models import MAX_ID_CHARS, DeleteRequest, UpsertRequest
-from serving.writes.service import WriteSettings
+from serving.writes.plan import WriteSettings
 
 
 def query_request_schema(limits: Limits, topology: Topology | None) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import pytest
 
 from index_shards.build import BuildConfig, build_collection
 from retrieval.routing import hash_shard
+from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
 
 pytestmark = pytest.mark.slow
@@ -304,3 +305,52 @@ def test_a_crash_during_compaction_loses_nothing_and_rejoins(cluster, http):
     assert (mine["count"], mine["sha256"]) == (peer["count"], peer["sha256"])
     done = httpx.post(f"{victim.ready['url']}/admin/compact", timeout=60)  # and it compacts fine now
     assert done.status_code == 200 and done.json()["base_seq"] == mine["applied_seq"]
+
+
+def test_the_python_client_writes_reads_and_deletes(cluster):
+    from retrieval.client import ShardragClient
+    from retrieval.errors import InvalidRequest, NotFound
+
+    doc_id = unique("client")
+    with ShardragClient(cluster.gateway_url) as client:
+        reply = client.upsert([{"id": doc_id, "title": "Glaciers", "text": "glaciers carve fjords over millennia",
+                                "metadata": {"kind": "geo"}}], write_ack="all", idempotency_key=doc_id)
+        assert client.upsert([{"id": doc_id, "text": "ignored: the key was seen"}], idempotency_key=doc_id) == reply
+        hits = client.query(text="how are fjords formed", k=3, min_seq=reply["seq"], with_metadata=True,
+                            filter={"must": [{"key": "kind", "match": {"value": "geo"}}]})["hits"]
+        assert [h["doc_id"] for h in hits] == [doc_id] and hits[0]["metadata"] == {"kind": "geo"}
+        assert client.get(doc_id)["text"] == "glaciers carve fjords over millennia"
+        with pytest.raises(InvalidRequest) as bad:
+            client.upsert([{"id": doc_id, "text": "x", "vector": [0.0] * 384}])
+        assert bad.value.field == "documents[0].text"
+        deleted = client.delete([doc_id])
+        assert deleted["ids"] == [doc_id]
+        with pytest.raises(NotFound):
+            client.get(doc_id)
+
+
+def test_kmeans_routing_moves_an_id_without_duplicating_it(tmp_path, msmarco):
+    root = tmp_path / "root"
+    build_collection(root, msmarco.documents[:300], msmarco.vectors[:300], msmarco.version,
+                     BuildConfig("regions", 2, partitioner="kmeans"), show_progress=False)
+    config = GatewayConfig.from_dict({"encoder": {"load": False}})
+    with LocalCluster(root, "regions", replicas=1, gateway=config, workdir=tmp_path / "work") as running, \
+            httpx.Client(base_url=running.gateway_url, timeout=60) as client:
+        centroids = []
+        for row in running.shards:
+            info = httpx.get(f"{row[0].ready['url']}/v1/info", timeout=10).json()["versions"][0]
+            centroid = np.asarray(info["centroid"], dtype=np.float32)
+            centroids.append(centroid / np.linalg.norm(centroid))
+        doc_id = "wanderer"
+        homes = []
+        for target in (0, 1, 0):
+            reply = client.post("/v1/documents", json={"write_ack": "all", "documents": [
+                {"id": doc_id, "vector": centroids[target].tolist(), "metadata": {"home": target}}]}).json()
+            assert set(reply["seq"]) == {"0", "1"}  # the home shard's upsert and the other's delete
+            holders = [s for s, row in enumerate(running.shards)
+                       if httpx.get(f"{row[0].ready['url']}/v1/documents/{doc_id}", timeout=10).status_code == 200]
+            homes.append(holders)
+            hits = client.post("/v1/query", json={"vector": centroids[target].tolist(), "k": 20, "top_m": 2,
+                                                  "consistency": "session", "min_seq": reply["seq"]}).json()["hits"]
+            assert [h["doc_id"] for h in hits].count(doc_id) == 1
+        assert homes == [[0], [1], [0]]  # always exactly one shard holds it: the nearest centroid's

@@ -1,0 +1,94 @@
+"""What a write is made of before it is replicated: the settings, one record to send, and the
+routing and embedding of an upsert batch for one version."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from retrieval.errors import ConfigError, DimensionMismatch, ShardUnavailable
+from retrieval.records import DELETE, UPSERT
+from retrieval.routing import assign_to_centroids, hash_shard
+from retrieval.types import DocId, Document
+from retrieval.wire import check_finite
+from serving.versions.registry import VersionSnapshot
+from serving.writes.models import MAX_DOCUMENTS, MAX_TEXT_CHARS, DocumentIn, WriteAck
+
+
+@dataclass(slots=True, frozen=True)
+class WriteSettings:
+    state_path: str | None = None  # sequence numbers and idempotent replies (None: in memory)
+    timeout_s: float = 10.0  # how long a write may take to reach the replicas it needs
+    max_document_bytes: int = 1 << 20  # largest document (title + text + metadata)
+    hole_fill_after_s: float = 60.0  # a number taken but on no replica after this long becomes a no-op
+    max_documents: int = MAX_DOCUMENTS  # per upsert or delete request
+    max_text_chars: int = MAX_TEXT_CHARS  # of a title or a text
+
+    def validate(self) -> None:
+        if self.timeout_s <= 0 or self.max_document_bytes <= 0 or self.hole_fill_after_s <= self.timeout_s:
+            raise ConfigError("writes.timeout_s and max_document_bytes must be > 0, hole_fill_after_s above "
+                              "timeout_s", field="writes.timeout_s")
+        if not 1 <= self.max_documents <= MAX_DOCUMENTS or not 1 <= self.max_text_chars <= MAX_TEXT_CHARS:
+            raise ConfigError(f"writes.max_documents must be 1..{MAX_DOCUMENTS}, max_text_chars 1..{MAX_TEXT_CHARS}",
+                              field="writes.max_documents")
+
+
+def needed_acks(ack: WriteAck, replicas: int) -> int:
+    return {"one": 1, "majority": replicas // 2 + 1, "all": replicas}[ack]
+
+
+@dataclass(slots=True)
+class Item:
+    """One record to send (its seq is given when the batch is sequenced)."""
+
+    op: int
+    doc_id: str
+    title: str = ""
+    text: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    vector: np.ndarray | None = None
+
+
+async def vectors_for(documents: Sequence[DocumentIn], snapshot: VersionSnapshot) -> np.ndarray:
+    """Each document's vector for ``snapshot``'s version: given (checked), or embedded by its encoder."""
+    dim = snapshot.topology.dim
+    out = np.zeros((len(documents), dim), dtype=np.float32)
+    to_embed = [i for i, d in enumerate(documents) if d.vector is None]
+    for i, doc in enumerate(documents):
+        if doc.vector is not None:
+            vector = np.asarray(doc.vector, dtype=np.float32)
+            if vector.shape != (dim,):
+                raise DimensionMismatch(f"documents[{i}].vector has {vector.size} dims, version "
+                                        f"{snapshot.version} has {dim}", field=f"documents[{i}].vector")
+            check_finite(vector, field=f"documents[{i}].vector")
+            out[i] = vector
+    if to_embed:
+        if snapshot.encoder is None:
+            raise ShardUnavailable(f"no encoder for version {snapshot.version}: send vectors", field="documents")
+        embedded = await snapshot.encoder.encode_documents(
+            [Document(DocId(documents[i].id), documents[i].text or "", documents[i].title) for i in to_embed])
+        out[to_embed] = embedded
+    return out
+
+def shards_holding(doc_id: str, num_shards: int, kmeans: bool) -> list[int]:
+    """Where a document may live: its hash shard, or any shard of a kmeans partition."""
+    return list(range(num_shards)) if kmeans else [hash_shard(doc_id, num_shards)]
+
+def route_upserts(documents: Sequence[DocumentIn], vectors: np.ndarray,
+                  snapshot: VersionSnapshot) -> dict[int, list[Item]]:
+    """Per shard, the records of an upsert batch (kmeans: plus a delete on every other shard)."""
+    topology = snapshot.topology
+    plan: dict[int, list[Item]] = defaultdict(list)
+    homes = (assign_to_centroids(vectors, topology.centroids).tolist() if topology.centroids is not None
+             else [hash_shard(d.id, topology.num_shards) for d in documents])
+    for doc, vector, home in zip(documents, vectors, homes, strict=True):
+        plan[int(home)].append(Item(UPSERT, doc.id, doc.title, doc.text or "", dict(doc.metadata), vector))
+        if topology.centroids is not None:  # the id may have lived elsewhere: never found twice
+            for other in range(topology.num_shards):
+                if other != home:
+                    plan[other].append(Item(DELETE, doc.id))
+    return plan

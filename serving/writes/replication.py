@@ -1,0 +1,177 @@
+"""Replication of sequenced write batches to every replica of a shard, catch-up of replicas that
+fell behind (from a peer's WAL), and the background repair loop (lagging replicas, sequence
+numbers taken but never written)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import Any
+
+from retrieval.errors import ReplicaBehind, ShardragError, ShardUnavailable
+from retrieval.records import NOOP, WalRecord, decode_records, encode_records
+from serving.transport.client import ShardClient
+from serving.versions.registry import VersionRegistry
+from serving.writes.models import WriteAck
+from serving.writes.plan import Item, WriteSettings, needed_acks
+from serving.writes.sequencer import Sequencer
+
+logger = logging.getLogger(__name__)
+
+
+class Replicator:
+    def __init__(self, registry: VersionRegistry, client: ShardClient, sequencer: Sequencer,
+                 settings: WriteSettings) -> None:
+        self.registry = registry
+        self.client = client
+        self.sequencer = sequencer
+        self.settings = settings
+        # one batch at a time per (shard, version): replicas see seqs in order
+        self.locks: dict[tuple[int, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._background: set[asyncio.Task[Any]] = set()
+        self._holes: dict[tuple[int, str], tuple[int, float]] = {}  # (shard, version) → (seq, first seen)
+
+    async def replicate(self, version: str, shard: int, items: list[Item], ack: WriteAck) -> int:
+        replicas = list(self.registry.shard_replicas[shard])
+        needed = needed_acks(ack, len(replicas))
+        async with self.locks[(shard, version)]:  # one batch at a time per shard: replicas see seqs in order
+            first = self.sequencer.take(shard, version, len(items))
+            records = [WalRecord(first + i, item.op, item.doc_id, item.title, item.text, item.metadata, item.vector)
+                       for i, item in enumerate(items)]
+            payload = encode_records(records)
+            deadline = time.monotonic() + self.settings.timeout_s
+            tasks = [asyncio.ensure_future(self._send(replica, shard, version, payload, first, deadline))
+                     for replica in replicas]
+            ok, errors = 0, []
+            for finished in asyncio.as_completed(tasks):
+                try:
+                    await finished
+                    ok += 1
+                except ShardragError as exc:
+                    errors.append(exc.message)
+                if ok >= needed or len(errors) > len(replicas) - needed:
+                    break
+            for task in tasks:
+                if not task.done():  # the rest keep going: every replica should have every write
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+                    task.add_done_callback(_consume)
+        if ok < needed:
+            raise ShardUnavailable(f"shard {shard}: the write reached {ok} of the {needed} replicas {ack} needs "
+                                   f"({'; '.join(errors)})", shard=shard)
+        return records[-1].seq
+
+    async def _send(self, replica: str, shard: int, version: str, payload: bytes, first_seq: int,
+                    deadline: float) -> int:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ShardUnavailable(f"{replica} did not take seq {first_seq} in time", shard=shard)
+            try:
+                return await self.client.write(replica, shard, version, payload, remaining)
+            except ReplicaBehind:
+                # the replica misses earlier writes: copy them from a peer's WAL, then again
+                if not await self.catch_up(replica, shard, version, first_seq - 1, deadline):
+                    await asyncio.sleep(0.02)  # an earlier batch may still be on its way to it
+
+    async def catch_up(self, replica: str, shard: int, version: str, upto: int, deadline: float) -> bool:
+        """Bring ``replica`` to at least seq ``upto`` from a peer's WAL. False when no peer could."""
+        applied = await self.applied(replica, version)
+        if applied is None:
+            return False
+        if applied >= upto:
+            return True
+        for peer in self.registry.shard_replicas[shard]:
+            if peer == replica:
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                missing = await self.client.writes_after(peer, version, applied, remaining)
+                if not missing or decode_records(missing)[-1].seq < upto:
+                    continue
+                await self.client.write(replica, shard, version, missing, max(deadline - time.monotonic(), 0.1))
+                logger.info("%s caught up on %s from %s (seq %d → %d)", replica, version, peer, applied, upto)
+                return True
+            except (ShardragError, ValueError) as exc:
+                logger.info("catch-up of %s from %s: %s", replica, peer, exc)
+        return False
+
+    async def applied(self, replica: str, version: str) -> int | None:
+        try:
+            info = await self.client.info(replica, self.settings.timeout_s)
+        except ShardragError:
+            return None
+        held = info.held().get(version)
+        return held.applied_seq if held is not None else None
+
+    def by_applied(self, shard: int, version: str) -> list[str]:
+        """The shard's replicas, the one that applied the most writes first (from the last poll)."""
+        def applied(replica: str) -> int:
+            seq = self._last_known(replica, version)
+            return -1 if seq is None else seq
+
+        return sorted(self.registry.shard_replicas[shard], key=applied, reverse=True)
+
+    # -- background ------------------------------------------------------------------------------
+    async def repair(self) -> None:
+        """Bring lagging replicas up to their peers, and fill numbers taken long ago that no replica
+        has (a gateway died between taking them and sending) with no-ops, so writes never stall."""
+        view = self.registry.view
+        for version in view.versions:
+            for shard, replicas in enumerate(self.registry.shard_replicas):
+                applied = {r: self._last_known(r, version) for r in replicas}
+                known = [a for a in applied.values() if a is not None]
+                if not known:
+                    continue
+                best = max(known)
+                deadline = time.monotonic() + self.settings.timeout_s
+                for replica, seq in applied.items():
+                    if seq is not None and seq < best:
+                        await self.catch_up(replica, shard, version, best, deadline)
+                await self._fill_hole(shard, version, best)
+
+    def _last_known(self, replica: str, version: str) -> int | None:
+        info = self.registry.infos.get(replica)
+        held = info.held().get(version) if info is not None else None
+        return held.applied_seq if held is not None else None
+
+    async def _fill_hole(self, shard: int, version: str, best: int) -> None:
+        taken = self.sequencer.last(shard, version)
+        key = (shard, version)
+        if taken <= best or self.locks[key].locked():
+            self._holes.pop(key, None)
+            return
+        seen = self._holes.get(key)
+        if seen is None or seen[0] != best:
+            self._holes[key] = (best, time.monotonic())
+            return
+        if time.monotonic() - seen[1] < self.settings.hole_fill_after_s:
+            return
+        logger.warning("shard %d, %s: seqs %d..%d were taken but no replica has them; filling with no-ops",
+                       shard, version, best + 1, taken)
+        payload = encode_records([WalRecord(seq, NOOP, "") for seq in range(best + 1, taken + 1)])
+        deadline = time.monotonic() + self.settings.timeout_s
+        await asyncio.gather(*(self._send(r, shard, version, payload, best + 1, deadline)
+                               for r in self.registry.shard_replicas[shard]), return_exceptions=True)
+        self._holes.pop(key, None)
+
+    async def repair_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.repair()
+            except ShardragError as exc:
+                logger.warning("write repair: %s", exc.message)
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
