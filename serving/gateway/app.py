@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
 
 from httpkit.api import ErrorResponse
 from httpkit.asgi import FastPathApp, Receive, Scope, read_request_body
@@ -29,7 +30,7 @@ from httpkit.auth import RateLimiter, gateway_policy, guard_from_env
 from httpkit.errors import install_error_handlers
 from httpkit.metrics import add_metrics_route, status_counter
 from httpkit.responses import EVENT_STREAM, json_response
-from retrieval.errors import ConfigError
+from retrieval.errors import ConfigError, validation_error_body
 from serving.answer.service import AnswerRequest
 from serving.gateway.api_models import (
     ERROR_RESPONSES,
@@ -43,6 +44,14 @@ from serving.gateway.factory import Gateway, GatewaySetup
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.openapi import filter_schemas, query_request_schema, write_schemas
 from serving.writes.models import DeleteRequest, UpsertRequest
+
+
+class _WriteRejected(Exception):
+    def __init__(self, status: int, payload: dict[str, Any]) -> None:
+        self.status, self.payload = status, payload
+
+    def response(self) -> Response:
+        return Response(orjson.dumps(self.payload), status_code=self.status, media_type="application/json")
 
 
 class _Running:
@@ -116,15 +125,38 @@ def create_app(setup: GatewaySetup) -> Any:
                 return StreamingResponse(answers.stream(request), media_type=EVENT_STREAM)
             return json_response(await answers.answer(request))
 
-    @app.post("/v1/documents", summary="Upsert documents (text embedded by every loaded version, or vectors); "
-              "answers once write_ack replicas of each touched shard have them fsynced", responses=ERROR_RESPONSES)
-    async def upsert_documents(request: UpsertRequest) -> Response:
-        return json_response(await running.gateway.writes.upsert(request))
+    def write_body(model: str) -> dict[str, Any]:
+        return {"requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{model}"}}}}}
 
-    @app.post("/v1/documents/delete", summary="Delete documents by id (same acks as upserts)",
-              responses=ERROR_RESPONSES)
-    async def delete_documents(request: DeleteRequest) -> Response:
-        return json_response(await running.gateway.writes.delete(request))
+    async def parse_write(request: Request, model: type[UpsertRequest] | type[DeleteRequest]) -> Any:
+        """The body parsed and validated in one pass by pydantic's JSON parser: for a batch of
+        1,000 vectors that is ~4x faster than json.loads + validation (FastAPI's way)."""
+        body = await read_request_body(request, writes_settings.max_body_bytes)
+        try:
+            return model.model_validate_json(body)
+        except ValidationError as exc:
+            status, payload = validation_error_body([dict(error) for error in exc.errors()])
+            raise _WriteRejected(status, payload) from None
+
+    @app.post("/v1/documents", summary="Upsert documents (text embedded by every loaded version, or vectors); "
+              "answers once write_ack replicas of each touched shard have them fsynced", responses=ERROR_RESPONSES,
+              openapi_extra=write_body("UpsertRequest"))
+    async def upsert_documents(request: Request) -> Response:
+        try:
+            parsed = await parse_write(request, UpsertRequest)
+        except _WriteRejected as rejected:
+            return rejected.response()
+        return json_response(await running.gateway.writes.upsert(parsed))
+
+    @app.post("/v1/documents/delete", summary="Delete documents by id or by filter (same acks as upserts)",
+              responses=ERROR_RESPONSES, openapi_extra=write_body("DeleteRequest"))
+    async def delete_documents(request: Request) -> Response:
+        try:
+            parsed = await parse_write(request, DeleteRequest)
+        except _WriteRejected as rejected:
+            return rejected.response()
+        return json_response(await running.gateway.writes.delete(parsed))
 
     @app.get("/v1/documents/{doc_id:path}", summary="One document with its metadata and seq (404 if absent)",
              responses={**ERROR_RESPONSES, 404: {"model": ErrorResponse,

@@ -27,6 +27,7 @@ class WriteSettings:
     hole_fill_after_s: float = 60.0  # a number taken but on no replica after this long becomes a no-op
     max_documents: int = MAX_DOCUMENTS  # per upsert or delete request
     max_text_chars: int = MAX_TEXT_CHARS  # of a title or a text
+    max_body_bytes: int = 64 << 20  # a write request's body (larger: 413)
 
     def validate(self) -> None:
         if self.timeout_s <= 0 or self.max_document_bytes <= 0 or self.hole_fill_after_s <= self.timeout_s:
