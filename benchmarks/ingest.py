@@ -127,22 +127,33 @@ def query_load(url: str, query_vectors: np.ndarray, rate: float, duration_s: flo
     written = [0]
     write_errors: list[str] = []
 
-    def writer() -> None:  # batches of 10 at writer_rate/10 Hz, vectors near real ones
+    def writer() -> None:
+        """Open loop: a batch of 10 documents every 10/writer_rate s, sent by a pool of 4 clients
+        (a batch that is slow does not delay the next one, as with independent writers)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         rng = np.random.default_rng(3)
         period = 10.0 / writer_rate
-        with httpx.Client(base_url=url, timeout=60) as client:
+        local = threading.local()
+
+        def send(n: int, vectors: np.ndarray) -> None:
+            if not hasattr(local, "client"):
+                local.client = httpx.Client(base_url=url, timeout=60)
+            body = orjson.dumps({"documents": [{"id": f"load-{n + i}", "vector": v, "metadata": {"bucket": 100}}
+                                               for i, v in enumerate(vectors)]}, option=orjson.OPT_SERIALIZE_NUMPY)
+            response = local.client.post("/v1/documents", content=body, headers={"content-type": "application/json"})
+            if response.status_code == 200:
+                written[0] += len(vectors)
+            else:
+                write_errors.append(response.text[:200])
+
+        with ThreadPoolExecutor(4) as pool:
             n = 0
             next_at = time.perf_counter()
             while not stop.is_set():
                 vectors = rng.standard_normal((10, query_vectors.shape[1])).astype(np.float32)
                 vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-                response = client.post("/v1/documents", json={"documents": [
-                    {"id": f"load-{n + i}", "vector": v.tolist(), "metadata": {"bucket": 100}}
-                    for i, v in enumerate(vectors)]})
-                if response.status_code == 200:
-                    written[0] += 10
-                else:
-                    write_errors.append(response.text[:200])
+                pool.submit(send, n, vectors)
                 n += 10
                 next_at += period
                 time.sleep(max(0.0, next_at - time.perf_counter()))

@@ -69,10 +69,11 @@ async def read_request_body(request: Any, limit_bytes: int) -> bytes:
 class FastPathApp:
     def __init__(self, app: Any, routes: dict[tuple[str, str], HotHandler], *, max_body_bytes: int,
                  on_result: Callable[[str, int], None] | None = None,
-                 content_types: dict[str, bytes] | None = None) -> None:
+                 content_types: dict[str, bytes] | None = None, body_limits: dict[str, int] | None = None) -> None:
         self.app = app
         self.routes = routes
         self.max_body_bytes = max_body_bytes
+        self.body_limits = body_limits or {}  # path → its own body limit (default max_body_bytes)
         self.on_result = on_result
         self.content_types = content_types or {}  # path → content type of its 200 answers (default JSON)
 
@@ -85,7 +86,7 @@ class FastPathApp:
             await self.app(scope, receive, send)
             return
         try:
-            body = await read_body(scope, receive, self.max_body_bytes)
+            body = await read_body(scope, receive, self.body_limits.get(scope["path"], self.max_body_bytes))
             status, payload = await handler(scope, body, receive)
         except ClientDisconnected:
             if self.on_result is not None:

@@ -20,15 +20,18 @@ def add_metrics_route(app: FastAPI, registry: CollectorRegistry) -> None:
                       responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
 
 
-def status_counter(requests: Counter, endpoint: str) -> Callable[[str, int], None]:
-    """``on_result`` for a fast path: count each answer in ``requests{endpoint, status}``. Children
-    are resolved once per status (``labels()`` takes a lock and builds a dict on every call)."""
-    children: dict[int, Any] = {}
+def status_counter(requests: Counter, endpoint: str,
+                   endpoints: dict[str, str] | None = None) -> Callable[[str, int], None]:
+    """``on_result`` for a fast path: count each answer in ``requests{endpoint, status}``, the
+    endpoint named by ``endpoints[path]`` (default ``endpoint``). Children are resolved once per
+    (path, status) (``labels()`` takes a lock and builds a dict on every call)."""
+    children: dict[tuple[str, int], Any] = {}
+    names = endpoints or {}
 
     def count(path: str, status: int) -> None:
-        child = children.get(status)
+        child = children.get((path, status))
         if child is None:
-            child = children[status] = requests.labels(endpoint=endpoint, status=str(status))
+            child = children[(path, status)] = requests.labels(endpoint=names.get(path, endpoint), status=str(status))
         child.inc()
 
     return count

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from index_shards.ids import doc_int_id
+from index_shards.segment_rows import SegmentRows
 from index_shards.shard import Shard, _empty
 from retrieval.contract import HitColumns
 from retrieval.errors import DimensionMismatch, InvalidRequest
@@ -63,7 +64,7 @@ class LiveShard:
         self.metric = base.manifest.metric
         self._docs: dict[str, SegmentDoc] = {}
         # the segment as one matrix for scoring, rebuilt on the first search after a write
-        self._snapshot: tuple[list[SegmentDoc], np.ndarray, np.ndarray] | None = None
+        self._rows = SegmentRows(self.dim)  # the segment as an append-only matrix (index_shards.segment_rows)
         self._tombstones: set[int] = set()  # base int ids hidden by a later write
         self._tombstone_array = np.zeros(0, dtype=np.int64)
         self._lock = threading.RLock()
@@ -105,16 +106,19 @@ class LiveShard:
                                                 f"shard {self.dim}", field="vector")
                     int_id = doc_int_id(record.doc_id)
                     vector = np.ascontiguousarray(record.vector, dtype=np.float32)
-                    self._docs[record.doc_id] = SegmentDoc(int_id, record.doc_id, record.title, record.text,
-                                                           dict(record.metadata), vector, record.seq)
+                    doc = SegmentDoc(int_id, record.doc_id, record.title, record.text, dict(record.metadata),
+                                     vector, record.seq)
+                    self._docs[record.doc_id] = doc
+                    self._rows.add(doc)
                 elif record.op != DELETE:
                     raise InvalidRequest(f"unknown write op {record.op}", field="op")
                 self.applied_seq = record.seq
             self._tombstone_array = np.fromiter(self._tombstones, dtype=np.int64, count=len(self._tombstones))
-            self._snapshot = None
+            self._rows.maybe_rebuild()
 
     def _hide(self, doc_id: str) -> None:
         self._docs.pop(doc_id, None)
+        self._rows.remove(doc_id)
         int_id = doc_int_id(doc_id)
         if self.base.payload.contains(int_id):
             self._tombstones.add(int_id)
@@ -199,28 +203,19 @@ class LiveShard:
                                     with_metadata=with_metadata, filter_=filter_)
         with self._lock:
             tombstones = self._tombstone_array
-            segment, matrix, norms = self._segment()
+            view = self._rows.view()
+            selected = self._rows.mask(filter_, view.count) if filter_ is not None and not filter_.empty else None
         base = self.base.search(queries, k, nprobe=nprobe, ef_search=ef_search, with_text=with_text,
                                 with_metadata=with_metadata, filter_=filter_, exclude=tombstones)
-        if not segment:
+        if view.count == 0:
             return base
-        candidates = None
-        if filter_ is not None and not filter_.empty:
-            candidates = np.flatnonzero(np.fromiter((filter_.matches(d.doc_id, d.metadata) for d in segment),
-                                                    dtype=bool, count=len(segment)))
+        candidates = np.flatnonzero(view.alive & selected if selected is not None else view.alive)
         # matrix @ queries.T: BLAS on the contiguous matrix (queries @ matrix.T is ~8x slower here)
-        scores = np.ascontiguousarray((matrix @ np.asarray(queries, dtype=np.float32).T).T)
+        scores = np.ascontiguousarray((view.matrix @ np.asarray(queries, dtype=np.float32).T).T)
         if self.metric == "l2":
-            scores = -(np.sum(queries ** 2, axis=1)[:, None] - 2.0 * scores + norms[None, :])
-        return [_merge(row, _top(scores[q], candidates, segment, k, with_text, with_metadata), k)
+            scores = -(np.sum(queries ** 2, axis=1)[:, None] - 2.0 * scores + view.norms[None, :])
+        return [_merge(row, _top(scores[q], candidates, view.rows, k, with_text, with_metadata), k)
                 for q, row in enumerate(base)]
-
-    def _segment(self) -> tuple[list[SegmentDoc], np.ndarray, np.ndarray]:
-        if self._snapshot is None:
-            docs = list(self._docs.values())
-            matrix = np.stack([d.vector for d in docs]) if docs else np.zeros((0, self.dim), dtype=np.float32)
-            self._snapshot = (docs, matrix, np.sum(matrix ** 2, axis=1))
-        return self._snapshot
 
 
 def _top(scores: np.ndarray, candidates: np.ndarray | None, segment: list[SegmentDoc], k: int, with_text: bool,

@@ -231,16 +231,26 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
 
     add_metrics_route(app, metrics.registry)
 
-    @app.post("/v1/writes", summary="Append writes (WAL framing) to a version: fsynced, then applied")
-    async def post_writes(request: Request,
-                          version: Annotated[str, Query(description="embedding version")]) -> Response:
-        body = await read_request_body(request, config.max_write_bytes)
+    async def handle_writes(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
+        version = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"))).get("version")
+        if not version:
+            raise InvalidRequest("the query parameter 'version' is required", field="version")
         try:
             records = decode_records(body)
         except ValueError as exc:
             raise MalformedBody(f"write records do not parse: {exc}", field="body") from exc
         applied = await asyncio.get_running_loop().run_in_executor(None, versions.write, version, records)
-        return json_response({"shard_id": shard_id, "version": version, "applied_seq": applied})
+        return 200, orjson.dumps({"shard_id": shard_id, "version": version, "applied_seq": applied})
+
+    @app.post("/v1/writes", summary="Append writes (WAL framing) to a version: fsynced, then applied",
+              openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
+                  "schema": {"type": "string", "format": "binary"}}}, "description": "retrieval.records framing"}})
+    async def post_writes(request: Request,
+                          version: Annotated[str, Query(description="embedding version")]) -> Response:
+        # Served by the fast path below; this route documents it.
+        status, payload = await handle_writes(request.scope, await read_request_body(request, config.max_write_bytes),
+                                              request.receive)
+        return Response(payload, status_code=status, media_type="application/json")
 
     @app.get("/v1/writes", summary="The writes after a seq (WAL framing): a lagging peer catches up from these")
     async def get_writes(version: Annotated[str, Query()], after: Annotated[int, Query(ge=0)] = 0) -> Response:
@@ -290,7 +300,8 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
         logger.warning("fault injection set to %s", faults.config)
         return json_response({"faults": faults.config.to_dict(), "active": faults.active})
 
-    fast = FastPathApp(app, {("POST", "/v1/search"): handle_search}, max_body_bytes=config.max_body_bytes,
-                       on_result=status_counter(metrics.requests, "search"))
+    fast = FastPathApp(app, {("POST", "/v1/search"): handle_search, ("POST", "/v1/writes"): handle_writes},
+                       max_body_bytes=config.max_body_bytes, body_limits={"/v1/writes": config.max_write_bytes},
+                       on_result=status_counter(metrics.requests, "search", {"/v1/writes": "writes"}))
     return guard_from_env(fast, internal_policy)  # SHARDRAG_INTERNAL_TOKEN: only the gateway may call
 

@@ -37,7 +37,8 @@ class Replicator:
         replicas = list(self.registry.shard_replicas[shard])
         needed = needed_acks(ack, len(replicas))
         async with self.locks[(shard, version)]:  # one batch at a time per shard: replicas see seqs in order
-            first = self.sequencer.take(shard, version, len(items))
+            # a durable commit (fsync): off the event loop, so queries never wait on the disk
+            first = await asyncio.to_thread(self.sequencer.take, shard, version, len(items))
             records = [WalRecord(first + i, item.op, item.doc_id, item.title, item.text, item.metadata, item.vector)
                        for i, item in enumerate(items)]
             payload = encode_records(records)

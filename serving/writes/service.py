@@ -230,7 +230,7 @@ class WriteService:
                if version == active and isinstance(last, int)}
         reply = {"ids": ids, "seq": seq, "version": active}
         if idempotency_key is not None:
-            self.sequencer.remember(idempotency_key, reply)
+            await asyncio.to_thread(self.sequencer.remember, idempotency_key, reply)
         return reply
 
     async def repair_forever(self, interval_s: float) -> None:

@@ -229,11 +229,13 @@ def test_compaction_under_query_load_changes_no_answer(cluster, http, msmarco):
     for worker in workers:
         worker.start()
     try:
+        time.sleep(0.5)  # queries running before, during and after the compactions
         for row in cluster.shards:
             for replica in row:
                 done = httpx.post(f"{replica.ready['url']}/admin/compact", timeout=120)
                 assert done.status_code == 200, done.text
                 assert done.json()["compacted"] > 0 or done.json()["base_seq"] > 0
+        time.sleep(0.5)
     finally:
         stop.set()
         for worker in workers:
