@@ -16,6 +16,7 @@ routing and embedding in ``serving.writes.plan``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
@@ -37,7 +38,6 @@ from serving.writes.models import (
     DeleteRequest,
     DocumentIn,
     UpsertRequest,
-    WriteAck,
 )
 from serving.writes.plan import Item, WriteSettings, route_upserts, shards_holding, vectors_for
 from serving.writes.replication import Replicator
@@ -62,12 +62,26 @@ class WriteService:
         await self.staging.before_activation(version)
 
     # -- requests --------------------------------------------------------------------------------
+    def _earlier(self, request: UpsertRequest | DeleteRequest) -> dict[str, Any] | None:
+        """The first reply to this idempotency key, when the request is the same one again; a
+        different request under a used key is refused (it would otherwise be silently dropped).
+        Called after validation: an invalid request is refused whatever its key."""
+        if request.idempotency_key is None:
+            return None
+        earlier = self.sequencer.recall(request.idempotency_key)
+        if earlier is None:
+            return None
+        if earlier.get("request") != _fingerprint(request):
+            raise VersionConflict(f"idempotency_key {request.idempotency_key!r} was used for a different request; "
+                                  "use a new key for new content", field="idempotency_key")
+        reply: dict[str, Any] = earlier["reply"]
+        return reply
+
     async def upsert(self, request: UpsertRequest) -> dict[str, Any]:
-        if request.idempotency_key is not None:
-            earlier = self.sequencer.recall(request.idempotency_key)
-            if earlier is not None:
-                return earlier
         self._validate(request.documents)
+        earlier = self._earlier(request)
+        if earlier is not None:
+            return earlier
         view = self.registry.view
         versions = await self._target_versions()
         if len(versions) > 1 and any(d.vector is not None for d in request.documents):
@@ -79,33 +93,31 @@ class WriteService:
             snapshot = view.snapshot(version)
             vectors = await vectors_for(request.documents, snapshot)
             plans[version] = route_upserts(request.documents, vectors, snapshot)
-        return await self._commit(plans, versions[0], [d.id for d in request.documents], request.write_ack,
-                                  request.idempotency_key)
+        return await self._commit(plans, versions[0], [d.id for d in request.documents], request)
 
     async def delete(self, request: DeleteRequest) -> dict[str, Any]:
-        if request.idempotency_key is not None:
-            earlier = self.sequencer.recall(request.idempotency_key)
-            if earlier is not None:
-                return earlier
         if (request.ids is None) == (request.filter is None):
             raise InvalidRequest("give exactly one of ids and filter", field="ids")
+        filter_ = parse_filter(request.filter) if request.filter is not None else None
+        if filter_ is not None and filter_.empty:
+            raise InvalidRequest("an empty filter would delete every document; name what to delete", field="filter")
+        if request.ids is not None:
+            if len(request.ids) > self.settings.max_documents:
+                raise InvalidRequest(f"{len(request.ids)} ids; this gateway takes at most "
+                                     f"{self.settings.max_documents} per request", field="ids")
+            self._check_ids(request.ids, "ids")
+        earlier = self._earlier(request)
+        if earlier is not None:
+            return earlier
         view = self.registry.view
         versions = await self._target_versions()
         found: dict[int, list[str]] = {}  # shard → ids it holds (delete by filter, active version)
-        if request.filter is not None:
-            filter_ = parse_filter(request.filter)
-            if filter_.empty:
-                raise InvalidRequest("an empty filter would delete every document; name what to delete",
-                                     field="filter")
+        if filter_ is not None:
             found = await self._matching(versions[0], filter_.canonical())
             ids = [doc_id for shard_ids in found.values() for doc_id in shard_ids]
         else:
             assert request.ids is not None
             ids = list(request.ids)
-            if len(ids) > self.settings.max_documents:
-                raise InvalidRequest(f"{len(ids)} ids; this gateway takes at most {self.settings.max_documents} per "
-                                     "request", field="ids")
-            self._check_ids(ids, "ids")
         if not ids:
             return {"ids": [], "seq": {}, "version": versions[0]}
         plans: dict[str, dict[int, list[Item]]] = {}
@@ -120,7 +132,7 @@ class WriteService:
                     for shard in shards_holding(doc_id, topology.num_shards, topology.centroids is not None):
                         plan[shard].append(Item(DELETE, doc_id))
             plans[version] = plan
-        return await self._commit(plans, versions[0], ids, request.write_ack, request.idempotency_key)
+        return await self._commit(plans, versions[0], ids, request)
 
     async def _matching(self, version: str, filter_canonical: str) -> dict[int, list[str]]:
         """Per shard, the ids the filter selects, as the shard's most up-to-date replica holds them."""
@@ -218,7 +230,8 @@ class WriteService:
 
     # -- replication -----------------------------------------------------------------------------
     async def _commit(self, plans: dict[str, dict[int, list[Item]]], active: str, ids: list[str],
-                      ack: WriteAck, idempotency_key: str | None) -> dict[str, Any]:
+                      request: UpsertRequest | DeleteRequest) -> dict[str, Any]:
+        ack = request.write_ack
         results = await asyncio.gather(*(self.replicator.replicate(version, shard, items, ack)
                                          for version, plan in plans.items() for shard, items in sorted(plan.items())),
                                        return_exceptions=True)
@@ -229,8 +242,9 @@ class WriteService:
         seq = {str(shard): int(last) for (version, shard), last in zip(keys, results, strict=True)
                if version == active and isinstance(last, int)}
         reply = {"ids": ids, "seq": seq, "version": active}
-        if idempotency_key is not None:
-            await asyncio.to_thread(self.sequencer.remember, idempotency_key, reply)
+        if request.idempotency_key is not None:
+            await asyncio.to_thread(self.sequencer.remember, request.idempotency_key,
+                                    {"request": _fingerprint(request), "reply": reply})
         return reply
 
     async def repair_forever(self, interval_s: float) -> None:
@@ -239,3 +253,8 @@ class WriteService:
     async def close(self) -> None:
         await self.replicator.close()
         self.sequencer.close()
+
+
+def _fingerprint(request: UpsertRequest | DeleteRequest) -> str:
+    """What makes two requests under one idempotency key the same request."""
+    return hashlib.sha256(request.model_dump_json(exclude={"idempotency_key"}).encode()).hexdigest()

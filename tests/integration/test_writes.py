@@ -283,6 +283,7 @@ def test_shardrag_ingest_is_resumable_and_never_applies_a_batch_twice(cluster, h
 def test_a_crash_during_compaction_loses_nothing_and_rejoins(cluster, http):
     ids = [unique(f"midcompact-{i}") for i in range(30)]
     vectors = np.random.default_rng(4).standard_normal((30, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)  # unit length, like every other document
     http.post("/v1/documents", json={"write_ack": "all", "documents": [
         {"id": doc_id, "vector": v.tolist()} for doc_id, v in zip(ids, vectors, strict=True)]})
     row = cluster.shards[1]
@@ -311,13 +312,18 @@ def test_a_crash_during_compaction_loses_nothing_and_rejoins(cluster, http):
 
 def test_the_python_client_writes_reads_and_deletes(cluster):
     from retrieval.client import ShardragClient
-    from retrieval.errors import InvalidRequest, NotFound
+    from retrieval.errors import InvalidRequest, NotFound, VersionConflict
 
     doc_id = unique("client")
     with ShardragClient(cluster.gateway_url) as client:
         reply = client.upsert([{"id": doc_id, "title": "Glaciers", "text": "glaciers carve fjords over millennia",
                                 "metadata": {"kind": "geo"}}], write_ack="all", idempotency_key=doc_id)
-        assert client.upsert([{"id": doc_id, "text": "ignored: the key was seen"}], idempotency_key=doc_id) == reply
+        again = [{"id": doc_id, "title": "Glaciers", "text": "glaciers carve fjords over millennia",
+                  "metadata": {"kind": "geo"}}]
+        assert client.upsert(again, write_ack="all", idempotency_key=doc_id) == reply  # a retry: the first reply
+        with pytest.raises(VersionConflict) as reused:  # new content under a used key is refused, not dropped
+            client.upsert([{"id": doc_id, "text": "other content"}], idempotency_key=doc_id)
+        assert reused.value.field == "idempotency_key"
         hits = client.query(text="how are fjords formed", k=3, min_seq=reply["seq"], with_metadata=True,
                             filter={"must": [{"key": "kind", "match": {"value": "geo"}}]})["hits"]
         assert [h["doc_id"] for h in hits] == [doc_id] and hits[0]["metadata"] == {"kind": "geo"}
