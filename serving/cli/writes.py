@@ -26,11 +26,8 @@ from serving.cli.remote import _json_argument
 
 
 def _corpus_hash(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _documents(path: Path) -> Iterator[dict[str, Any]]:

@@ -22,7 +22,6 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import ValidationError
 
 from httpkit.api import ErrorResponse
 from httpkit.asgi import FastPathApp, Receive, Scope, read_request_body
@@ -30,7 +29,7 @@ from httpkit.auth import RateLimiter, gateway_policy, guard_from_env
 from httpkit.errors import install_error_handlers
 from httpkit.metrics import add_metrics_route, status_counter
 from httpkit.responses import EVENT_STREAM, json_response
-from retrieval.errors import ConfigError, validation_error_body
+from retrieval.errors import ConfigError
 from serving.answer.service import AnswerRequest
 from serving.gateway.api_models import (
     ERROR_RESPONSES,
@@ -43,7 +42,7 @@ from serving.gateway.api_models import (
 from serving.gateway.factory import Gateway, GatewaySetup
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.openapi import filter_schemas, query_request_schema, write_schemas
-from serving.gateway.query import Rejected
+from serving.gateway.query import parse_body
 from serving.writes.models import DeleteRequest, UpsertRequest
 
 
@@ -122,18 +121,8 @@ def create_app(setup: GatewaySetup) -> Any:
         return {"requestBody": {"required": True, "content": {"application/json": {
             "schema": {"$ref": f"#/components/schemas/{model}"}}}}}
 
-    def parse_write(body: bytes, model: type[UpsertRequest] | type[DeleteRequest]) -> Any:
-        """The body parsed and validated in one pass by pydantic's JSON parser: for a batch of
-        1,000 vectors that is ~4x faster than json.loads + validation (FastAPI's way)."""
-        try:
-            return model.model_validate_json(body)
-        except ValidationError as exc:
-            status, payload = validation_error_body([dict(error) for error in exc.errors()])
-            error = payload["error"]
-            raise Rejected(status, payload, error["message"], error.get("field")) from None
-
     async def handle_upsert(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
-        return 200, orjson.dumps(await running.gateway.writes.upsert(parse_write(body, UpsertRequest)))
+        return 200, orjson.dumps(await running.gateway.writes.upsert(parse_body(UpsertRequest, body)))
 
     @app.post("/v1/documents", summary="Upsert documents (text embedded by every loaded version, or vectors); "
               "answers once write_ack replicas of each touched shard have them fsynced", responses=ERROR_RESPONSES,
@@ -147,7 +136,7 @@ def create_app(setup: GatewaySetup) -> Any:
     @app.post("/v1/documents/delete", summary="Delete documents by id or by filter (same acks as upserts)",
               responses=ERROR_RESPONSES, openapi_extra=write_body("DeleteRequest"))
     async def delete_documents(request: Request) -> Response:
-        parsed = parse_write(await read_request_body(request, writes_settings.max_body_bytes), DeleteRequest)
+        parsed = parse_body(DeleteRequest, await read_request_body(request, writes_settings.max_body_bytes))
         return json_response(await running.gateway.writes.delete(parsed))
 
     @app.get("/v1/documents/{doc_id:path}", summary="One document with its metadata and seq (404 if absent)",

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from retrieval.contract import SearchParams
 from retrieval.errors import (
@@ -47,6 +47,20 @@ class Rejected(ShardragError):
         return self.body
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(model: type[M], body: bytes) -> M:
+    """``body`` parsed and validated in one pass by pydantic's JSON parser; a failure is a
+    :class:`Rejected` naming the first bad field."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        status, payload = validation_error_body([dict(error) for error in exc.errors()])
+        error = payload["error"]
+        raise Rejected(status, payload, error["message"], error.get("field")) from None
+
+
 class QueryService:
     def __init__(self, limits: Limits, registry: VersionRegistry, fanout: FanOut, metrics: GatewayMetrics, *,
                  recent_queries: int = 200) -> None:
@@ -58,12 +72,7 @@ class QueryService:
 
     @staticmethod
     def parse(body: bytes) -> QueryRequest:
-        try:
-            return QueryRequest.model_validate_json(body)
-        except ValidationError as exc:
-            status, payload = validation_error_body([dict(error) for error in exc.errors()])
-            error = payload["error"]
-            raise Rejected(status, payload, error["message"], error.get("field")) from None
+        return parse_body(QueryRequest, body)
 
     def _snapshot(self, pinned: str | None) -> VersionSnapshot:
         view = self.registry.view  # read once: a query started on V finishes on V
