@@ -39,8 +39,10 @@ def cluster(tmp_path_factory, msmarco):
 
 def schemathesis(url: str, *args: str, examples: int) -> subprocess.CompletedProcess[str]:
     config = Path(__file__).with_name("schemathesis.toml")
+    # Every check runs: schemathesis 4 enables them all by default. No `--checks all`: a check
+    # named on the command line overrides the per-operation settings of schemathesis.toml.
     command = [str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config), "run",
-               f"{url}/openapi.json", "--checks", "all",
+               f"{url}/openapi.json",
                "--max-examples", str(examples), "--workers", "1", "--seed", "20261129", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=900)
 
