@@ -159,8 +159,14 @@ def load_default_encoder(*, device: str = "auto", batch_size: int = 64) -> Sente
     )
 
 
-def load_encoder(model: str | None = None, *, device: str = "auto", batch_size: int = 64) -> SentenceTransformerEncoder:
-    """``model``: None/"default" for MiniLM, else a local checkpoint directory."""
+def load_encoder(model: str | None = None, *, device: str = "auto", batch_size: int = 64,
+                 threads: int | None = None) -> SentenceTransformerEncoder:
+    """``model``: None/"default" for MiniLM, else a local checkpoint directory. ``threads``: torch's
+    intra-op threads for CPU inference (0: one per usable core; None: leave torch's setting)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
     if model in (None, "", "default", DEFAULT_ENCODER_NAME):
         return load_default_encoder(device=device, batch_size=batch_size)
     return SentenceTransformerEncoder(Path(model), device=device, batch_size=batch_size)

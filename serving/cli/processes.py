@@ -11,7 +11,9 @@ def encoder_loader(config: Any) -> Any:
     from retrieval.encoders import load_encoder
 
     def loader(model: str) -> Any:
-        return load_encoder(None if model == "default" else model, device=config.encoder.device)
+        # runs on the encoder's own worker thread, which then does every encode: set its pool there
+        return load_encoder(None if model == "default" else model, device=config.encoder.device,
+                            threads=config.encoder.threads)
 
     return loader
 
