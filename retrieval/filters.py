@@ -279,6 +279,9 @@ def check_metadata(metadata: Any, path: str = "metadata") -> dict[str, Any]:
                                  field=where)
         elif isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
             raise InvalidRequest(f"{where} is longer than {MAX_VALUE_CHARS} characters", field=where)
+        elif isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            # 64-bit integers, as in Qdrant and SQLite: range filters and the WAL's JSON keep them exact
+            raise InvalidRequest(f"{where} is an integer beyond 64 bits (signed)", field=where)
         out[key] = list(value) if isinstance(value, list) else value
     return out
 

@@ -12,7 +12,6 @@ between taking a number and sending its write), so replicas never wait on a hole
 
 from __future__ import annotations
 
-import json
 import struct
 import zlib
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 UPSERT, DELETE, NOOP = 1, 2, 3
 HEADER = struct.Struct("<II")  # length, crc32
@@ -36,8 +36,13 @@ class WalRecord:
     text: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     vector: np.ndarray | None = None  # float32, for upserts
+    # the record's framed bytes when it was decoded from them: re-sent and logged as they are
+    # (a replica writes what it received to its WAL without encoding it again)
+    frame: bytes | None = field(default=None, compare=False, repr=False)
 
     def encode(self) -> bytes:
+        if self.frame is not None:
+            return self.frame
         meta: dict[str, Any] = {"id": self.doc_id}
         vector = b""
         if self.op == UPSERT:
@@ -46,21 +51,32 @@ class WalRecord:
             array = np.ascontiguousarray(self.vector, dtype="<f4")
             meta.update(title=self.title, text=self.text, metadata=self.metadata, dim=int(array.size))
             vector = array.tobytes()
-        meta_bytes = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        meta_bytes = _dump_meta(meta)
         body = BODY.pack(self.seq, self.op, len(meta_bytes)) + meta_bytes + vector
         return HEADER.pack(len(body), zlib.crc32(body)) + body
 
     @classmethod
-    def decode(cls, body: bytes) -> WalRecord:
+    def decode(cls, body: bytes | memoryview, frame: bytes | None = None) -> WalRecord:
+        """The record in ``body``; ``frame`` (header + body) is kept to be written again as is."""
         seq, op, meta_length = BODY.unpack_from(body)
-        meta = json.loads(body[BODY.size:BODY.size + meta_length].decode("utf-8"))
+        meta = _load_meta(bytes(body[BODY.size:BODY.size + meta_length]))
         if op in (DELETE, NOOP):
-            return cls(seq, op, str(meta.get("id", "")))
+            return cls(seq, op, str(meta.get("id", "")), frame=frame)
         if op != UPSERT:
             raise ValueError(f"unknown op {op}")
         vector = np.frombuffer(body, dtype="<f4", offset=BODY.size + meta_length, count=int(meta["dim"]))
         return cls(seq, op, str(meta["id"]), str(meta.get("title", "")), str(meta.get("text", "")),
-                   dict(meta.get("metadata", {})), vector.astype(np.float32))
+                   dict(meta.get("metadata", {})), vector.astype(np.float32), frame)
+
+
+def _dump_meta(meta: dict[str, Any]) -> bytes:
+    """Compact UTF-8 JSON (orjson: ~10x faster than json, and the gateway frames every written
+    document). Metadata integers are validated to 64 bits, which orjson reads back exactly."""
+    return orjson.dumps(meta)
+
+
+def _load_meta(data: bytes) -> Any:
+    return orjson.loads(data)
 
 
 def encode_records(records: Sequence[WalRecord]) -> bytes:
@@ -79,11 +95,12 @@ def decode_records(data: bytes) -> list[WalRecord]:
         end = offset + HEADER.size + length
         if length > MAX_RECORD_BYTES or end > len(data):
             raise ValueError(f"a record of {length} bytes past the end at byte {offset}")
-        body = data[offset + HEADER.size:end]
+        frame = data[offset:end]
+        body = memoryview(frame)[HEADER.size:]
         if zlib.crc32(body) != crc:
             raise ValueError(f"a CRC mismatch at byte {offset}")
         try:
-            records.append(WalRecord.decode(body))
+            records.append(WalRecord.decode(body, frame))
         except (KeyError, UnicodeDecodeError, struct.error) as exc:
             raise ValueError(f"an undecodable record at byte {offset}: {exc}") from exc
         offset = end

@@ -58,15 +58,21 @@ async def vectors_for(documents: Sequence[DocumentIn], snapshot: VersionSnapshot
     """Each document's vector for ``snapshot``'s version: given (checked), or embedded by its encoder."""
     dim = snapshot.topology.dim
     out = np.zeros((len(documents), dim), dtype=np.float32)
+    given = [i for i, d in enumerate(documents) if d.vector is not None]
     to_embed = [i for i, d in enumerate(documents) if d.vector is None]
-    for i, doc in enumerate(documents):
-        if doc.vector is not None:
-            vector = np.asarray(doc.vector, dtype=np.float32)
-            if vector.shape != (dim,):
-                raise DimensionMismatch(f"documents[{i}].vector has {vector.size} dims, version "
-                                        f"{snapshot.version} has {dim}", field=f"documents[{i}].vector")
-            check_finite(vector, field=f"documents[{i}].vector")
-            out[i] = vector
+    for i in given:
+        size = len(documents[i].vector or ())
+        if size != dim:
+            raise DimensionMismatch(f"documents[{i}].vector has {size} dims, version {snapshot.version} has {dim}",
+                                    field=f"documents[{i}].vector")
+    if given:
+        # one conversion and one finiteness check for the batch (per row they cost ~2x more)
+        rows = np.array([documents[i].vector for i in given], dtype=np.float32)
+        finite = np.isfinite(rows).all(axis=1)
+        if not finite.all():
+            bad = given[int(np.flatnonzero(~finite)[0])]
+            check_finite(rows[given.index(bad)], field=f"documents[{bad}].vector")
+        out[given] = rows
     if to_embed:
         if snapshot.encoder is None:
             raise ShardUnavailable(f"no encoder for version {snapshot.version}: send vectors", field="documents")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from index_shards.wal import DELETE, UPSERT, WalCorrupted, WalRecord, WriteAheadLog
+from retrieval.records import decode_records, encode_records
 
 
 def upsert(seq: int, dim: int = 8) -> WalRecord:
@@ -39,6 +40,23 @@ def test_records_come_back_bit_for_bit_after_a_reopen(tmp_path):
     assert [r.seq for r in again.open(after_seq=25)] == [26, 27, 28, 29, 30]
     with pytest.raises(ValueError, match="out of order"):
         again.append([upsert(40)])
+
+
+def test_records_received_are_logged_as_the_bytes_sent(tmp_path):
+    """A replica writes the framing it received to its WAL (no second encoding), and every
+    metadata type survives the wire and the log: 64-bit integer bounds, floats, unicode."""
+    sent = [WalRecord(1, UPSERT, "ü-\U0001f600", "t", "x", {"min": -(2**63), "max": 2**63 - 1, "f": 1e-05, "b": True,
+                                                            "l": ["a", "\u2028"]}, np.ones(4, dtype=np.float32)),
+            WalRecord(2, DELETE, "gone")]
+    wire = encode_records(sent)
+    received = decode_records(wire)
+    assert all(map(same, received, sent)) and received[0].metadata["max"] == 2**63 - 1
+    wal = WriteAheadLog(tmp_path)
+    wal.open()
+    wal.append(received)
+    wal.close()
+    assert b"".join(path.read_bytes() for path in wal.files()) == wire
+    assert all(map(same, WriteAheadLog(tmp_path).open(), sent))
 
 
 def test_a_torn_tail_is_truncated_to_the_last_good_record(tmp_path, caplog):

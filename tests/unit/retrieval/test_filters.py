@@ -84,9 +84,10 @@ def test_the_canonical_form_round_trips_and_ignores_value_order():
 
 
 def test_metadata_is_flat_and_typed():
-    assert check_metadata({"a": 1, "b": "x", "c": [" y"], "d": True, "e": 0.5}) == \
-        {"a": 1, "b": "x", "c": [" y"], "d": True, "e": 0.5}
+    assert check_metadata({"a": 1, "b": "x", "c": [" y"], "d": True, "e": 0.5, "f": -(2**63), "g": 2**63 - 1}) == \
+        {"a": 1, "b": "x", "c": [" y"], "d": True, "e": 0.5, "f": -(2**63), "g": 2**63 - 1}
     for bad, field in (([1], "metadata"), ({"a": {"b": 1}}, "metadata.a"), ({"a": [1]}, "metadata.a"),
+                       ({"big": 2**63}, "metadata.big"), ({"small": -(2**63) - 1}, "metadata.small"),
                        ({"a": float("nan")}, "metadata.a"), ({"": 1}, "metadata"), ({"a": "x" * 2000}, "metadata.a")):
         with pytest.raises(InvalidRequest) as caught:
             check_metadata(bad)
