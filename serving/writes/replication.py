@@ -5,9 +5,11 @@ numbers taken but never written)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from retrieval.errors import ReplicaBehind, ShardragError, ShardUnavailable
@@ -34,11 +36,49 @@ class Replicator:
         self._holes: dict[tuple[int, str], tuple[int, float]] = {}  # (shard, version) → (seq, first seen)
 
     async def replicate(self, version: str, shard: int, items: list[Item], ack: WriteAck) -> int:
+        result = (await self.replicate_many([(version, shard, items)], ack))[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def replicate_many(self, batches: list[tuple[str, int, list[Item]]],
+                             ack: WriteAck) -> list[int | BaseException]:
+        """Sequence and replicate one write's batches (one per touched (version, shard)); per batch
+        the last seq, or the error that kept it from ``ack`` replicas. The numbers of every batch are
+        taken in one sequencer transaction. Each (shard, version) lock is held from before its
+        numbers are taken until its replicas have acknowledged, so replicas see seqs in order; the
+        locks are taken in the order given (the active version first, shards ascending — as staging
+        takes them), so two writes never wait on each other in a cycle."""
+        locks = [self.locks[(shard, version)] for version, shard, _ in batches]
+        released = [False] * len(locks)
+
+        def release(index: int) -> None:
+            if not released[index]:
+                released[index] = True
+                locks[index].release()
+
+        acquired = 0
+        try:
+            for lock in locks:
+                await lock.acquire()
+                acquired += 1
+            # a durable commit (fsync): off the event loop, so queries never wait on the disk
+            firsts = await asyncio.to_thread(self.sequencer.take_many,
+                                             [(shard, version, len(items)) for version, shard, items in batches])
+            return list(await asyncio.gather(
+                *(self._replicate_taken(version, shard, items, first, ack, functools.partial(release, index))
+                  for index, ((version, shard, items), first) in enumerate(zip(batches, firsts, strict=True))),
+                return_exceptions=True))
+        finally:
+            for index in range(acquired):
+                release(index)
+
+    async def _replicate_taken(self, version: str, shard: int, items: list[Item], first: int, ack: WriteAck,
+                               release: Callable[[], None]) -> int:
+        """Send a sequenced batch to every replica of ``shard``; ``release`` once ``ack`` of them have it."""
         replicas = list(self.registry.shard_replicas[shard])
         needed = needed_acks(ack, len(replicas))
-        async with self.locks[(shard, version)]:  # one batch at a time per shard: replicas see seqs in order
-            # a durable commit (fsync): off the event loop, so queries never wait on the disk
-            first = await asyncio.to_thread(self.sequencer.take, shard, version, len(items))
+        try:
             records = [WalRecord(first + i, item.op, item.doc_id, item.title, item.text, item.metadata, item.vector)
                        for i, item in enumerate(items)]
             payload = encode_records(records)
@@ -59,6 +99,8 @@ class Replicator:
                     self._background.add(task)
                     task.add_done_callback(self._background.discard)
                     task.add_done_callback(_consume)
+        finally:
+            release()
         if ok < needed:
             raise ShardUnavailable(f"shard {shard}: the write reached {ok} of the {needed} replicas {ack} needs "
                                    f"({'; '.join(errors)})", shard=shard)

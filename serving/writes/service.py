@@ -232,10 +232,10 @@ class WriteService:
     async def _commit(self, plans: dict[str, dict[int, list[Item]]], active: str, ids: list[str],
                       request: UpsertRequest | DeleteRequest) -> dict[str, Any]:
         ack = request.write_ack
-        results = await asyncio.gather(*(self.replicator.replicate(version, shard, items, ack)
-                                         for version, plan in plans.items() for shard, items in sorted(plan.items())),
-                                       return_exceptions=True)
-        keys = [(version, shard) for version, plan in plans.items() for shard in sorted(plan)]
+        # plans: the active version first (dict order), shards ascending: the order locks are taken in
+        batches = [(version, shard, items) for version, plan in plans.items() for shard, items in sorted(plan.items())]
+        results = await self.replicator.replicate_many(batches, ack)
+        keys = [(version, shard) for version, shard, _ in batches]
         for result in results:
             if isinstance(result, BaseException):
                 raise result
