@@ -86,3 +86,19 @@ def write_result(name: str, payload: dict[str, Any]) -> Path:
     temp.write_text(json.dumps(payload, indent=1))
     os.replace(temp, path)
     return path
+
+
+def closed_loop(url: str, bodies: list[dict[str, Any]], work: Path, concurrency: int,
+                duration_s: float) -> dict[str, Any]:
+    """benchmarks/loadgen.py in its own process against ``url``/v1/query, closed loop; its summary."""
+    import json
+    import subprocess
+    import sys
+
+    path = work / "closed_loop_bodies.json"
+    path.write_text(json.dumps(bodies))
+    output = subprocess.run([sys.executable, "-m", "benchmarks.loadgen", "--url", f"{url}/v1/query", "--bodies",
+                             str(path), "--concurrency", str(concurrency), "--duration", str(duration_s),
+                             "--warmup", "1"], capture_output=True, text=True, cwd=REPO, check=True)
+    summary: dict[str, Any] = json.loads(output.stdout.strip().splitlines()[-1])
+    return summary

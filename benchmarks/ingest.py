@@ -37,7 +37,7 @@ import httpx
 import numpy as np
 import orjson
 
-from benchmarks.common import REPO, load_corpus, machine_info, percentiles_ms, write_result
+from benchmarks.common import REPO, closed_loop, load_corpus, machine_info, percentiles_ms, write_result
 from index_shards.build import BuildConfig, build_collection
 from retrieval.types import Document
 from serving.gateway.config import GatewayConfig
@@ -236,15 +236,6 @@ def under_writes_summary(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> 
 
 
 # -- filtered search ----------------------------------------------------------------------------
-def closed_loop(url: str, bodies: list[dict], work: Path, concurrency: int, duration_s: float) -> dict[str, Any]:
-    path = work / "filtered.json"
-    path.write_text(json.dumps(bodies))
-    output = subprocess.run([sys.executable, "-m", "benchmarks.loadgen", "--url", f"{url}/v1/query", "--bodies",
-                             str(path), "--concurrency", str(concurrency), "--duration", str(duration_s),
-                             "--warmup", "1"], capture_output=True, text=True, cwd=REPO, check=True)
-    return json.loads(output.stdout.strip().splitlines()[-1])
-
-
 def filtered_search(url: str, docs: list[Document], vectors: np.ndarray, queries: np.ndarray, work: Path,
                     duration_s: float) -> dict[str, Any]:
     buckets = np.asarray([d.metadata["bucket"] for d in docs])

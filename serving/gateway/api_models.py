@@ -43,6 +43,8 @@ class QueryRequest(BaseModel):
         "eventual", description="session: only replicas that applied min_seq answer (read your writes)")
     min_seq: dict[str, SeqInt] | None = Field(
         None, description="per shard, the seq a write returned: what a session read must see")
+    exact: bool = Field(False, description="ask every shard for the full k (no per-shard top-k trimming; the "
+                        "answer is the same either way, trimming only moves fewer hits)")
 
 
 class HitModel(BaseModel):
@@ -77,6 +79,9 @@ class DiagnosticsModel(BaseModel):
     shards_answered: int
     took_ms: float
     encode_ms: float
+    shard_k: int = Field(description="hits asked of each shard (below k: per-shard top-k trimming)")
+    second_round: list[int] = Field(description="shards asked again for the full k (their last hit could "
+                                    "still make the top k)")
     per_shard: list[ShardCallModel]
 
 

@@ -110,7 +110,8 @@ class GatewaySetup:
             metrics.observe_shard_call(call.shard_id, call.replica, call.latency_ms / 1000.0, call.batch_size)
 
         fanout = FanOut(replicas, caller, coalesce=config.calls.coalesce, max_batch=config.calls.max_batch,
-                        max_inflight_per_replica=config.calls.max_inflight_per_replica, on_call=on_call)
+                        max_inflight_per_replica=config.calls.max_inflight_per_replica,
+                        topk_probability=config.calls.topk_probability, on_call=on_call)
         queries = QueryService(config.limits, registry, fanout, metrics,
                                recent_queries=max(config.gate.sample * 4, 100))
 

@@ -172,7 +172,8 @@ class QueryService:
         min_seq = self._min_seq(request, snapshot)
         remaining_ms = timeout_ms - (time.perf_counter() - started) * 1000.0  # encoding spent part of it
         result = await self.fanout.search(vector, params, snapshot.route, top_m=request.top_m,
-                                          timeout_s=max(remaining_ms, 1.0) / 1000.0, min_seq=min_seq)
+                                          timeout_s=max(remaining_ms, 1.0) / 1000.0, min_seq=min_seq,
+                                          exact=request.exact)
         missing = sorted(result.missing)
         allow_partial = request.allow_partial if request.allow_partial is not None else limits.allow_partial
         if missing and (not allow_partial or not result.calls):
@@ -200,6 +201,8 @@ class QueryService:
                 "shards_answered": len(result.calls),
                 "took_ms": took_ms,
                 "encode_ms": encode_ms,
+                "shard_k": result.asked_k,
+                "second_round": list(result.second_round),
                 "per_shard": [
                     {"shard": c.shard_id, "replica": c.replica, "latency_ms": c.latency_ms,
                      "batch_size": c.batch_size, "attempts": c.attempts, "hedged": c.hedged,

@@ -14,6 +14,9 @@ are refused: results of two versions are never merged.
 from __future__ import annotations
 
 import asyncio
+import functools
+import math
+import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -36,6 +39,9 @@ class FanOutSettings:
     coalesce: bool = True  # batch concurrent queries into one call per shard
     max_batch: int = 64  # most queries per coalesced shard call
     max_inflight_per_replica: int = 2  # concurrent calls per replica before queries queue
+    # Per-shard top-k trimming (Vespa's top-k probability): each of n shards is asked for
+    # k/n + z·sqrt(k·(1/n)·(1−1/n)) hits, z the normal quantile of this probability; 0 turns it off.
+    topk_probability: float = 0.9999
 
     def validate(self) -> None:
         from serving.shardcall.policies import BALANCERS
@@ -50,6 +56,22 @@ class FanOutSettings:
         for name in ("max_batch", "max_inflight_per_replica"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"calls.{name} must be ≥ 1", field=f"calls.{name}")
+        if self.topk_probability != 0 and not 0.5 <= self.topk_probability < 1:
+            raise ConfigError("calls.topk_probability must be in [0.5, 1) (0: ask every shard for the full k)",
+                              field="calls.topk_probability")
+
+
+@functools.lru_cache(maxsize=1024)  # on every query's path: a handful of (k, n, p) in practice
+def trimmed_k(k: int, shards: int, probability: float) -> int:
+    """How many hits to ask each of ``shards`` shards for so that, with documents spread evenly
+    (hash partitions), a shard holds more than that many of the global top ``k`` with probability
+    about 1 − ``probability`` (a binomial(k, 1/n) tail, normal approximation). ``k`` when trimming
+    does not apply (one shard, probability 0)."""
+    if shards <= 1 or probability == 0:
+        return k
+    z = statistics.NormalDist().inv_cdf(probability)
+    p = 1.0 / shards
+    return min(k, max(1, math.ceil(k * p + z * math.sqrt(k * p * (1.0 - p)))))
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,6 +82,9 @@ class ShardRoute:
     replicas: tuple[tuple[str, ...], ...]  # shard id → replicas holding ``version`` ready
     centroids: np.ndarray | None = None  # (num_shards, dim) for kmeans partitions: top_m routing
     partitioner: str = "hash"
+    # HNSW searches with a beam of max(efSearch, k): asking a shard for fewer hits narrows it, so
+    # a shorter list would not be a prefix of the full one. Trimming needs an explicit ef_search ≥ k.
+    k_shapes_search: bool = False
 
     @property
     def num_shards(self) -> int:
@@ -88,6 +113,8 @@ class FanOutResult:
     shards_queried: list[int]
     calls: list[ShardCall]
     missing: dict[int, str]  # shard id → why it is not in the answer
+    asked_k: int = 0  # hits asked of each shard in the first round (< k: trimmed)
+    second_round: tuple[int, ...] = ()  # shards asked again for the full k
 
     @property
     def partial(self) -> bool:
@@ -107,10 +134,12 @@ class FanOut:
         coalesce: bool = True,
         max_batch: int = 64,
         max_inflight_per_replica: int = 2,
+        topk_probability: float = 0.0,
         on_call: Callable[[ShardCall], None] | None = None,
     ) -> None:
         """``shard_replicas``: every replica of every shard slot (sizes the in-flight limits)."""
         self.caller = caller
+        self.topk_probability = topk_probability
         self._on_call = on_call
         self._batchers: list[NaturalBatcher[SearchParams, _Item, _Answer]] = []
         for shard_id, replicas in enumerate(shard_replicas):
@@ -134,15 +163,49 @@ class FanOut:
         return [int(s) for s in route_top_m(vector[None, :], route.centroids, top_m)[0]]
 
     async def search(self, vector: np.ndarray, params: SearchParams, route: ShardRoute, *, top_m: int | None,
-                     timeout_s: float, min_seq: Mapping[int, int] | None = None) -> FanOutResult:
+                     timeout_s: float, min_seq: Mapping[int, int] | None = None, exact: bool = False) -> FanOutResult:
         """``route`` must be that of ``params.version``. ``min_seq``: per shard, the write a replica
-        must have applied to answer (session reads)."""
+        must have applied to answer (session reads). Unless ``exact``, each shard is first asked for
+        :func:`trimmed_k` hits; a shard whose last hit could still be in the global top k (its
+        lowest score ≥ the merged k-th, or fewer than k merged) is asked again for the full k, so
+        the answer is always the full-k fan-out's."""
         targets = self.targets(vector, top_m, route)
         deadline = time.monotonic() + timeout_s
+        asked = params.k
+        if not exact and (not route.k_shapes_search or (params.ef_search or 0) >= params.k):
+            asked = trimmed_k(params.k, len(targets), self.topk_probability)
+        first = replace(params, k=asked) if asked < params.k else params
+        answers, missing = await self._round(vector, first, route, targets, deadline, timeout_s, min_seq)
+        ordered = [answers[s] for s in targets if s in answers]
+        merged = _merge(ordered, params.k)  # ties break by doc id: the order of answers does not matter
+        again: list[int] = []
+        if asked < params.k:
+            kth = merged[-1].score if len(merged) == params.k else None
+            again = [shard for shard, (columns, _) in answers.items()
+                     if len(columns["scores"]) >= asked and (kth is None or min(columns["scores"]) >= kth)]
+            if again:
+                more, failed = await self._round(vector, params, route, again, deadline,
+                                                 max(deadline - time.monotonic(), 0.0), min_seq)
+                for shard in again:  # a shard without its full answer is missing, not inexact
+                    answers.pop(shard)
+                answers.update(more)
+                missing.update(failed)
+                ordered = [answers[s] for s in targets if s in answers]
+                merged = _merge(ordered, params.k)
+        return FanOutResult(merged, route.version, route.num_shards, targets, [call for _, call in ordered], missing,
+                            asked, tuple(again))
+
+    async def _round(self, vector: np.ndarray, params: SearchParams, route: ShardRoute, targets: list[int],
+                     deadline: float, timeout_s: float,
+                     min_seq: Mapping[int, int] | None) -> tuple[dict[int, _Answer], dict[int, str]]:
+        """One call per target shard (coalesced with other queries): the answers and the missing."""
         futures = [self._batchers[s].submit(replace(params, min_seq=min_seq[s]) if min_seq and s in min_seq else params,
                                             (vector, deadline, route.replicas[s])) for s in targets]
-        _, pending = await asyncio.wait(futures, timeout=timeout_s)
-        answers: list[_Answer] = []
+        if futures and timeout_s > 0:
+            _, pending = await asyncio.wait(futures, timeout=timeout_s)
+        else:
+            pending = {f for f in futures if not f.done()}
+        answers: dict[int, _Answer] = {}
         missing: dict[int, str] = {}
         for shard_id, future in zip(targets, futures, strict=True):
             if future in pending:
@@ -151,13 +214,12 @@ class FanOut:
                 continue
             error = future.exception()
             if error is None:
-                answers.append(future.result())
+                answers[shard_id] = future.result()
             elif isinstance(error, RETRYABLE):
                 missing[shard_id] = getattr(error, "message", str(error))
             else:
                 raise error  # bad request, version conflict: the query itself is wrong
-        return FanOutResult(_merge(answers, params.k), route.version, route.num_shards, targets,
-                            [call for _, call in answers], missing)
+        return answers, missing
 
     def _caller(self, shard_id: int) -> Callable[[SearchParams, list[_Item]], Awaitable[Sequence[_Answer]]]:
         async def call(params: SearchParams, items: list[_Item]) -> Sequence[_Answer]:
