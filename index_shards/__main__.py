@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--compact-after", type=int, default=20_000,
                        help="written documents + deletes held in memory before a background compaction folds "
                             "them into a new sealed base (default 20000; writes pause at 4x that while it runs)")
+    serve.add_argument("--wal-retain", type=int, default=100_000,
+                       help="WAL records kept behind a compaction's checkpoint for replicas that fall behind; a "
+                            "replica further behind is restored from a peer's snapshot (default 100000)")
+    serve.add_argument("--wal-file-mb", type=float, default=64.0,
+                       help="size at which a WAL file is closed and the next begun; whole files are what "
+                            "compaction removes (default 64)")
     serve.add_argument("--filter-exact-max", type=int, default=4096,
                        help="filtered searches matching at most this many documents are scored exactly; more "
                             "take the index's own filtered search (default 4096)")
@@ -103,12 +109,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise
     if args.compact_after < 1:
         raise ConfigError("--compact-after must be ≥ 1", field="compact_after")
+    if args.wal_file_mb <= 0:
+        raise ConfigError("--wal-file-mb must be > 0", field="wal_file_mb")
+    if args.wal_retain < 0:
+        raise ConfigError("--wal-retain must be ≥ 0", field="wal_retain")
     if args.filter_exact_max < 0:
         raise ConfigError("--filter-exact-max must be ≥ 0", field="filter_exact_max")
     config = ShardServerConfig(max_k=args.max_k, max_batch=args.max_batch, faiss_threads=args.faiss_threads,
                                faults=faults, max_versions=args.max_versions, device=args.device,
                                filter_exact_max=args.filter_exact_max, data_dir=args.data_dir,
-                               compact_after=args.compact_after)
+                               compact_after=args.compact_after, wal_retain=args.wal_retain,
+                               wal_file_bytes=int(args.wal_file_mb * 2**20))
     serve_app(
         create_app(shard, config), host=args.host, port=args.port, port_file=args.port_file,
         name=f"shard-{shard.manifest.shard_id}", log_level=args.log_level,

@@ -60,7 +60,10 @@ class ShardServerConfig:
     filter_exact_max: int = 4096  # filtered searches with at most this many matches are scored exactly
     data_dir: str | None = None  # where this replica keeps its WALs; None: read-only
     compact_after: int = 20_000  # segment documents + tombstones that start a background compaction
+    wal_retain: int = 100_000  # WAL records kept behind a checkpoint for lagging peers
+    wal_file_bytes: int = 64 * 1024 * 1024  # a WAL file past this size is closed and the next begun
     max_write_bytes: int = 64 * 1024 * 1024  # largest replicated write batch
+    max_snapshot_bytes: int = 4 * 1024 * 1024 * 1024  # largest snapshot a replica restores from (held in memory)
 
 
 _INT_PARAMS = {"k": (1, None), "nprobe": (1, 65536), "ef_search": (1, 65536), "min_seq": (0, None)}
@@ -117,7 +120,8 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
     faults = FaultInjector(config.faults)
     versions = shard if isinstance(shard, ShardVersions) else ShardVersions(
         shard, max_versions=config.max_versions, device=config.device, filter_exact_max=config.filter_exact_max,
-        data_dir=config.data_dir, compact_after=config.compact_after, crash_point=faults.crash_point)
+        data_dir=config.data_dir, compact_after=config.compact_after, wal_retain=config.wal_retain,
+        wal_file_bytes=config.wal_file_bytes, crash_point=faults.crash_point)
     shard_id = versions.shard_id
     metrics = ShardMetrics.create(shard_id)
     metrics.documents.labels(shard=str(shard_id)).set(versions.get(versions.ready_ids()[0]).manifest.count)
@@ -273,6 +277,28 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
         ids = await asyncio.get_running_loop().run_in_executor(None, versions.matching_ids, version, filter, limit)
         return json_response({"shard_id": shard_id, "version": version, "ids": ids})
 
+    @app.get("/v1/snapshot", summary="Every live document of a version (seq u64 LE + WAL framing): a peer behind "
+             "the WAL's retention restores from it")
+    async def get_snapshot(version: Annotated[str, Query(description="embedding version")]) -> Response:
+        seq, records = await asyncio.get_running_loop().run_in_executor(None, versions.snapshot, version)
+        return Response(seq.to_bytes(8, "little") + encode_records(records), media_type="application/octet-stream")
+
+    @app.post("/admin/restore", summary="Replace a version's state with a peer's snapshot (GET /v1/snapshot bytes)",
+              openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
+                  "schema": {"type": "string", "format": "binary"}}}, "description": "GET /v1/snapshot's reply"}})
+    async def post_restore(request: Request,
+                           version: Annotated[str, Query(description="embedding version")]) -> Response:
+        body = await read_request_body(request, config.max_snapshot_bytes)
+        if len(body) < 8:
+            raise MalformedBody("a snapshot starts with its seq (8 bytes)", field="body")
+        try:
+            records = decode_records(body[8:])
+        except ValueError as exc:
+            raise MalformedBody(f"snapshot records do not parse: {exc}", field="body") from exc
+        seq = int.from_bytes(body[:8], "little")
+        applied = await asyncio.get_running_loop().run_in_executor(None, versions.restore, version, seq, records)
+        return json_response({"shard_id": shard_id, "version": version, "applied_seq": applied})
+
     @app.get("/admin/digest", summary="Count and sha256 of every live document (replica consistency checks)")
     async def get_digest(version: Annotated[str | None, Query()] = None) -> Response:
         live = versions.get(version)
@@ -301,7 +327,8 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
         return json_response({"faults": faults.config.to_dict(), "active": faults.active})
 
     fast = FastPathApp(app, {("POST", "/v1/search"): handle_search, ("POST", "/v1/writes"): handle_writes},
-                       max_body_bytes=config.max_body_bytes, body_limits={"/v1/writes": config.max_write_bytes},
+                       max_body_bytes=config.max_body_bytes, body_limits={"/v1/writes": config.max_write_bytes,
+                                                                      "/admin/restore": config.max_snapshot_bytes},
                        on_result=status_counter(metrics.requests, "search", {"/v1/writes": "writes"}))
     return guard_from_env(fast, internal_policy)  # SHARDRAG_INTERNAL_TOKEN: only the gateway may call
 

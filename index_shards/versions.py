@@ -22,9 +22,9 @@ import numpy as np
 from index_shards import compaction
 from index_shards.layout import INDEX_FILE
 from index_shards.manifest import SHARD_MANIFEST
-from index_shards.segment import LiveShard
+from index_shards.segment import LiveShard, StoredDocument
 from index_shards.shard import Shard
-from index_shards.wal import WalCorrupted, WalRecord, WriteAheadLog
+from index_shards.wal import SEGMENT_BYTES, UPSERT, WalCorrupted, WalRecord, WriteAheadLog
 from retrieval.contract import (
     FAILED,
     LOADING,
@@ -101,7 +101,8 @@ class ShardVersions:
     def __init__(self, first: Shard, *, max_versions: int = 2, device: str = "auto",
                  memory_headroom: float = 0.2, filter_exact_max: int | None = None,
                  data_dir: str | Path | None = None, compact_after: int = COMPACT_AFTER,
-                 wal_retain: int = WAL_RETAIN, crash_point: Callable[[str], None] | None = None) -> None:
+                 wal_retain: int = WAL_RETAIN, wal_file_bytes: int = SEGMENT_BYTES,
+                 crash_point: Callable[[str], None] | None = None) -> None:
         """``data_dir``: where this replica keeps its write-ahead logs and compacted bases (one folder
         per version); None: the replica is read-only. ``compact_after``: segment documents plus
         tombstones that start a background compaction (writes are refused with 503 past 4× that
@@ -113,6 +114,7 @@ class ShardVersions:
             raise InvalidRequest(f"compact_after must be ≥ 1, got {compact_after}", field="compact_after")
         self.compact_after = compact_after
         self.wal_retain = max(0, wal_retain)
+        self.wal_file_bytes = max(1, wal_file_bytes)  # a WAL file past this size is closed, a new one begun
         self._crash_point = crash_point or (lambda point: None)
         self.filter_exact_max = filter_exact_max  # None: each shard's default (index_shards.filtered)
         if filter_exact_max is not None:
@@ -146,7 +148,7 @@ class ShardVersions:
             shard.docstore.close()
             shard = self._load_base(wal_dir / checkpoint.base, shard)
             base_seq, base_seqs = checkpoint.seq, compaction.read_seqs(shard.directory)
-        wal = WriteAheadLog(wal_dir)
+        wal = WriteAheadLog(wal_dir, segment_bytes=self.wal_file_bytes)
         records = wal.open(after_seq=base_seq)
         live = LiveShard(shard, base_seq=base_seq, base_seqs=base_seqs)
         if records and records[0].seq != base_seq + 1:
@@ -285,6 +287,44 @@ class ShardVersions:
             raise NotFound(f"writes after seq {after_seq} are compacted away here (the WAL starts at {first})",
                            field="after")
         return list(slot.wal.read_after(after_seq))
+
+    def snapshot(self, version_id: str) -> tuple[int, list[WalRecord]]:
+        """Every live document of the version as of its applied seq, as upsert records whose seq is
+        the write that stored each document (0: from the build): what a peer too far behind for
+        :meth:`writes_after` restores from."""
+        seq, documents = self.get(version_id).frozen_documents()
+        records = []
+        for doc in documents:
+            assert doc.vector is not None
+            records.append(WalRecord(doc.seq, UPSERT, doc.doc_id, doc.title, doc.text, dict(doc.metadata),
+                                     np.asarray(doc.vector, dtype=np.float32)))
+        return seq, records
+
+    def restore(self, version_id: str, seq: int, records: Sequence[WalRecord]) -> int:
+        """Replace the version's state with a peer's snapshot at ``seq`` (this replica is behind
+        what any peer's WAL still holds): a new sealed base of those documents and a checkpoint at
+        ``seq`` (crash-safe, as a compaction), then an empty WAL that continues at ``seq`` + 1.
+        Nothing changes when this replica has already applied ``seq``. The applied seq after."""
+        slot = self._slot(version_id)
+        if slot.wal is None or slot.live is None or self.data_dir is None:
+            raise ShardUnavailable(f"this replica of shard {self.shard_id} takes no writes (no --data-dir)",
+                                   shard=self.shard_id)
+        documents = [StoredDocument(r.doc_id, r.title, r.text, r.metadata, r.seq, r.vector) for r in records
+                     if r.op == UPSERT]
+        with slot.compact_lock, slot.write_lock:
+            live = slot.live
+            if live.applied_seq >= seq:
+                return live.applied_seq
+            wal_dir = self.data_dir / slot.version_id
+            base_dir = compaction.write_base(wal_dir, live.base.manifest, documents, seq)
+            compaction.publish_checkpoint(wal_dir, base_dir, seq)  # from here a restart loads the snapshot
+            base = self._load_base(base_dir, live.base)
+            slot.wal.reset_to(seq)
+            slot.live, slot.shard = LiveShard(base, base_seq=seq, base_seqs=compaction.read_seqs(base_dir)), base
+        compaction.remove_leftovers(wal_dir, keep=base_dir.name)
+        logger.warning("version %s restored from a peer's snapshot at seq %d (%d documents; was at seq %d)",
+                       slot.version_id, seq, len(documents), live.applied_seq)
+        return seq
 
     def matching_ids(self, version_id: str, filter_canonical: str, limit: int) -> list[str]:
         """Ids of live documents of the version that the filter (canonical JSON) selects."""

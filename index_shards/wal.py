@@ -81,10 +81,28 @@ class WriteAheadLog:
                 if record.seq > after_seq:
                     records.append(record)
         self.last_seq = max(previous or 0, after_seq)  # after a checkpoint the log may hold nothing newer
-        if files:
+        if files and (previous or 0) < after_seq:
+            # A restore from a peer's snapshot checkpointed past everything logged here (a crash came
+            # before the log was reset): those records are superseded, and the next one starts a file.
+            self._remove_files(files)
+        elif files:
             self._current = files[-1]
             self._handle = open(self._current, "ab")  # noqa: SIM115 - held open for appends
         return records
+
+    def reset_to(self, seq: int) -> None:
+        """Drop every file (a snapshot at ``seq`` supersedes them); the next append is ``seq`` + 1,
+        in a new file."""
+        self.close()
+        self._remove_files(self.files())
+        self._current = None
+        self.last_seq = seq
+
+    def _remove_files(self, files: list[Path]) -> None:
+        for path in files:
+            path.unlink()
+        if files:
+            fsync_dir(self.directory)
 
     def _read_file(self, path: Path, *, truncate_torn_tail: bool, previous_seq: int | None) -> Iterator[WalRecord]:
         data = path.read_bytes()

@@ -63,6 +63,14 @@ class ShardClient(ABC):
         """The replica's write records after ``after_seq`` (a lagging peer catches up from these)."""
         raise ShardUnavailable(f"{type(self).__name__} carries no writes")
 
+    async def snapshot(self, replica: str, version: str, timeout_s: float) -> bytes:
+        """Every live document of ``version`` on the replica (u64 LE seq, then write records)."""
+        raise ShardUnavailable(f"{type(self).__name__} carries no snapshots")
+
+    async def restore(self, replica: str, shard_id: int, version: str, snapshot: bytes, timeout_s: float) -> int:
+        """Replace the replica's state of ``version`` with a peer's :meth:`snapshot`; its applied seq."""
+        raise ShardUnavailable(f"{type(self).__name__} carries no snapshots", shard=shard_id)
+
     async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
                        timeout_s: float) -> dict[str, Any] | None:
         """The document as the replica holds it, or None (absent or deleted)."""

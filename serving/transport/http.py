@@ -99,7 +99,10 @@ class HttpShardClient(JsonControlClient):
         return int(orjson.loads(payload)["applied_seq"])
 
     async def writes_after(self, replica: str, version: str, after_seq: int, timeout_s: float) -> bytes:
-        path = f"/v1/writes?version={quote(version, safe='')}&after={after_seq}"
+        return await self._get_bytes(replica, f"/v1/writes?version={quote(version, safe='')}&after={after_seq}",
+                                     timeout_s)
+
+    async def _get_bytes(self, replica: str, path: str, timeout_s: float) -> bytes:
         try:
             status, payload = await self._pool.request("GET", f"{replica}{path}", timeout_s=timeout_s,
                                                        headers=self._auth)
@@ -108,6 +111,20 @@ class HttpShardClient(JsonControlClient):
         if status != 200:
             raise error_for_status(status, payload, peer=replica)
         return payload
+
+    async def snapshot(self, replica: str, version: str, timeout_s: float) -> bytes:
+        return await self._get_bytes(replica, f"/v1/snapshot?version={quote(version, safe='')}", timeout_s)
+
+    async def restore(self, replica: str, shard_id: int, version: str, snapshot: bytes, timeout_s: float) -> int:
+        path = f"/admin/restore?version={quote(version, safe='')}"
+        try:
+            status, payload = await self._pool.request("POST", f"{replica}{path}", snapshot, timeout_s=timeout_s,
+                                                       headers=self._auth)
+        except (TimeoutError, HttpError) as exc:
+            raise ShardUnavailable(f"shard {shard_id} ({replica}) did not restore: {exc!r}", shard=shard_id) from exc
+        if status != 200:
+            raise error_for_status(status, payload, peer=replica, shard=shard_id)
+        return int(orjson.loads(payload)["applied_seq"])
 
     async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
                            timeout_s: float) -> list[str]:

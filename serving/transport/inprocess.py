@@ -70,6 +70,14 @@ class InProcessShardClient(ShardClient):
     async def writes_after(self, replica: str, version: str, after_seq: int, timeout_s: float) -> bytes:
         return encode_records(self._replica(replica).writes_after(version, after_seq))
 
+    async def snapshot(self, replica: str, version: str, timeout_s: float) -> bytes:
+        seq, records = self._replica(replica).snapshot(version)
+        return seq.to_bytes(8, "little") + encode_records(records)
+
+    async def restore(self, replica: str, shard_id: int, version: str, snapshot: bytes, timeout_s: float) -> int:
+        return self._replica(replica, shard_id).restore(version, int.from_bytes(snapshot[:8], "little"),
+                                                        decode_records(snapshot[8:]))
+
     async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
                            timeout_s: float) -> list[str]:
         return self._replica(replica, shard_id).matching_ids(version, filter_canonical, limit)

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from retrieval.errors import ReplicaBehind, ShardragError, ShardUnavailable
+from retrieval.errors import NotFound, ReplicaBehind, ShardragError, ShardUnavailable
 from retrieval.records import NOOP, WalRecord, decode_records, encode_records
 from serving.transport.client import ShardClient
 from serving.versions.registry import VersionRegistry
@@ -21,6 +21,7 @@ from serving.writes.plan import Item, WriteSettings, needed_acks
 from serving.writes.sequencer import Sequencer
 
 logger = logging.getLogger(__name__)
+SNAPSHOT_TIMEOUT_S = 120.0  # fetching and restoring a whole shard's snapshot
 
 
 class Replicator:
@@ -133,7 +134,16 @@ class Replicator:
             if remaining <= 0:
                 return False
             try:
-                missing = await self.client.writes_after(peer, version, applied, remaining)
+                try:
+                    missing = await self.client.writes_after(peer, version, applied, remaining)
+                except NotFound:
+                    # The peer compacted those writes away (behind its WAL retention): restore the
+                    # replica from the peer's snapshot, then take the writes after it as usual.
+                    applied = await self._restore(peer, replica, shard, version)
+                    if applied >= upto:
+                        return True
+                    missing = await self.client.writes_after(peer, version, applied,
+                                                             max(deadline - time.monotonic(), 0.1))
                 if not missing or decode_records(missing)[-1].seq < upto:
                     continue
                 await self.client.write(replica, shard, version, missing, max(deadline - time.monotonic(), 0.1))
@@ -142,6 +152,16 @@ class Replicator:
             except (ShardragError, ValueError) as exc:
                 logger.info("catch-up of %s from %s: %s", replica, peer, exc)
         return False
+
+    async def _restore(self, peer: str, replica: str, shard: int, version: str) -> int:
+        """Copy ``peer``'s snapshot of ``version`` to ``replica``; the replica's applied seq after.
+        A snapshot is a whole shard: it gets its own, longer timeout than one write."""
+        timeout_s = max(SNAPSHOT_TIMEOUT_S, self.settings.timeout_s)
+        snapshot = await self.client.snapshot(peer, version, timeout_s)
+        applied = await self.client.restore(replica, shard, version, snapshot, timeout_s)
+        logger.warning("%s was behind %s's WAL on %s: restored from its snapshot (%d bytes) at seq %d", replica,
+                       peer, version, len(snapshot), applied)
+        return applied
 
     async def applied(self, replica: str, version: str) -> int | None:
         try:

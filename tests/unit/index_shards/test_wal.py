@@ -110,3 +110,27 @@ def test_rotation_catch_up_reads_and_dropping_checkpointed_files(tmp_path):
     wal.close()
     reopened = WriteAheadLog(tmp_path)
     assert reopened.open()[-1].seq == 40 and reopened.last_seq == 40
+
+
+def test_a_log_behind_a_snapshot_checkpoint_is_superseded(tmp_path):
+    """A restore checkpoints at a peer's seq past everything logged here: reset_to drops the
+    files and the next append begins a new one at seq + 1; a crash before the reset is handled
+    the same way when the log is opened behind the checkpoint."""
+    wal = WriteAheadLog(tmp_path)
+    wal.open()
+    wal.append(batch(1, 10))
+    wal.reset_to(50)
+    assert wal.files() == [] and wal.last_seq == 50
+    wal.append([upsert(51), upsert(52)])
+    wal.close()
+    assert [r.seq for r in WriteAheadLog(tmp_path).open(after_seq=50)] == [51, 52]
+    crashed = tmp_path / "crashed"
+    wal = WriteAheadLog(crashed)
+    wal.open()
+    wal.append(batch(1, 10))
+    wal.close()
+    again = WriteAheadLog(crashed)
+    assert again.open(after_seq=80) == [] and again.last_seq == 80 and again.files() == []
+    again.append([upsert(81)])
+    again.close()
+    assert [r.seq for r in WriteAheadLog(crashed).open(after_seq=80)] == [81]
