@@ -40,6 +40,7 @@ from index_shards.wal import decode_records, encode_records
 from retrieval.contract import TIMEOUT_HEADER, SearchParams
 from retrieval.errors import DeadlineExceeded, InvalidRequest, MalformedBody, NotFound, ReplicaBehind
 from retrieval.filters import filter_from_canonical
+from retrieval.records import decode_snapshot, encode_snapshot
 from retrieval.wire import decode_vectors
 
 logger = logging.getLogger(__name__)
@@ -281,21 +282,17 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
              "the WAL's retention restores from it")
     async def get_snapshot(version: Annotated[str, Query(description="embedding version")]) -> Response:
         seq, records = await asyncio.get_running_loop().run_in_executor(None, versions.snapshot, version)
-        return Response(seq.to_bytes(8, "little") + encode_records(records), media_type="application/octet-stream")
+        return Response(encode_snapshot(seq, records), media_type="application/octet-stream")
 
     @app.post("/admin/restore", summary="Replace a version's state with a peer's snapshot (GET /v1/snapshot bytes)",
               openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
                   "schema": {"type": "string", "format": "binary"}}}, "description": "GET /v1/snapshot's reply"}})
     async def post_restore(request: Request,
                            version: Annotated[str, Query(description="embedding version")]) -> Response:
-        body = await read_request_body(request, config.max_snapshot_bytes)
-        if len(body) < 8:
-            raise MalformedBody("a snapshot starts with its seq (8 bytes)", field="body")
         try:
-            records = decode_records(body[8:])
+            seq, records = decode_snapshot(await read_request_body(request, config.max_snapshot_bytes))
         except ValueError as exc:
-            raise MalformedBody(f"snapshot records do not parse: {exc}", field="body") from exc
-        seq = int.from_bytes(body[:8], "little")
+            raise MalformedBody(f"the snapshot does not parse: {exc}", field="body") from exc
         applied = await asyncio.get_running_loop().run_in_executor(None, versions.restore, version, seq, records)
         return json_response({"shard_id": shard_id, "version": version, "applied_seq": applied})
 

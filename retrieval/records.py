@@ -107,3 +107,15 @@ def decode_records(data: bytes) -> list[WalRecord]:
     return records
 
 
+
+
+def encode_snapshot(seq: int, records: Sequence[WalRecord]) -> bytes:
+    """A replica's state at ``seq`` for a peer to restore from: u64 LE seq, then the records."""
+    return seq.to_bytes(8, "little") + encode_records(records)
+
+
+def decode_snapshot(data: bytes) -> tuple[int, list[WalRecord]]:
+    """:func:`encode_snapshot`'s seq and records; ValueError when they do not check out."""
+    if len(data) < 8:
+        raise ValueError("a snapshot starts with its seq (8 bytes)")
+    return int.from_bytes(data[:8], "little"), decode_records(data[8:])

@@ -19,7 +19,7 @@ from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from retrieval.contract import HealthInfo, ReplicaInfo, SearchParams, StageReply, UnloadReply
 from retrieval.errors import ShardUnavailable
-from retrieval.records import decode_records, encode_records
+from retrieval.records import decode_records, decode_snapshot, encode_records, encode_snapshot
 from serving.transport.client import ShardClient, ShardReply
 
 SCHEME = "inproc://"
@@ -71,12 +71,10 @@ class InProcessShardClient(ShardClient):
         return encode_records(self._replica(replica).writes_after(version, after_seq))
 
     async def snapshot(self, replica: str, version: str, timeout_s: float) -> bytes:
-        seq, records = self._replica(replica).snapshot(version)
-        return seq.to_bytes(8, "little") + encode_records(records)
+        return encode_snapshot(*self._replica(replica).snapshot(version))
 
     async def restore(self, replica: str, shard_id: int, version: str, snapshot: bytes, timeout_s: float) -> int:
-        return self._replica(replica, shard_id).restore(version, int.from_bytes(snapshot[:8], "little"),
-                                                        decode_records(snapshot[8:]))
+        return self._replica(replica, shard_id).restore(version, *decode_snapshot(snapshot))
 
     async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
                            timeout_s: float) -> list[str]:

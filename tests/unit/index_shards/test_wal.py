@@ -134,3 +134,12 @@ def test_a_log_behind_a_snapshot_checkpoint_is_superseded(tmp_path):
     again.append([upsert(81)])
     again.close()
     assert [r.seq for r in WriteAheadLog(crashed).open(after_seq=80)] == [81]
+
+
+def test_a_snapshot_carries_its_seq_and_records():
+    from retrieval.records import decode_snapshot, encode_snapshot
+
+    seq, records = decode_snapshot(encode_snapshot(77, batch(1, 6)))
+    assert seq == 77 and all(map(same, records, batch(1, 6)))
+    with pytest.raises(ValueError, match="8 bytes"):
+        decode_snapshot(b"\x01\x02")
