@@ -42,7 +42,18 @@ def _access(args: argparse.Namespace) -> tuple[list[str] | None, str]:
         print("WARNING: --open: no API keys; anyone on this machine can query and administer the cluster",
               file=sys.stderr)
         return None, token
-    return [f"read:{secrets.token_urlsafe(24)}", f"admin:{secrets.token_urlsafe(24)}"], token
+    return [f"read:{_cli_safe_key()}", f"admin:{_cli_safe_key()}"], token
+
+
+def _cli_safe_key() -> str:
+    """A fresh API key that does not start with '-' (argparse would take `--api-key -x…` for a
+    missing value: the key could not be passed to `shardrag query --api-key KEY`)."""
+    import secrets
+
+    while True:
+        key = secrets.token_urlsafe(24)
+        if not key.startswith("-"):
+            return key
 
 
 def _tls(args: argparse.Namespace) -> tuple[str, str, str] | None:
