@@ -40,11 +40,11 @@ from index_shards.build import BuildConfig, build_collection
 from index_shards.faiss_index import build_index
 from index_shards.ids import doc_int_ids
 from retrieval.ir_metrics import overlap_at_k
+from serving.encoding.settings import EncoderSettings
 from serving.gateway.config import GatewayConfig
 from serving.local.child import Child
 from serving.local.launcher import LocalCluster
 from serving.shardcall.fanout import FanOutSettings
-from serving.versions.query_encoder import EncoderSettings
 
 VECTORS_ONLY = GatewayConfig(encoder=EncoderSettings(load=False))
 

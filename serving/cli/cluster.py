@@ -19,15 +19,16 @@ from serving.cli.common import root_of
 
 
 def _gateway_config(args: argparse.Namespace) -> Any:
+    from serving.encoding.settings import EncoderSettings
     from serving.gateway.config import GatewayConfig
     from serving.shardcall.call import HedgingSettings
     from serving.shardcall.fanout import FanOutSettings
-    from serving.versions.query_encoder import EncoderSettings
 
     return GatewayConfig(calls=FanOutSettings(transport=args.transport, balancer=args.balancer,
                                               coalesce=not args.no_coalesce),
                          hedging=HedgingSettings(enabled=not args.no_hedging),
-                         encoder=EncoderSettings(load=not args.no_encoder))
+                         encoder=EncoderSettings(load=not args.no_encoder, backend=args.encoder_backend,
+                                                 workers=args.encoder_workers).validated())
 
 
 def _access(args: argparse.Namespace) -> tuple[list[str] | None, str]:
@@ -146,7 +147,6 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
 
     from httpkit.serve import serve_app
     from index_shards.layout import collection_dir
-    from serving.cli.processes import encoder_loader
     from serving.gateway.app import create_app
     from serving.gateway.factory import GatewaySetup
     from serving.transport.ray import RayShardCluster
@@ -168,8 +168,7 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
     config = _gateway_config(args)
     config = replace(config, rollout=replace(
         config.rollout, state_path=str(collection_dir(root, args.collection) / "rollout.json")))
-    setup = GatewaySetup(config, cluster.replica_names, shard_client=cluster.client(),
-                         encoder_loader=encoder_loader(config))
+    setup = GatewaySetup(config, cluster.replica_names, shard_client=cluster.client())
     try:
         serve_app(create_app(setup), host=args.host, port=args.port, name="gateway", log_level="warning",
                   fallback_to_any_port=True)

@@ -71,6 +71,13 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="replica choice policy (default p2c_peak_ewma)")
     parser.add_argument("--no-hedging", action="store_true", help="never send a second copy of a slow shard call")
     parser.add_argument("--no-encoder", action="store_true", help="vector queries only (skips loading torch)")
+    parser.add_argument("--encoder-backend", choices=("process", "thread"), default="process",
+                        help="where the gateway runs its query encoders: worker processes (default; torch never "
+                             "enters the gateway and a new version loads without stalling queries) or a thread "
+                             "of the gateway process")
+    parser.add_argument("--encoder-workers", type=int, default=0,
+                        help="encoder worker processes (backend process); 0 = one per core, at most 4, each on "
+                             "one thread (one on a GPU) (default 0)")
     parser.add_argument("--faiss-threads", type=int, default=1, help="FAISS threads per shard process (default 1)")
     parser.add_argument("--workdir", type=Path, default=None, help="logs and cluster.json (default: a temp dir)")
     parser.add_argument("--open", action="store_true",

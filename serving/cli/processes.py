@@ -4,18 +4,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-
-def encoder_loader(config: Any) -> Any:
-    from retrieval.encoders import load_encoder
-
-    def loader(model: str) -> Any:
-        # runs on the encoder's own worker thread, which then does every encode: set its pool there
-        return load_encoder(None if model == "default" else model, device=config.encoder.device,
-                            threads=config.encoder.threads)
-
-    return loader
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -25,7 +13,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from serving.gateway.factory import GatewaySetup
 
     spec = ClusterSpec.load(args.cluster)
-    setup = GatewaySetup(spec.gateway, spec.shards, encoder_loader=encoder_loader(spec.gateway),
+    setup = GatewaySetup(spec.gateway, spec.shards,
                          generators=spec.generators)
     serve_app(create_app(setup), host=args.host, port=args.port, port_file=args.port_file, name="gateway",
               log_level=args.log_level, fallback_to_any_port=args.port_fallback)

@@ -76,7 +76,9 @@ class ClusterView:
             "metric": active.metric,
             "num_shards": active.num_shards,
             "shards": shards,
-            "encoders": {v: {"state": e.state, "error": e.error} for v, e in self.registry.encoders.items()},
+            "encoders": {v: e.describe() for v, e in self.registry.encoders.items()},
+            "encoder_service": (self.registry.encoder_service.describe() if self.registry.encoder_service
+                                else None),
             "balancer": self.config.calls.balancer,
             "hedging": self.hedging_state(),
             "supervision": supervision,

@@ -24,11 +24,11 @@ from typing import Any
 
 from retrieval.errors import ConfigError
 from serving.answer.service import AnswerSettings
+from serving.encoding.settings import EncoderSettings
 from serving.shardcall.call import HedgingSettings
 from serving.shardcall.ejection import EjectionSettings
 from serving.shardcall.fanout import FanOutSettings
 from serving.versions.gate import GateSettings
-from serving.versions.query_encoder import EncoderSettings
 from serving.versions.rollout import RolloutSettings
 from serving.writes.plan import WriteSettings
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from retrieval.rollout import RolloutEvent
 from serving.answer.service import AnswerService
+from serving.encoding.service import EncoderLoader, EncoderService
 from serving.gateway.cluster_view import ClusterView
 from serving.gateway.config import GatewayConfig
 from serving.gateway.metrics import GatewayMetrics
@@ -31,7 +32,7 @@ from serving.shardcall.fanout import FanOut, ShardCall
 from serving.shardcall.policies import make_balancer
 from serving.transport.client import ShardClient
 from serving.transport.http import HttpShardClient
-from serving.versions.registry import DEFAULT_MODEL, EncoderLoader, VersionRegistry
+from serving.versions.registry import DEFAULT_MODEL, VersionRegistry
 from serving.versions.rollout import RolloutService
 from serving.versions.store import RolloutStore, make_store
 from serving.writes.sequencer import Sequencer
@@ -75,7 +76,9 @@ class GatewaySetup:
     config: GatewayConfig
     shard_replicas: Sequence[Sequence[str]]
     shard_client: ShardClient | None = None  # default: the pooled HTTP client
-    encoder_loader: EncoderLoader | None = None  # model → encoder; None: vector queries only
+    # model → encoder in this process, for encoder.backend "thread" (default: load by name); the
+    # "process" backend loads models by name in its worker processes
+    encoder_loader: EncoderLoader | None = None
     store: RolloutStore | None = None  # default: from config.rollout.state_path
     generators: Sequence[str] = field(default=())  # generator workers for /v1/answer
 
@@ -84,14 +87,17 @@ class GatewaySetup:
         replicas = tuple(tuple(r) for r in self.shard_replicas)
         client = self.shard_client or HttpShardClient()
         metrics = metrics or GatewayMetrics.create()
+        encoders = EncoderService(config.encoder, loader=self.encoder_loader) if config.encoder.load else None
+        if encoders is not None:
+            encoders.start()  # worker processes import torch while the replicas are discovered
         registry = VersionRegistry(
-            replicas, client, self.store or make_store(config.rollout.state_path),
-            encoder_loader=self.encoder_loader if config.encoder.load else None,
+            replicas, client, self.store or make_store(config.rollout.state_path), encoders=encoders,
             default_model=config.encoder.model or DEFAULT_MODEL,
             discovery_timeout_s=config.discovery_timeout_s, probe_timeout_s=config.probe_timeout_s)
         try:
             await registry.start()
         except BaseException:
+            registry.close()
             await client.close()
             raise
 

@@ -84,15 +84,15 @@ class QueryService:
             version = pinned
         return view.snapshot(version)
 
-    async def encode(self, snapshot: VersionSnapshot, text: str) -> np.ndarray:
+    async def encode(self, snapshot: VersionSnapshot, text: str, timeout_s: float) -> np.ndarray:
         if snapshot.encoder is None:
             raise EncoderError(f"no query encoder for version {snapshot.version}", field="text")
-        return await snapshot.encoder.encode(text)
+        return await snapshot.encoder.encode(text, timeout_s)
 
     async def search_text(self, text: str, version: str, k: int) -> list[str]:
         """Doc ids of the top ``k`` for ``text`` on ``version`` (the quality gate's search)."""
         snapshot = self.registry.view.snapshot(version)
-        vector = await self.encode(snapshot, text)
+        vector = await self.encode(snapshot, text, self.limits.default_timeout_ms / 1000.0)
         outcome = await self.fanout.search(vector, SearchParams(k=k, version=version, with_text=False),
                                            snapshot.route, top_m=None,
                                            timeout_s=self.limits.default_timeout_ms / 1000.0)
@@ -161,7 +161,7 @@ class QueryService:
             if len(text) > limits.max_text_chars:
                 raise InvalidRequest(f"text is longer than {limits.max_text_chars} characters", field="text")
             encode_started = time.perf_counter()
-            vector = await self.encode(snapshot, text)
+            vector = await self.encode(snapshot, text, timeout_ms / 1000.0)
             encode_ms = (time.perf_counter() - encode_started) * 1000.0
             self.metrics.encode_latency.observe(encode_ms / 1000.0)
             self.recent_queries.append(text)

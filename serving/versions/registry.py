@@ -18,16 +18,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 
 from retrieval.contract import ReplicaInfo
-from retrieval.encoders import Encoder
 from retrieval.errors import ConfigError, ShardragError, VersionConflict
 from retrieval.rollout import RolloutState
+from serving.encoding.query_encoder import QueryEncoder
+from serving.encoding.service import EncoderService
 from serving.shardcall.fanout import ShardRoute
 from serving.transport.client import ShardClient
-from serving.versions.query_encoder import QueryEncoder
 from serving.versions.store import RolloutStore
 from serving.versions.topology import (
     Topology,
@@ -41,7 +41,6 @@ from serving.versions.topology import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "default"
-EncoderLoader = Callable[[str], Encoder]  # model ("default" or a checkpoint dir) → encoder
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,12 +70,12 @@ class RegistryView:
 
 class VersionRegistry:
     def __init__(self, shard_replicas: Sequence[Sequence[str]], client: ShardClient, store: RolloutStore, *,
-                 encoder_loader: EncoderLoader | None, default_model: str = DEFAULT_MODEL,
+                 encoders: EncoderService | None, default_model: str = DEFAULT_MODEL,
                  discovery_timeout_s: float = 60.0, probe_timeout_s: float = 1.0) -> None:
         self.shard_replicas = [tuple(r) for r in shard_replicas]
         self.client = client
         self.store = store
-        self.encoder_loader = encoder_loader
+        self.encoder_service = encoders  # None: vector queries only
         self.default_model = default_model
         self.discovery_timeout_s = discovery_timeout_s
         self.probe_timeout_s = probe_timeout_s
@@ -142,10 +141,9 @@ class VersionRegistry:
         """Adopt ``state``: encoders for every loaded version, the active one switched atomically."""
         for version in state.loaded():
             if version not in self.encoders:
-                loader = self._loader_for(state.models.get(version, self.default_model))
-                encoder = QueryEncoder(loader, version)
-                encoder.start()
-                self.encoders[version] = encoder
+                model = state.models.get(version, self.default_model)
+                self.encoders[version] = (self.encoder_service.make(version, model) if self.encoder_service
+                                          else QueryEncoder(None, version))
         for version in list(self.encoders):
             if version not in state.loaded():
                 self.encoders.pop(version).close()
@@ -153,12 +151,6 @@ class VersionRegistry:
         if previous is not None and previous.active != state.active:
             logger.warning("active embedding version: %s → %s", previous.active, state.active)
         self._rebuild(state)
-
-    def _loader_for(self, model: str) -> Callable[[], Encoder] | None:
-        if self.encoder_loader is None:
-            return None
-        loader = self.encoder_loader
-        return lambda: loader(model)
 
     def topology(self, version: str) -> Topology:
         return self.view.snapshot(version).topology
@@ -241,3 +233,5 @@ class VersionRegistry:
     def close(self) -> None:
         for encoder in self.encoders.values():
             encoder.close()
+        if self.encoder_service is not None:
+            self.encoder_service.close()

@@ -96,7 +96,7 @@ def test_export_is_a_new_version_the_rebuilt_collection_serves(setup, tmp_path):
     assert manifest.num_shards == 2 and manifest.count == DOCS
     shards = [Shard.load(shard_dir(directory, s), device="cpu") for s in range(2)]
     shard_client, replicas = InProcessShardClient.of(shards)
-    setup_ = GatewaySetup(GatewayConfig.from_dict({"encoder": {"model": str(exported)}}), replicas,
+    setup_ = GatewaySetup(GatewayConfig.from_dict({"encoder": {"model": str(exported), "backend": "thread"}}), replicas,
                           shard_client=shard_client,
                           encoder_loader=lambda model: SentenceTransformerEncoder(model, device="cpu"))
     with TestClient(create_app(setup_)) as client:

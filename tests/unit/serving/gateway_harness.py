@@ -13,11 +13,11 @@ from index_shards.build import BuildConfig, build_collection
 from index_shards.layout import resolve_version, shard_dir
 from index_shards.shard import Shard
 from retrieval.types import Document, EmbeddingVersion
+from serving.encoding.settings import EncoderSettings
 from serving.gateway.app import create_app
 from serving.gateway.config import GatewayConfig
 from serving.gateway.factory import GatewaySetup
 from serving.transport.inprocess import InProcessShardClient
-from serving.versions.query_encoder import EncoderSettings
 
 
 def build(root: Path, name: str, documents: list[Document], vectors: np.ndarray, version: EmbeddingVersion,
@@ -32,7 +32,7 @@ def build(root: Path, name: str, documents: list[Document], vectors: np.ndarray,
 def gateway_client(shards: list[Shard], config: GatewayConfig | None = None,
                    encoder_loader=None) -> Iterator[TestClient]:
     shard_client, replicas = InProcessShardClient.of(shards)
-    config = config or GatewayConfig(encoder=EncoderSettings(load=encoder_loader is not None))
+    config = config or GatewayConfig(encoder=EncoderSettings(load=encoder_loader is not None, backend="thread"))
     setup = GatewaySetup(config, replicas, shard_client=shard_client, encoder_loader=encoder_loader)
     with TestClient(create_app(setup)) as client:
         yield client

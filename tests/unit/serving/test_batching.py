@@ -103,3 +103,45 @@ def test_none_is_a_key_like_any_other():
         assert recorder.batches == [("busy", [0]), (None, [1, 3]), ("x", [2])]
 
     run(scenario())
+
+
+def test_max_wait_fills_a_batch_while_another_is_in_flight():
+    """With max_wait_s, a free slot takes a fuller batch: the queue waits for the batch to fill (or
+    for max_wait) only while another batch is in flight; an idle batcher still sends at once."""
+
+    async def scenario():
+        recorder = Recorder()
+        batcher = NaturalBatcher(recorder, max_batch=3, max_inflight=2, max_wait_s=0.05)
+        first = batcher.submit("k", 1)
+        await asyncio.sleep(0)
+        assert recorder.batches == [("k", [1])]  # idle: at once, no wait
+        second = batcher.submit("k", 2)
+        await asyncio.sleep(0.01)
+        assert len(recorder.batches) == 1  # a slot is free, but the batch waits to fill
+        rest = [batcher.submit("k", i) for i in (3, 4)]
+        await asyncio.sleep(0)
+        assert recorder.batches[1] == ("k", [2, 3, 4])  # full: leaves at once
+        fifth = batcher.submit("k", 5)
+        recorder.release.set()
+        assert [await f for f in (first, second, *rest, fifth)] == [10, 20, 30, 40, 50]
+        assert recorder.batches[2] == ("k", [5])
+
+    run(scenario())
+
+
+def test_max_wait_expires_and_sends_a_partial_batch():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        recorder = Recorder()
+        batcher = NaturalBatcher(recorder, max_batch=8, max_inflight=2, max_wait_s=0.03)
+        batcher.submit("k", 1)
+        await asyncio.sleep(0)
+        started = loop.time()
+        waiting = batcher.submit("k", 2)
+        while len(recorder.batches) < 2:
+            await asyncio.sleep(0.002)
+        assert 0.025 <= loop.time() - started < 0.5 and recorder.batches[1] == ("k", [2])
+        recorder.release.set()
+        assert await waiting == 20
+
+    run(scenario())
