@@ -66,6 +66,7 @@ def phase_stats(timeline: np.ndarray, start: float, end: float) -> dict[str, Any
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=40.0, help="open-loop text queries per second (default 40)")
+    parser.add_argument("--cache", action="store_true", help="keep the query-embedding cache on (default off)")
     parser.add_argument("--baseline", type=float, default=25.0, help="seconds before and after the rollout")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="shardrag-rollout-"))
@@ -83,7 +84,10 @@ def main() -> None:
     queries = [dataset.queries[q] for q in sorted(dataset.queries)]
     bodies = work / "bodies.json"
     bodies.write_text(json.dumps([{"text": q, "k": 10} for q in queries]))
-    config = GatewayConfig.from_dict({"rollout": {"poll_interval_s": 0.5, "drain_s": 2.0}, "gate": {"sample": 50}})
+    # The query-embedding cache off unless asked for: the 100 queries repeat, and with it on
+    # nearly every query would skip the encoder whose loading this measures.
+    config = GatewayConfig.from_dict({"rollout": {"poll_interval_s": 0.5, "drain_s": 2.0}, "gate": {"sample": 50},
+                                      "encoder": {"cache_size": 10_000 if args.cache else 0}})
     with LocalCluster(root, "msmarco", version=v1, replicas=2, gateway=config, workdir=work / "logs") as cluster:
         url = cluster.gateway_url
         total_s = 2 * args.baseline + 60.0
@@ -111,7 +115,7 @@ def main() -> None:
         activated = httpx.post(f"{url}/admin/rollout/activate", json={"version": v2, "queries": queries}, timeout=300)
         activated.raise_for_status()
         marks["activated"] = time.time()
-        time.sleep(config.drain_s + 0.5)
+        time.sleep(config.rollout.drain_s + 0.5)
         httpx.post(f"{url}/admin/rollout/retire", json={"version": v1}, timeout=300).raise_for_status()
         marks["retired"] = time.time()
         time.sleep(2.0)
@@ -122,10 +126,13 @@ def main() -> None:
     phases = {
         "before": phase_stats(timeline, start, marks["stage"]),
         "during": phase_stats(timeline, marks["stage"], marks["retired"]),
+        "loading": phase_stats(timeline, marks["stage"], marks["ready"]),  # V2 on replicas + its encoder
+        "activating": phase_stats(timeline, marks["ready"], marks["activated"]),  # readiness + quality gate
         "after": phase_stats(timeline, marks["retired"], end),
     }
     result = {
-        "machine": machine_info(), "rate_qps": args.rate, "v1": v1, "v2": v2, "phases": phases,
+        "machine": machine_info(), "rate_qps": args.rate, "embedding_cache": args.cache, "v1": v1, "v2": v2,
+        "phases": phases,
         "stage_to_ready_s": marks["ready"] - marks["stage"],
         "activate_s": marks["activated"] - marks["ready"],
         "gate": activated.json().get("gate"),
