@@ -99,6 +99,8 @@ class ClusterView:
     def hedging_state(self) -> dict[str, Any]:
         stats = self.caller.stats
         return {"enabled": self.config.hedging.enabled, "calls": stats.calls, "hedges_fired": stats.hedges_fired,
-                "hedges_won": stats.hedges_won, "budget_exhausted": stats.budget_exhausted, "retries": stats.retries,
+                "hedges_won": stats.hedges_won, "budget_exhausted": stats.budget_exhausted,
+                "hedges_not_worth": stats.hedges_not_worth, "retries": stats.retries,
+                "retries_refused": stats.retries_refused,
                 "delay_ms": {str(s): self.caller.hedge_delay(s).delay_s() * 1000.0
                              for s in range(len(self.registry.shard_replicas))}}

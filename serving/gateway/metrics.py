@@ -80,6 +80,10 @@ class _CallCollector(Collector):
             ("shardrag_gateway_hedges_won", "Shard calls answered by the hedge", stats.hedges_won),
             ("shardrag_gateway_hedge_budget_exhausted", "Hedges not sent for lack of budget", stats.budget_exhausted),
             ("shardrag_gateway_shard_retries", "Calls re-sent to another replica after a failure", stats.retries),
+            ("shardrag_gateway_shard_retries_refused", "Failures not retried: the retry budget was empty",
+             stats.retries_refused),
+            ("shardrag_gateway_hedges_not_worth", "Hedge points where no replica was expected to answer sooner",
+             stats.hedges_not_worth),
         ):
             family = CounterMetricFamily(name, help_text)
             family.add_metric([], value)

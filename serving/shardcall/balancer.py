@@ -37,6 +37,11 @@ class Balancer(ABC):
         allowed = [r for r in replicas if r not in exclude] or list(replicas)
         return allowed[0] if len(allowed) == 1 else self.choose(shard_id, allowed)
 
+    def expected_latency_s(self, replica: str) -> float | None:
+        """When a call sent to ``replica`` now would likely finish, or None when the policy
+        keeps no latency estimate (hedging then takes any untried replica)."""
+        return None
+
     def on_start(self, replica: str) -> None:
         self.outstanding[replica] = self.outstanding.get(replica, 0) + 1
 

@@ -5,7 +5,14 @@ after the shard's adaptive hedge delay (and the budget has a token), the same re
 second replica — never one already tried — and the first answer wins; the loser is cancelled
 (its connection is closed, so the shard server stops waiting on it). A connection failure or a
 5xx sends the request on to an untried replica at once, within the deadline. At most
-``max_hedges`` hedges per call. Every outcome feeds the balancer (latency, load), the outlier
+``max_hedges`` hedges per call.
+
+Hedging never adds load where it cannot help: a hedge goes only to a replica the balancer
+expects to answer sooner than the primary has already been waiting (peak-EWMA latency × the
+calls queued there — a saturated replica, or a host where every replica queues, expects more),
+otherwise the call waits another hedge delay and asks again. Retries after failures spend
+tokens from their own bucket (``retry_budget_ratio`` of calls + a burst), so a failing shard
+cannot double the traffic either. Every outcome feeds the balancer (latency, load), the outlier
 detector (consecutive failures) and the shard's latency window.
 
 Time goes through a :class:`Timer` so tests run on a fake clock without sleeping.
@@ -84,6 +91,8 @@ class HedgingSettings:
     max_hedges: int = 1  # extra copies per shard call (at most replicas - 1 are used)
     budget_ratio: float = 0.05  # hedges add at most this fraction of shard calls...
     budget_burst: float = 10.0  # ...plus this many in a burst
+    retry_budget_ratio: float = 0.1  # retries after failures add at most this fraction of calls...
+    retry_budget_burst: float = 10.0  # ...plus this many in a burst (a replica killed mid-load)
 
     @property
     def floor_s(self) -> float:
@@ -94,7 +103,7 @@ class HedgingSettings:
         return self.cap_ms / 1000.0
 
     def validate(self) -> None:
-        for name in ("percentile", "floor_ms", "cap_ms", "budget_ratio"):
+        for name in ("percentile", "floor_ms", "cap_ms", "budget_ratio", "retry_budget_ratio"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"hedging.{name} must be > 0", field=f"hedging.{name}")
         if not self.percentile < 100:
@@ -103,6 +112,9 @@ class HedgingSettings:
             raise ConfigError("hedging.floor_ms is above hedging.cap_ms", field="hedging.floor_ms")
         if self.max_hedges < 0:
             raise ConfigError("hedging.max_hedges must be ≥ 0", field="hedging.max_hedges")
+        for name in ("budget_burst", "retry_budget_burst"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"hedging.{name} must be ≥ 0", field=f"hedging.{name}")
 
 
 @dataclass(slots=True, frozen=True)
@@ -121,7 +133,9 @@ class CallStats:
     hedges_fired: int = 0
     hedges_won: int = 0
     budget_exhausted: int = 0
+    hedges_not_worth: int = 0  # hedge points where no replica was expected to answer sooner
     retries: int = 0
+    retries_refused: int = 0  # failures not retried: the retry budget was empty
     failures: int = 0
 
 
@@ -144,7 +158,14 @@ class ShardCaller:
 
     def __post_init__(self) -> None:
         self.budget = HedgeBudget(ratio=self.hedging.budget_ratio, burst=self.hedging.budget_burst)
+        self.retry_budget = HedgeBudget(ratio=self.hedging.retry_budget_ratio, burst=self.hedging.retry_budget_burst)
         self._delays: dict[int, AdaptiveHedgeDelay] = {}
+
+    def _worth_hedging(self, target: str, waited_s: float) -> bool:
+        """A hedge pays only if ``target`` is expected to answer sooner than the primary has been
+        waiting; a replica that is saturated, or a host where every replica queues, expects more."""
+        expected_s = self.balancer.expected_latency_s(target)
+        return expected_s is None or expected_s < waited_s
 
     def hedge_delay(self, shard_id: int) -> AdaptiveHedgeDelay:
         delay = self._delays.get(shard_id)
@@ -163,6 +184,7 @@ class ShardCaller:
                                    shard=shard_id)
         self.stats.calls += 1
         self.budget.on_call()
+        self.retry_budget.on_call()
         window = self.hedge_delay(shard_id)
         tried: list[str] = []
         running: dict[asyncio.Future[ShardReply], _Attempt] = {}
@@ -170,16 +192,21 @@ class ShardCaller:
         hedges = 0
         max_hedges = min(self.hedging.max_hedges, len(replicas) - 1) if self.hedging.enabled else 0
 
-        def launch(is_hedge: bool) -> bool:
+        def pick(is_hedge: bool) -> str | None:
             untried = [r for r in replicas if r not in tried]
             if not untried:
-                return False
+                return None
             healthy = [r for r in untried if not self.detector.is_ejected(r)]
             # A hedge goes only to a replica in rotation; a retry after failures may fall back on
             # an ejected one (better a doubtful answer than none).
             if not healthy and is_hedge:
+                return None
+            return self.balancer.pick(shard_id, healthy or untried)
+
+        def launch(is_hedge: bool, replica: str | None = None) -> bool:
+            replica = replica or pick(is_hedge)
+            if replica is None:
                 return False
-            replica = self.balancer.pick(shard_id, healthy or untried)
             tried.append(replica)
             self.balancer.on_start(replica)
             remaining_s = max(deadline - timer.now(), 0.001)
@@ -210,6 +237,7 @@ class ShardCaller:
                         return CallResult(task.result(), attempt.replica, len(tried), hedges > 0, attempt.is_hedge,
                                           (timer.now() - started) * 1000.0)
                     self.balancer.on_finish(attempt.replica, latency_s, ok=False)
+                    failed = False  # the replica failed (not merely behind, or without the version)
                     if isinstance(error, ReplicaBehind):
                         pass  # not sick, just behind on writes for a session read: try another replica
                     elif isinstance(error, VersionConflict):
@@ -224,22 +252,31 @@ class ShardCaller:
                                                      shard=shard_id)
                         self.stats.failures += 1
                         self.detector.record_failure(attempt.replica)
+                        failed = True
                     else:
                         raise error
                     last_error = error
-                    if not running and timer.now() < deadline and launch(False):
+                    if not running and timer.now() < deadline and (target := pick(False)) is not None:
+                        if failed and not self.retry_budget.try_spend():
+                            self.stats.retries_refused += 1
+                            raise error
+                        launch(False, target)
                         self.stats.retries += 1
                 if running and timer.now() >= hedge_at:
-                    if hedges < max_hedges and self.budget.try_spend():
-                        if launch(True):
-                            hedges += 1
-                            self.stats.hedges_fired += 1
-                            hedge_at = timer.now() + window.delay_s() if hedges < max_hedges else math.inf
-                        else:
-                            hedge_at = math.inf
+                    now = timer.now()
+                    target = pick(True) if hedges < max_hedges else None
+                    if target is None:
+                        hedge_at = math.inf  # no healthy untried replica, or no hedges left
+                    elif not self._worth_hedging(target, now - started):
+                        self.stats.hedges_not_worth += 1
+                        hedge_at = now + window.delay_s()  # ask again after another delay
+                    elif self.budget.try_spend():
+                        launch(True, target)
+                        hedges += 1
+                        self.stats.hedges_fired += 1
+                        hedge_at = now + window.delay_s() if hedges < max_hedges else math.inf
                     else:
-                        if hedges < max_hedges:
-                            self.stats.budget_exhausted += 1
+                        self.stats.budget_exhausted += 1
                         hedge_at = math.inf
             assert last_error is not None
             if isinstance(last_error, VersionConflict):

@@ -50,6 +50,9 @@ class PeakEwmaBalancer(Balancer):
     def cost(self, replica: str) -> float:
         return self.latency_estimate_s(replica) * (self.outstanding.get(replica, 0) + 1)
 
+    def expected_latency_s(self, replica: str) -> float | None:
+        return self.cost(replica)  # its latency × the calls queued ahead of a new one
+
     def choose(self, shard_id: int, candidates: Sequence[str]) -> str:
         first, second = self.rng.sample(range(len(candidates)), 2)
         a, b = candidates[first], candidates[second]

@@ -300,3 +300,113 @@ def test_hedge_delay_adapts_to_observed_latency():
         assert (await task).hedge_won
 
     run(scenario)
+
+
+def make_ewma_caller(latencies_s: dict[str, float], **hedging):
+    """A caller whose p2c peak-EWMA balancer already measured each replica at the given latency
+    (balancer and caller share one virtual clock)."""
+    from serving.shardcall.p2c_peak_ewma import PeakEwmaBalancer
+
+    transport = FakeShardClient()
+    timer = FakeTimer()
+    balancer = PeakEwmaBalancer(clock=timer.now, rng=random.Random(0))
+    for replica, latency_s in latencies_s.items():
+        balancer.on_start(replica)
+        balancer.on_finish(replica, latency_s, ok=True)
+    settings = HedgingSettings(**{"cap_ms": 100.0, "floor_ms": 1.0, **hedging})
+    caller = ShardCaller(transport, balancer, OutlierDetector(consecutive_failures=2, clock=Clock()), settings, timer)
+    return caller, transport, timer, tuple(latencies_s)
+
+
+def test_no_hedge_to_a_replica_expected_slower_than_the_wait_so_far():
+    """S2-like: the other replica is known to take 500 ms; hedging a call that has waited 100 ms
+    there only adds load. The call asks again after each hedge delay, and never spends budget."""
+
+    async def scenario():
+        caller, transport, timer, shard = make_ewma_caller({"fast": 0.002, "slow": 0.5})
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
+        await settle()
+        assert [c.replica for c in transport.calls] == ["fast"]  # p2c: the cheaper one
+        await timer.advance(0.1)  # the hedge point (cap: no latency samples yet)
+        await timer.advance(0.1)  # asked again: still not worth it
+        assert len(transport.calls) == 1 and caller.stats.hedges_not_worth == 2
+        assert caller.stats.hedges_fired == 0 and caller.budget.spent == 0
+        transport.answer(0)
+        result = await task
+        assert result.replica == "fast" and not result.hedged
+
+    run(scenario)
+
+
+def test_a_hedge_goes_once_the_wait_exceeds_what_the_other_replica_needs():
+    async def scenario():
+        caller, transport, timer, shard = make_ewma_caller({"a": 0.002, "b": 0.15})
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
+        await settle()
+        assert [c.replica for c in transport.calls] == ["a"]
+        await timer.advance(0.1)  # waited 100 ms, b expects ~150 ms: not yet
+        assert len(transport.calls) == 1 and caller.stats.hedges_not_worth == 1
+        await timer.advance(0.1)  # waited 200 ms: b is now expected to answer sooner
+        assert [c.replica for c in transport.calls] == ["a", "b"] and caller.stats.hedges_fired == 1
+        transport.answer(1)
+        result = await task
+        assert result.hedge_won and result.replica == "b"
+
+    run(scenario)
+
+
+def test_a_saturated_replica_gets_no_hedge():
+    """Same latency estimate, but 60 calls already queued there: expected ≈ 61 × 2 ms > 100 ms."""
+
+    async def scenario():
+        caller, transport, timer, shard = make_ewma_caller({"a": 0.002, "b": 0.002})
+        for _ in range(60):
+            caller.balancer.on_start("b")
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
+        await settle()
+        assert [c.replica for c in transport.calls] == ["a"]
+        await timer.advance(0.1)
+        assert len(transport.calls) == 1 and caller.stats.hedges_not_worth == 1
+        for _ in range(60):  # b drains
+            caller.balancer.on_finish("b", 0.002, ok=True)
+        await timer.advance(0.1)
+        assert [c.replica for c in transport.calls] == ["a", "b"]
+        transport.answer(0)
+        assert (await task).replica == "a"
+
+    run(scenario)
+
+
+def test_retries_after_failures_spend_their_own_budget():
+    """Burst 1, ratio 0: the first failing call is retried, the next one is not (its error is
+    raised at once) — a failing shard cannot double the traffic."""
+
+    async def scenario():
+        caller, transport, timer, shard = make_caller(retry_budget_ratio=0.001, retry_budget_burst=1.0)
+        first = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
+        await settle()
+        transport.fail(0, ShardUnavailable("refused", shard=0))
+        await settle()
+        transport.answer(1)
+        assert (await first).attempts == 2 and caller.stats.retries == 1
+        second = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
+        await settle()
+        transport.fail(2, ShardUnavailable("refused again", shard=0))
+        with pytest.raises(ShardUnavailable, match="refused again"):
+            await second
+        assert len(transport.calls) == 3 and caller.stats.retries_refused == 1
+
+    run(scenario)
+
+
+def test_a_replica_without_the_version_is_skipped_without_spending_retry_budget():
+    async def scenario():
+        caller, transport, timer, shard = make_caller(retry_budget_ratio=0.001, retry_budget_burst=0.0)
+        task = asyncio.ensure_future(caller.call(0, shard, VECTORS, PARAMS, deadline=1.0))
+        await settle()
+        transport.fail(0, VersionConflict("not held", shard=0))
+        await settle()
+        transport.answer(1)
+        assert (await task).replica == "r1" and caller.stats.retries_refused == 0
+
+    run(scenario)
