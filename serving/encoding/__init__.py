@@ -11,4 +11,5 @@ event loop.
   thread of the gateway process.
 - :mod:`cache` — the query-embedding LRU keyed by (version, text).
 - :mod:`query_encoder` — what a version's queries call: cache → in-flight dedup → batcher → backend.
+- :mod:`service` — makes each version's encoder on the configured backend; owns the workers and the cache.
 """
