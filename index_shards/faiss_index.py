@@ -9,7 +9,7 @@ int64 id of a document never depends on its position.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import faiss
@@ -70,48 +70,87 @@ def read_index(path: Path) -> faiss.Index:
         raise IndexIntegrityError(f"{path} is not a readable FAISS index: {str(exc).strip()[:200]}") from exc
 
 
+# The search knobs a query (or a version's tuned defaults) may set, by their FAISS names.
+KNOB_NAMES = {"nprobe": "nprobe", "ef_search": "efSearch"}
+
+
+def native_search_params(index: faiss.Index) -> dict[str, int]:
+    """The knobs this index has, with the values it was loaded with (FAISS's own defaults:
+    nprobe 1, efSearch 16). Empty for a flat index, and for GPU indexes (set only when asked)."""
+    found: dict[str, int] = {}
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        found["nprobe"] = int(ivf.nprobe)
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else index
+    hnsw = getattr(inner, "hnsw", None)
+    if hnsw is not None:
+        found["ef_search"] = int(hnsw.efSearch)
+    return found
+
+
 @dataclass(slots=True)
 class SearchableIndex:
-    """An index ready to search, on the GPU when FAISS has one and the index type allows it."""
+    """An index ready to search, on the GPU when FAISS has one and the index type allows it.
+
+    ``defaults`` holds the value of each knob a search uses when the query does not set it: the
+    version's tuned value (``search.json``) or else the one the index was loaded with. Every
+    search sets its knobs explicitly (only when they differ from the last search's), so one
+    query's ``nprobe`` never leaks into the next query's results."""
 
     index: faiss.Index
     on_gpu: bool
     _space: faiss.ParameterSpace
+    defaults: dict[str, int] = field(default_factory=dict)
+    _current: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def wrap(cls, index: faiss.Index, device: str = "auto") -> SearchableIndex:
         if device not in ("auto", "cpu", "gpu"):
             raise ConfigError(f"device must be auto, cpu or gpu, not {device!r}", field="device")
+        native = native_search_params(index)
         want_gpu = device == "gpu" or (device == "auto" and gpu_count() > 0)
         if want_gpu:
             if gpu_count() == 0:
                 raise ConfigError("device=gpu but FAISS reports no GPU (is faiss-gpu installed?)", field="device")
             try:
                 gpu_index = faiss.index_cpu_to_all_gpus(index)
-                return cls(gpu_index, True, faiss.GpuParameterSpace())
+                return cls(gpu_index, True, faiss.GpuParameterSpace(), dict(native))
             except (RuntimeError, AttributeError) as exc:
                 # HNSW and a few others have no GPU implementation: serve them from the CPU.
                 logger.warning("index stays on CPU, GPU move failed: %s", str(exc).strip().splitlines()[-1])
-        return cls(index, False, faiss.ParameterSpace())
+        return cls(index, False, faiss.ParameterSpace(), dict(native), dict(native))
 
     @property
     def ntotal(self) -> int:
         return int(self.index.ntotal)
+
+    def set_defaults(self, params: dict[str, int]) -> None:
+        """Use ``params`` (tuned values) when a query sets none; a knob this index lacks is refused."""
+        for field_name, value in params.items():
+            self._set(field_name, value)  # raises when the knob does not apply
+            self.defaults[field_name] = value
+
+    def resolve(self, nprobe: int | None, ef_search: int | None) -> tuple[int | None, int | None]:
+        """The knobs a search runs with: the query's, else the defaults (None: not a knob here)."""
+        return (nprobe if nprobe is not None else self.defaults.get("nprobe"),
+                ef_search if ef_search is not None else self.defaults.get("ef_search"))
 
     def search(
         self, queries: np.ndarray, k: int, *, nprobe: int | None = None, ef_search: int | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         # Searches run one at a time on the server's event loop, so setting parameters on the
         # shared index just before the call cannot race with another request.
-        if nprobe is not None:
-            self._set("nprobe", nprobe, "nprobe")
-        if ef_search is not None:
-            self._set("efSearch", ef_search, "ef_search")
+        nprobe, ef_search = self.resolve(nprobe, ef_search)
+        if nprobe is not None and self._current.get("nprobe") != nprobe:
+            self._set("nprobe", nprobe)
+        if ef_search is not None and self._current.get("ef_search") != ef_search:
+            self._set("ef_search", ef_search)
         return self.index.search(queries, k)
 
-    def _set(self, name: str, value: int, field: str) -> None:
+    def _set(self, field_name: str, value: int) -> None:
         try:
-            self._space.set_index_parameter(self.index, name, value)
+            self._space.set_index_parameter(self.index, KNOB_NAMES[field_name], value)
         except RuntimeError as exc:
-            raise InvalidRequest(f"{field} does not apply to this index ({type(self.index).__name__})",
-                                 field=field) from exc
+            raise InvalidRequest(f"{field_name} does not apply to this index ({type(self.index).__name__})",
+                                 field=field_name) from exc
+        self._current[field_name] = value

@@ -14,6 +14,7 @@ from index_shards.filtered import FilteredSearcher
 from index_shards.layout import DOCSTORE_FILE, INDEX_FILE
 from index_shards.manifest import ShardManifest, verify_shard_dir
 from index_shards.payload import PayloadIndex
+from index_shards.search_defaults import SearchDefaults, read_search_defaults
 from retrieval.contract import HitColumns
 from retrieval.errors import DimensionMismatch, IndexIntegrityError, InvalidRequest
 from retrieval.filters import Filter
@@ -31,6 +32,7 @@ class Shard:
         self._payload: PayloadIndex | None = None  # built on the first filtered search
         self._payload_lock = threading.Lock()
         self.filtered = FilteredSearcher(index, manifest.metric)
+        self.tuned: SearchDefaults | None = None  # set by load() from the version's search.json
 
     @property
     def payload(self) -> PayloadIndex:
@@ -57,9 +59,18 @@ class Shard:
             raise IndexIntegrityError(f"{directory / DOCSTORE_FILE} holds {docstore.count} docs, "
                                       f"manifest says {manifest.count}")
         searchable = SearchableIndex.wrap(index, device)
-        logger.info("loaded shard %s (%d docs, %s, gpu=%s)", directory, manifest.count, manifest.factory,
-                    searchable.on_gpu)
-        return cls(directory, manifest, searchable, docstore)
+        tuned = read_search_defaults(directory.parent)  # the version's `shardrag tune` result, if any
+        if tuned is not None and tuned.params:
+            try:
+                searchable.set_defaults(tuned.params)
+            except InvalidRequest as exc:
+                raise IndexIntegrityError(f"{directory.parent}/search.json sets {exc.field}, which a "
+                                          f"{manifest.factory} index does not have; re-run `shardrag tune`") from exc
+        logger.info("loaded shard %s (%d docs, %s, gpu=%s, search defaults %s)", directory, manifest.count,
+                    manifest.factory, searchable.on_gpu, searchable.defaults or "none")
+        shard = cls(directory, manifest, searchable, docstore)
+        shard.tuned = tuned
+        return shard
 
     @property
     def version_id(self) -> str:
@@ -89,6 +100,7 @@ class Shard:
         if self.manifest.count == 0:
             return [_empty(with_metadata) for _ in range(len(queries))]
         excluding = exclude is not None and exclude.size > 0
+        nprobe, ef_search = self.index.resolve(nprobe, ef_search)
         if filter_ is not None and not filter_.empty:
             allowed = self.payload.select(filter_)
             if exclude is not None and exclude.size:

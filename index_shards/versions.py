@@ -83,7 +83,8 @@ class VersionSlot:
             on_gpu=self.shard.index.on_gpu, load_s=load_s,
             applied_seq=live.applied_seq if live is not None and self.wal is not None else None,
             segment=live.segment_size if live is not None and self.wal is not None else None,
-            tombstones=live.tombstones if live is not None and self.wal is not None else None)
+            tombstones=live.tombstones if live is not None and self.wal is not None else None,
+            search_defaults=dict(self.shard.index.defaults) or None)
 
 
 def available_memory_bytes() -> int | None:

@@ -110,6 +110,7 @@ class VersionInfo:
     applied_seq: int | None = None  # the last write this replica applied to the version (None: takes no writes)
     segment: int | None = None  # documents written since the base was sealed
     tombstones: int | None = None  # base documents hidden by later writes
+    search_defaults: dict[str, int] | None = None  # nprobe / ef_search a query without them runs with
 
     @property
     def ready(self) -> bool:
@@ -127,7 +128,7 @@ class VersionInfo:
                         "on_gpu": self.on_gpu})
         if self.load_s is not None:
             out["load_s"] = self.load_s
-        for name in ("applied_seq", "segment", "tombstones"):
+        for name in ("applied_seq", "segment", "tombstones", "search_defaults"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out
@@ -145,6 +146,8 @@ class VersionInfo:
             centroid=tuple(float(x) for x in centroid) if centroid is not None else None,
             on_gpu=data.get("on_gpu"), load_s=data.get("load_s"), applied_seq=_int_or_none(data.get("applied_seq")),
             segment=_int_or_none(data.get("segment")), tombstones=_int_or_none(data.get("tombstones")),
+            search_defaults={str(k): int(v) for k, v in data["search_defaults"].items()}
+            if isinstance(data.get("search_defaults"), dict) else None,
         )
 
 

@@ -11,6 +11,7 @@ from serving.cli.cluster import cmd_demo, cmd_serve
 from serving.cli.common import DEFAULT_URL
 from serving.cli.processes import cmd_gateway, cmd_generator, cmd_kv_node
 from serving.cli.remote import cmd_query, cmd_rollout
+from serving.cli.tune import add_tune_command
 from serving.cli.writes import add_write_commands
 
 DESCRIPTION = """``shardrag`` — build, serve and query sharded retrieval collections.
@@ -26,6 +27,8 @@ DESCRIPTION = """``shardrag`` — build, serve and query sharded retrieval colle
                                       delete documents from a running cluster
   shardrag rollout stage|activate|retire|abort|rollback|status [VERSION]
                                       roll a new embedding version out through the gateway
+  shardrag tune --collection NAME --recall 0.95
+                                      pick nprobe / ef_search for a recall target, make it the default
   shardrag train --collection NAME    fine-tune the retriever on the slices (DDP) → new version
   shardrag eval --collection NAME --dataset DIR --models default,CKPT
                                       nDCG@10 / recall / MRR through the sharded index
@@ -157,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--with-metadata", action="store_true", help="print each hit's metadata")
     query.set_defaults(func=cmd_query)
     add_write_commands(commands)
+    add_tune_command(commands)
 
     # Training lives in the training package (serving must not import it): `shardrag train|eval ...`
     # runs `python -m training train|eval ...` in this process (see main()).

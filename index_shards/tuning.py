@@ -1,0 +1,259 @@
+"""Auto-tuning a version's search knob to a recall target — the shard-side half of ``shardrag tune``.
+
+Each shard is evaluated on its own (in a worker process or a Ray task, next to its files):
+:func:`sample_queries` draws stored vectors as pseudo-queries; :func:`evaluate_shard` answers the
+tuning queries exactly (every stored vector scored) and once per candidate value of the knob —
+``nprobe`` for IVF, ``ef_search`` for HNSW — one query at a time, timing each candidate. The
+driver (:func:`tune`) merges the shards' top k as the gateway would, so the recall it reports is
+the recall of the sharded search, and picks the cheapest value whose recall meets the target with
+95 % confidence on the tuning queries; a held-out third of the queries then checks the choice.
+
+Exact answers come from the vectors the index stores. For PQ/SQ indexes those are decoded codes:
+the recall is then that of the probe over the compressed vectors, and the report says so.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from index_shards.faiss_index import SearchableIndex, native_search_params, read_index
+from index_shards.layout import INDEX_FILE
+from index_shards.manifest import read_shard_manifest
+from retrieval.errors import ConfigError
+
+NO_ID = -1
+# Candidate values: roughly ×1.5 steps, so the frontier has enough points and the chosen value
+# is at most ~1.5× the cheapest that would do.
+_STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072,
+          4096, 6144, 8192)
+EF_MAX = 1024
+Z_95 = 1.645  # one-sided 95 % normal quantile for the recall lower bound
+
+
+def stored_ids(index: faiss.Index) -> np.ndarray:
+    """The int64 ids an index holds, in storage order."""
+    if isinstance(index, faiss.IndexIDMap2):
+        return faiss.vector_to_array(index.id_map).astype(np.int64)
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is None:
+        return np.arange(index.ntotal, dtype=np.int64)
+    invlists = ivf.invlists
+    assert invlists is not None  # an IVF index always has its lists
+    parts = []
+    for list_no in range(ivf.nlist):
+        size = invlists.list_size(list_no)
+        if size:
+            parts.append(faiss.rev_swig_ptr(invlists.get_ids(list_no), size).copy())
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+
+def stored_vectors(index: faiss.Index, ids: np.ndarray) -> np.ndarray:
+    """The vectors stored under ``ids`` (decoded for PQ/SQ codes)."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        # id → (list, offset) for arbitrary ids
+        ivf.set_direct_map_type(faiss.DirectMap.Hashtable)  # type: ignore[attr-defined]
+    out = np.empty((len(ids), index.d), dtype=np.float32)
+    for start in range(0, len(ids), 65536):  # bounded temporaries on big shards
+        out[start:start + 65536] = index.reconstruct_batch(ids[start:start + 65536])
+    return out
+
+
+def is_lossy(factory: str) -> bool:
+    """True when the index stores compressed codes (PQ, SQ, LSH...), so decoded vectors are not the originals."""
+    tail = factory.replace(" ", "").split(",")[-1].upper()
+    return not (tail.endswith("FLAT") or tail == "" or (tail.startswith("HNSW") and "_" not in tail))
+
+
+def knob_of(index: faiss.Index) -> tuple[str, list[int]] | None:
+    """The knob worth tuning and its candidate values, or None for an exact (flat) index."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        return "nprobe", sorted({v for v in _STEPS if v < ivf.nlist} | {int(ivf.nlist)})
+    if "ef_search" in native_search_params(index):
+        return "ef_search", [v for v in _STEPS if 8 <= v <= EF_MAX]
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ShardTask:
+    """What one worker evaluates: a shard directory and the tuning queries."""
+
+    shard_dir: str
+    queries: np.ndarray  # n × dim float32
+    exclude: np.ndarray  # n int64: a pseudo-query's own id, never counted as a hit (-1: none)
+    k: int
+    max_value: int | None = None  # never try the knob above this (a latency budget); None: the full grid
+
+
+@dataclass(slots=True)
+class ShardResult:
+    shard_id: int
+    factory: str
+    count: int
+    knob: str | None
+    values: list[int]
+    exact_scores: np.ndarray  # n × k, higher is better
+    exact_ids: np.ndarray
+    scores: list[np.ndarray] = field(default_factory=list)  # per value, n × k
+    ids: list[np.ndarray] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)  # per value: the n queries one at a time
+
+
+def _higher_better(scores: np.ndarray, metric: str) -> np.ndarray:
+    return -scores if metric == "l2" else scores
+
+
+def _drop_excluded(scores: np.ndarray, ids: np.ndarray, exclude: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``k`` per row once each row's own id (and FAISS's -1 padding) is removed."""
+    out_scores = np.full((len(ids), k), -np.inf, dtype=np.float32)
+    out_ids = np.full((len(ids), k), NO_ID, dtype=np.int64)
+    for row in range(len(ids)):
+        keep = (ids[row] != exclude[row]) & (ids[row] != NO_ID)
+        kept_ids, kept_scores = ids[row][keep][:k], scores[row][keep][:k]
+        out_ids[row, :len(kept_ids)] = kept_ids
+        out_scores[row, :len(kept_scores)] = kept_scores
+    return out_scores, out_ids
+
+
+def load_index(shard_dir: str | Path) -> tuple[faiss.Index, str, str, int]:
+    """(index, factory, metric, shard id) of a published shard, read without its doc store."""
+    manifest = read_shard_manifest(shard_dir)
+    return read_index(Path(shard_dir) / INDEX_FILE), manifest.factory, manifest.metric, manifest.shard_id
+
+
+def sample_queries(shard_dir: str, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` stored vectors of one shard drawn at random, with their ids: pseudo-queries whose
+    own document is left out of every answer (they stand in for held-out documents)."""
+    index, _, _, _ = load_index(shard_dir)
+    ids = stored_ids(index)
+    chosen = np.random.default_rng(seed).choice(len(ids), size=min(count, len(ids)), replace=False)
+    return stored_vectors(index, ids[chosen]), ids[chosen]
+
+
+def evaluate_shard(task: ShardTask) -> ShardResult:
+    """Exact and per-candidate answers of one shard to the tuning queries (runs in a worker)."""
+    index, factory, metric, shard_id = load_index(task.shard_dir)
+    faiss.omp_set_num_threads(1)  # one query at a time on one core: the figure a replica serves at c=1
+    queries = np.ascontiguousarray(task.queries, dtype=np.float32)
+    ask = min(task.k + 1, max(int(index.ntotal), 1))  # +1: room to drop a pseudo-query's own id
+    ids = stored_ids(index)
+    exact = faiss.IndexFlatIP(index.d) if metric == "ip" else faiss.IndexFlatL2(index.d)
+    exact.add(stored_vectors(index, ids))
+    raw_scores, positions = exact.search(queries, ask)
+    raw_ids = np.where(positions >= 0, ids[np.maximum(positions, 0)], NO_ID)
+    exact_scores, exact_ids = _drop_excluded(_higher_better(raw_scores, metric), raw_ids, task.exclude, task.k)
+    del exact
+    knob = knob_of(index)
+    values = [v for v in knob[1] if task.max_value is None or v <= task.max_value] if knob else []
+    result = ShardResult(shard_id, factory, int(index.ntotal), knob[0] if knob else None, values,
+                         exact_scores, exact_ids)
+    searchable = SearchableIndex.wrap(index, "cpu")
+    for value in result.values:
+        params = {result.knob or "": value}
+        found_scores = np.empty((len(queries), ask), dtype=np.float32)
+        found_ids = np.empty((len(queries), ask), dtype=np.int64)
+        searchable.search(queries[:8], ask, **params)  # warm caches: the first value is not charged for them
+        started = time.perf_counter()
+        for row in range(len(queries)):
+            found_scores[row:row + 1], found_ids[row:row + 1] = searchable.search(queries[row:row + 1], ask,
+                                                                                  **params)
+        result.seconds.append(time.perf_counter() - started)
+        scores, hit_ids = _drop_excluded(_higher_better(found_scores, metric), found_ids, task.exclude, task.k)
+        result.scores.append(scores)
+        result.ids.append(hit_ids)
+    return result
+
+
+def merge_top_k(scores: Sequence[np.ndarray], ids: Sequence[np.ndarray], k: int) -> np.ndarray:
+    """The gateway's merge: the best ``k`` ids per row over every shard's top k."""
+    all_scores, all_ids = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)
+    order = np.argsort(-all_scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(all_ids, order, axis=1)
+
+
+def per_query_recall(found: np.ndarray, exact: np.ndarray) -> np.ndarray:
+    """|found ∩ exact| / |exact| per row (ids of -1 are padding)."""
+    out = np.empty(len(found))
+    for row in range(len(found)):
+        truth = set(exact[row][exact[row] != NO_ID].tolist())
+        out[row] = len(truth.intersection(found[row].tolist())) / len(truth) if truth else 1.0
+    return out
+
+
+def lower_bound(recalls: np.ndarray) -> float:
+    """One-sided 95 % lower confidence bound of the mean recall."""
+    if len(recalls) < 2:
+        return float(recalls.mean()) if len(recalls) else 0.0
+    return float(recalls.mean() - Z_95 * recalls.std(ddof=1) / math.sqrt(len(recalls)))
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    value: int
+    recall: float  # mean recall@k on the tuning queries
+    recall_low: float  # its 95 % lower bound
+    holdout_recall: float | None  # on the held-out queries
+    qps: float  # queries/s one at a time, the slowest shard's (a fan-out waits for it)
+    pareto: bool  # no other value has both higher recall and higher QPS
+
+
+@dataclass(frozen=True, slots=True)
+class TuneReport:
+    knob: str | None
+    factory: str
+    target: float
+    k: int
+    tune_queries: int
+    holdout_queries: int
+    lossy: bool
+    candidates: tuple[Candidate, ...]
+    chosen: Candidate | None  # None: no value reaches the target (or nothing to tune)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"knob": self.knob, "factory": self.factory, "target": self.target, "k": self.k,
+                "tune_queries": self.tune_queries, "holdout_queries": self.holdout_queries, "lossy": self.lossy,
+                "candidates": [asdict(c) for c in self.candidates],
+                "chosen": asdict(self.chosen) if self.chosen else None}
+
+
+def split_holdout(n: int, holdout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tuning rows, held-out rows) of ``n`` queries."""
+    order = np.random.default_rng(seed).permutation(n)
+    held = int(round(n * holdout_fraction))
+    return np.sort(order[held:]), np.sort(order[:held])
+
+
+def choose(results: Sequence[ShardResult], target: float, k: int, tune_rows: np.ndarray,
+           holdout_rows: np.ndarray) -> TuneReport:
+    """Merge the shards' answers per candidate and pick the cheapest value that meets ``target``."""
+    if not 0.0 < target <= 1.0:
+        raise ConfigError(f"the recall target must be in (0, 1], not {target}", field="recall")
+    first = results[0]
+    knobs = {r.knob for r in results}
+    if len(knobs) != 1 or len({tuple(r.values) for r in results}) != 1:
+        raise ConfigError(f"the shards of this version disagree on their index type ({sorted(map(str, knobs))})",
+                          field="collection")
+    exact = merge_top_k([r.exact_scores for r in results], [r.exact_ids for r in results], k)
+    candidates = []
+    for i, value in enumerate(first.values):
+        found = merge_top_k([r.scores[i] for r in results], [r.ids[i] for r in results], k)
+        recalls = per_query_recall(found, exact)
+        slowest = max(r.seconds[i] for r in results)
+        tune_part = recalls[tune_rows]
+        candidates.append(Candidate(value, float(tune_part.mean()), lower_bound(tune_part),
+                                    float(recalls[holdout_rows].mean()) if len(holdout_rows) else None,
+                                    len(recalls) / slowest if slowest > 0 else float("inf"), False))
+    marked = tuple(Candidate(c.value, c.recall, c.recall_low, c.holdout_recall, c.qps,
+                             not any(o.recall >= c.recall and o.qps >= c.qps and (o.recall > c.recall or o.qps > c.qps)
+                                     for o in candidates)) for c in candidates)
+    meeting = [c for c in marked if c.recall_low >= target]
+    return TuneReport(first.knob, first.factory, target, k, len(tune_rows), len(holdout_rows), is_lossy(first.factory),
+                      marked, min(meeting, key=lambda c: c.value) if meeting else None)

@@ -1,0 +1,221 @@
+"""``shardrag tune``: the cheapest nprobe / ef_search that meets a recall target, written into the
+version's ``search.json`` so that every replica uses it for queries that set none.
+
+The shards are evaluated where their files are, in parallel: worker processes on this machine
+(``--backend local``) or Ray tasks (``--backend ray``, on a running Ray cluster with ``--ray-address``).
+The measuring itself lives in ``index_shards.tuning``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index_shards.layout import resolve_version, shard_dir
+from index_shards.search_defaults import SearchDefaults, read_search_defaults, write_search_defaults
+from index_shards.tuning import (
+    ShardResult,
+    ShardTask,
+    TuneReport,
+    choose,
+    evaluate_shard,
+    sample_queries,
+    split_holdout,
+)
+from retrieval.errors import ConfigError, InvalidRequest
+from serving.cli.common import root_of
+
+Runner = Callable[[Callable[..., Any], Sequence[tuple[Any, ...]]], list[Any]]
+
+
+def local_runner(workers: int) -> Runner:
+    """Each call's argument tuples run in ``workers`` spawned processes (fresh FAISS, no forked locks)."""
+    def run(function: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
+        with ProcessPoolExecutor(max_workers=max(1, min(workers, len(calls))), mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(function, *call) for call in calls]
+            return [future.result() for future in futures]
+    return run
+
+
+def ray_runner(address: str | None) -> Runner:
+    """Each call is a Ray task of one CPU, on the cluster at ``address`` (default: a local Ray)."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("--backend ray needs Ray: pip install 'shardrag[ray]'", field="backend") from exc
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+
+    def run(function: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
+        remote = ray.remote(num_cpus=1)(function)
+        return list(ray.get([remote.remote(*call) for call in calls]))
+    return run
+
+
+def _query_vectors(args: argparse.Namespace, version_id: str) -> np.ndarray:
+    """The texts of ``--queries`` (BEIR queries.jsonl, or one query per line) embedded by ``--model``."""
+    from retrieval.datasets import load_queries
+    from retrieval.encoders import load_encoder
+
+    path = Path(args.queries)
+    if not path.is_file():
+        raise InvalidRequest(f"--queries: no file at {path}", field="queries")
+    texts = list(load_queries(path).values()) if path.suffix == ".jsonl" else \
+        [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if len(texts) < 10:
+        raise InvalidRequest(f"--queries: {len(texts)} queries in {path}; tuning needs at least 10", field="queries")
+    encoder = load_encoder(args.model, device="cpu")
+    if encoder.version.id != version_id:
+        raise ConfigError(f"--model encodes embedding version {encoder.version.id}, the collection's version is "
+                          f"{version_id}; pass the model this version was built with", field="model")
+    return np.asarray(encoder.encode_queries(texts), dtype=np.float32)
+
+
+def run_tuning(args: argparse.Namespace, runner: Runner) -> tuple[TuneReport, Path]:
+    directory, manifest = resolve_version(root_of(args), args.collection, args.version)
+    shards = [str(shard_dir(directory, i)) for i in range(manifest.num_shards)]
+    if args.queries:
+        queries = _query_vectors(args, manifest.embedding_version.id)
+        exclude = np.full(len(queries), -1, dtype=np.int64)
+        source = f"{len(queries)} queries from {args.queries}"
+    else:
+        per_shard = -(-args.sample // len(shards))
+        sampled = runner(sample_queries, [(d, per_shard, args.seed + i) for i, d in enumerate(shards)])
+        queries = np.concatenate([vectors for vectors, _ in sampled])
+        exclude = np.concatenate([ids for _, ids in sampled])
+        source = f"{len(queries)} stored documents as pseudo-queries (each left out of its own answers)"
+    print(f"tuning {args.collection} version {manifest.embedding_version.id} ({manifest.num_shards} shards, "
+          f"{manifest.factory}) on {source}, recall@{args.k} target {args.recall}", file=sys.stderr, flush=True)
+    tasks = [(ShardTask(d, queries, exclude, args.k, args.max_value),) for d in shards]
+    results: list[ShardResult] = runner(evaluate_shard, tasks)
+    tune_rows, holdout_rows = split_holdout(len(queries), args.holdout, args.seed)
+    return choose(results, args.recall, args.k, tune_rows, holdout_rows), directory
+
+
+def print_report(report: TuneReport) -> None:
+    if report.knob is None:
+        print(f"{report.factory} is an exact index: there is nothing to tune (recall is 1.0 at any setting).")
+        return
+    print(f"\n{report.knob:>9}  recall@{report.k}  95% low  held-out   QPS(c=1)  pareto")
+    for c in report.candidates:
+        mark = "  <- chosen" if report.chosen and c.value == report.chosen.value else ""
+        held = f"{c.holdout_recall:8.4f}" if c.holdout_recall is not None else "       -"
+        print(f"{c.value:>9}  {c.recall:9.4f}  {c.recall_low:7.4f}  {held}  {c.qps:9.0f}  "
+              f"{'yes' if c.pareto else '':>6}{mark}")
+    print(f"\n{report.tune_queries} tuning queries, {report.holdout_queries} held out; QPS: one query at a time "
+          "on one core, the slowest shard's rate (a fan-out waits for it)")
+    if report.lossy:
+        print(f"note: {report.factory} stores compressed codes; recall is measured against the decoded vectors "
+              "(the probe's recall), not the original embeddings")
+
+
+def plot_frontier(report: TuneReport, path: Path) -> bool:
+    """Recall vs QPS as a PNG (needs matplotlib: pip install 'shardrag[bench]')."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([c.qps for c in report.candidates], [c.recall for c in report.candidates], "o-", label="candidates")
+    for c in report.candidates:
+        ax.annotate(str(c.value), (c.qps, c.recall), fontsize=7, textcoords="offset points", xytext=(3, 3))
+    if report.chosen:
+        ax.plot([report.chosen.qps], [report.chosen.recall], "r*", markersize=14, label=f"chosen {report.knob}")
+    ax.axhline(report.target, color="grey", linestyle="--", label=f"target {report.target}")
+    ax.set_xscale("log")
+    ax.set_xlabel("QPS, one query at a time (slowest shard)")
+    ax.set_ylabel(f"recall@{report.k}")
+    ax.set_title(f"{report.factory}: {report.knob}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    if args.k < 1:
+        raise InvalidRequest("--k must be ≥ 1", field="k")
+    if not 0.0 < args.holdout < 0.9:
+        raise InvalidRequest("--holdout must be between 0 and 0.9", field="holdout")
+    if args.max_value is not None and args.max_value < 1:
+        raise InvalidRequest("--max-value must be ≥ 1", field="max_value")
+    if args.sample < 10:
+        raise InvalidRequest("--sample must be ≥ 10", field="sample")
+    runner = ray_runner(args.ray_address) if args.backend == "ray" else \
+        local_runner(args.workers or len(os.sched_getaffinity(0)))
+    report, directory = run_tuning(args, runner)
+    print_report(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1))
+    if args.plot and report.knob is not None:
+        print(f"plot: {args.plot}" if plot_frontier(report, Path(args.plot))
+              else "no plot: matplotlib is not installed (pip install 'shardrag[bench]')")
+    if report.knob is None:
+        return 0
+    if report.chosen is None:
+        best = max(report.candidates, key=lambda c: c.recall)
+        print(f"\nno {report.knob} reaches recall@{report.k} {report.target} with 95 % confidence (best: "
+              f"{best.recall:.4f} at {report.knob}={best.value}"
+              + (", the --max-value cap); raise the cap, or rebuild" if args.max_value else
+                 "); the index itself is the limit: rebuild")
+              + " with more lists, a larger M or finer codes. Nothing written.", file=sys.stderr)
+        return 1
+    chosen = report.chosen
+    held = "-" if chosen.holdout_recall is None else f"{chosen.holdout_recall:.4f}"
+    print(f"\nchosen: {report.knob}={chosen.value} (recall@{report.k} {chosen.recall:.4f}, 95 % low "
+          f"{chosen.recall_low:.4f}, held-out {held}, {chosen.qps:.0f} QPS per replica at c=1)")
+    if args.dry_run:
+        print("--dry-run: search.json not written")
+        return 0
+    previous = read_search_defaults(directory)
+    path = write_search_defaults(directory, SearchDefaults(
+        **{report.knob: chosen.value}, recall_target=report.target, recall=round(chosen.recall, 5), k=report.k,
+        queries=report.tune_queries))
+    was = f" (was {previous.params})" if previous and previous.params else ""
+    print(f"wrote {path}{was}: replicas use it for queries without {report.knob} from their next load of the "
+          "version (a restart, or staging it again)")
+    return 0
+
+
+def add_tune_command(commands: Any) -> None:
+    tune = commands.add_parser(
+        "tune", help="pick nprobe / ef_search for a recall target and make it the version's default",
+        description="Measure recall@k (against exact search over the stored vectors) and QPS of every candidate "
+                    "nprobe (IVF) or ef_search (HNSW) over the version's shards, merged as the gateway merges, and "
+                    "write the cheapest value whose recall meets --recall with 95 %% confidence into "
+                    "<version>/search.json. A third of the queries is held out to check the choice.")
+    tune.add_argument("--collection", required=True, help="collection name")
+    tune.add_argument("--version", default=None, help="embedding version id (default: the newest built)")
+    tune.add_argument("--root", help="where collections live [env SHARDRAG_ROOT, default ./shardrag-data]")
+    tune.add_argument("--recall", type=float, default=0.95, help="recall@k target (default 0.95)")
+    tune.add_argument("--k", type=int, default=10, help="k of recall@k (default 10)")
+    tune.add_argument("--queries", default=None,
+                      help="tuning queries: BEIR queries.jsonl or one text per line, embedded with --model "
+                           "(default: --sample stored documents as pseudo-queries)")
+    tune.add_argument("--model", default=None, help="encoder for --queries (default all-MiniLM-L6-v2)")
+    tune.add_argument("--max-value", type=int, default=None,
+                      help="never choose nprobe / ef_search above this (a latency budget; default: no cap)")
+    tune.add_argument("--sample", type=int, default=600, help="pseudo-queries drawn from the shards (default 600)")
+    tune.add_argument("--holdout", type=float, default=1 / 3, help="fraction of queries held out (default 1/3)")
+    tune.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    tune.add_argument("--backend", choices=("local", "ray"), default="local",
+                      help="where shards are evaluated: local worker processes or Ray tasks (default local)")
+    tune.add_argument("--workers", type=int, default=0, help="local worker processes (default: one per core)")
+    tune.add_argument("--ray-address", default=None, help="Ray cluster address for --backend ray (default: local)")
+    tune.add_argument("--plot", default=None, help="write the recall-vs-QPS frontier as a PNG here")
+    tune.add_argument("--json", default=None, help="write the full report as JSON here")
+    tune.add_argument("--dry-run", action="store_true", help="measure and report, write nothing")
+    tune.set_defaults(func=cmd_tune)
