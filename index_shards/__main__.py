@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port-file", help="write {url, port, pid} here once serving")
     serve.add_argument("--device", choices=("auto", "cpu", "gpu"), default=env.read("SHARDRAG_DEVICE", "auto"),
                        help="where FAISS searches; auto = GPU when FAISS reports one (default auto)")
+    serve.add_argument("--no-mmap", action="store_true",
+                       help="read the index into this process's memory instead of mapping the file (by default "
+                            "replicas of a shard on one host share the index's pages)")
     serve.add_argument("--faiss-threads", type=int, default=1, help="OpenMP threads for FAISS (default 1)")
     serve.add_argument("--max-k", type=int, default=1000, help="largest k accepted (default 1000)")
     serve.add_argument("--max-batch", type=int, default=1024, help="most vectors per search request (default 1024)")
@@ -103,7 +106,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ShardragError as exc:
         raise ConfigError(f"--faults: {exc.message}", field="faults") from exc
     try:
-        shard = Shard.load(args.dir, device=args.device)
+        shard = Shard.load(args.dir, device=args.device, mmap=not args.no_mmap)
     except ShardragError as exc:
         exc.message = f"cannot serve {args.dir}: {exc.message}"
         raise
@@ -117,6 +120,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError("--filter-exact-max must be ≥ 0", field="filter_exact_max")
     config = ShardServerConfig(max_k=args.max_k, max_batch=args.max_batch, faiss_threads=args.faiss_threads,
                                faults=faults, max_versions=args.max_versions, device=args.device,
+                               mmap=not args.no_mmap,
                                filter_exact_max=args.filter_exact_max, data_dir=args.data_dir,
                                compact_after=args.compact_after, wal_retain=args.wal_retain,
                                wal_file_bytes=int(args.wal_file_mb * 2**20))

@@ -63,7 +63,18 @@ def write_index(index: faiss.Index, path: Path) -> None:
     faiss.write_index(index, str(path))
 
 
-def read_index(path: Path) -> faiss.Index:
+def read_index(path: Path, *, mmap: bool = False) -> faiss.Index:
+    """Read an index file. ``mmap``: map its vectors / codes / inverted lists from the file instead
+    of copying them into the process, so replicas of one shard on one host share the page cache
+    (FAISS's mmap I/O flags: flat codes for Flat/HNSW/PQ storage, on-disk inverted lists for IVF).
+    An index type FAISS cannot map is read into memory instead, with a warning."""
+    if mmap:
+        for flags in (faiss.IO_FLAG_MMAP_IFC, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY):
+            try:
+                return faiss.read_index(str(path), flags)
+            except RuntimeError:
+                continue  # IVF refuses the flat-codes flag, flat storage ignores the IVF one: try the other
+        logger.warning("%s cannot be memory-mapped; reading it into memory", path)
     try:
         return faiss.read_index(str(path))
     except RuntimeError as exc:

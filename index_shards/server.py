@@ -58,6 +58,7 @@ class ShardServerConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)  # fault injection (off by default)
     max_versions: int = 2  # embedding versions held at once (V and V+1 during a rollout)
     device: str = "auto"  # where staged versions are searched (as for the first one)
+    mmap: bool = True  # map index files (replicas on one host share their pages) rather than copy them
     filter_exact_max: int = 4096  # filtered searches with at most this many matches are scored exactly
     data_dir: str | None = None  # where this replica keeps its WALs; None: read-only
     compact_after: int = 20_000  # segment documents + tombstones that start a background compaction
@@ -122,7 +123,7 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
     versions = shard if isinstance(shard, ShardVersions) else ShardVersions(
         shard, max_versions=config.max_versions, device=config.device, filter_exact_max=config.filter_exact_max,
         data_dir=config.data_dir, compact_after=config.compact_after, wal_retain=config.wal_retain,
-        wal_file_bytes=config.wal_file_bytes, crash_point=faults.crash_point)
+        wal_file_bytes=config.wal_file_bytes, crash_point=faults.crash_point, mmap=config.mmap)
     shard_id = versions.shard_id
     metrics = ShardMetrics.create(shard_id)
     metrics.documents.labels(shard=str(shard_id)).set(versions.get(versions.ready_ids()[0]).manifest.count)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from index_shards.docstore import DocStore
-from index_shards.faiss_index import SearchableIndex, read_index
+from index_shards.faiss_index import SearchableIndex, gpu_count, read_index
 from index_shards.filtered import FilteredSearcher
 from index_shards.layout import DOCSTORE_FILE, INDEX_FILE
 from index_shards.manifest import ShardManifest, verify_shard_dir
@@ -44,11 +44,13 @@ class Shard:
         return self._payload
 
     @classmethod
-    def load(cls, directory: str | Path, *, device: str = "auto") -> Shard:
-        """Verify checksums, then load. Raises IndexIntegrityError naming the damaged file."""
+    def load(cls, directory: str | Path, *, device: str = "auto", mmap: bool = True) -> Shard:
+        """Verify checksums, then load. Raises IndexIntegrityError naming the damaged file.
+        ``mmap``: map the index file rather than copy it (replicas on a host share its pages;
+        published files never change). An index bound for the GPU is always read: it is copied there."""
         directory = Path(directory)
         manifest = verify_shard_dir(directory)
-        index = read_index(directory / INDEX_FILE)
+        index = read_index(directory / INDEX_FILE, mmap=mmap and not _gpu_bound(device))
         if index.ntotal != manifest.count:
             raise IndexIntegrityError(f"{directory / INDEX_FILE} holds {index.ntotal} vectors, "
                                       f"manifest says {manifest.count}")
@@ -137,6 +139,10 @@ class Shard:
                     hits["metadata"].append(doc.metadata or {})
             results.append(hits)
         return results
+
+
+def _gpu_bound(device: str) -> bool:
+    return device == "gpu" or (device == "auto" and gpu_count() > 0)
 
 
 def _empty(with_metadata: bool = False) -> HitColumns:

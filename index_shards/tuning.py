@@ -8,8 +8,10 @@ driver (:func:`tune`) merges the shards' top k as the gateway would, so the reca
 the recall of the sharded search, and picks the cheapest value whose recall meets the target with
 95 % confidence on the tuning queries; a held-out third of the queries then checks the choice.
 
-Exact answers come from the vectors the index stores. For PQ/SQ indexes those are decoded codes:
-the recall is then that of the probe over the compressed vectors, and the report says so.
+Exact answers come from the vectors the index stores. For PQ/SQ indexes those are decoded codes
+(for fast-scan codes, which cannot be decoded one by one, the index's own every-list scan): the
+recall is then that of the probe over the compressed vectors, and the report says so. A caller
+holding the original vectors passes their exact answers to :func:`choose` instead.
 """
 
 from __future__ import annotations
@@ -66,6 +68,13 @@ def stored_vectors(index: faiss.Index, ids: np.ndarray) -> np.ndarray:
     return out
 
 
+def is_fast_scan(index: faiss.Index) -> bool:
+    """Fast-scan codes (``...x4fs``) are packed in blocks: FAISS cannot decode them one by one."""
+    ivf = faiss.try_extract_index_ivf(index)
+    return isinstance(faiss.downcast_index(ivf if ivf is not None else index),
+                      (faiss.IndexIVFFastScan, faiss.IndexFastScan))
+
+
 def is_lossy(factory: str) -> bool:
     """True when the index stores compressed codes (PQ, SQ, LSH...), so decoded vectors are not the originals."""
     tail = factory.replace(" ", "").split(",")[-1].upper()
@@ -91,6 +100,7 @@ class ShardTask:
     exclude: np.ndarray  # n int64: a pseudo-query's own id, never counted as a hit (-1: none)
     k: int
     max_value: int | None = None  # never try the knob above this (a latency budget); None: the full grid
+    exact: bool = True  # compute this shard's exact answers (False: the caller brings ground truth to choose())
 
 
 @dataclass(slots=True)
@@ -132,7 +142,10 @@ def load_index(shard_dir: str | Path) -> tuple[faiss.Index, str, str, int]:
 def sample_queries(shard_dir: str, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``count`` stored vectors of one shard drawn at random, with their ids: pseudo-queries whose
     own document is left out of every answer (they stand in for held-out documents)."""
-    index, _, _, _ = load_index(shard_dir)
+    index, factory, _, _ = load_index(shard_dir)
+    if is_fast_scan(index):
+        raise ConfigError(f"{factory} stores fast-scan codes, which cannot be decoded into pseudo-queries; "
+                          "tune it with real queries (--queries FILE)", field="queries")
     ids = stored_ids(index)
     chosen = np.random.default_rng(seed).choice(len(ids), size=min(count, len(ids)), replace=False)
     return stored_vectors(index, ids[chosen]), ids[chosen]
@@ -144,13 +157,11 @@ def evaluate_shard(task: ShardTask) -> ShardResult:
     faiss.omp_set_num_threads(1)  # one query at a time on one core: the figure a replica serves at c=1
     queries = np.ascontiguousarray(task.queries, dtype=np.float32)
     ask = min(task.k + 1, max(int(index.ntotal), 1))  # +1: room to drop a pseudo-query's own id
-    ids = stored_ids(index)
-    exact = faiss.IndexFlatIP(index.d) if metric == "ip" else faiss.IndexFlatL2(index.d)
-    exact.add(stored_vectors(index, ids))
-    raw_scores, positions = exact.search(queries, ask)
-    raw_ids = np.where(positions >= 0, ids[np.maximum(positions, 0)], NO_ID)
-    exact_scores, exact_ids = _drop_excluded(_higher_better(raw_scores, metric), raw_ids, task.exclude, task.k)
-    del exact
+    if task.exact:
+        exact_scores, exact_ids = _exact_answers(index, metric, queries, ask, task)
+    else:
+        exact_scores = np.zeros((len(queries), 0), dtype=np.float32)
+        exact_ids = np.zeros((len(queries), 0), dtype=np.int64)
     knob = knob_of(index)
     values = [v for v in knob[1] if task.max_value is None or v <= task.max_value] if knob else []
     result = ShardResult(shard_id, factory, int(index.ntotal), knob[0] if knob else None, values,
@@ -170,6 +181,23 @@ def evaluate_shard(task: ShardTask) -> ShardResult:
         result.scores.append(scores)
         result.ids.append(hit_ids)
     return result
+
+
+def _exact_answers(index: faiss.Index, metric: str, queries: np.ndarray, ask: int,
+                   task: ShardTask) -> tuple[np.ndarray, np.ndarray]:
+    """Every stored vector scored. Fast-scan codes cannot be decoded one by one, so there the
+    reference is the index's own exhaustive scan (every list probed)."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None and is_fast_scan(index):
+        searchable = SearchableIndex.wrap(index, "cpu")
+        raw_scores, raw_ids = searchable.search(queries, ask, nprobe=int(ivf.nlist))
+        return _drop_excluded(_higher_better(raw_scores, metric), raw_ids, task.exclude, task.k)
+    ids = stored_ids(index)
+    exact = faiss.IndexFlatIP(index.d) if metric == "ip" else faiss.IndexFlatL2(index.d)
+    exact.add(stored_vectors(index, ids))
+    raw_scores, positions = exact.search(queries, ask)
+    raw_ids = np.where(positions >= 0, ids[np.maximum(positions, 0)], NO_ID)
+    return _drop_excluded(_higher_better(raw_scores, metric), raw_ids, task.exclude, task.k)
 
 
 def merge_top_k(scores: Sequence[np.ndarray], ids: Sequence[np.ndarray], k: int) -> np.ndarray:
@@ -232,8 +260,10 @@ def split_holdout(n: int, holdout_fraction: float, seed: int) -> tuple[np.ndarra
 
 
 def choose(results: Sequence[ShardResult], target: float, k: int, tune_rows: np.ndarray,
-           holdout_rows: np.ndarray) -> TuneReport:
-    """Merge the shards' answers per candidate and pick the cheapest value that meets ``target``."""
+           holdout_rows: np.ndarray, truth: np.ndarray | None = None) -> TuneReport:
+    """Merge the shards' answers per candidate and pick the cheapest value that meets ``target``.
+    ``truth``: the exact top-k int ids per query over the whole collection, when the caller has
+    the original vectors (default: merged from the shards' exact answers)."""
     if not 0.0 < target <= 1.0:
         raise ConfigError(f"the recall target must be in (0, 1], not {target}", field="recall")
     first = results[0]
@@ -241,7 +271,8 @@ def choose(results: Sequence[ShardResult], target: float, k: int, tune_rows: np.
     if len(knobs) != 1 or len({tuple(r.values) for r in results}) != 1:
         raise ConfigError(f"the shards of this version disagree on their index type ({sorted(map(str, knobs))})",
                           field="collection")
-    exact = merge_top_k([r.exact_scores for r in results], [r.exact_ids for r in results], k)
+    exact = truth if truth is not None else \
+        merge_top_k([r.exact_scores for r in results], [r.exact_ids for r in results], k)
     candidates = []
     for i, value in enumerate(first.values):
         found = merge_top_k([r.scores[i] for r in results], [r.ids[i] for r in results], k)
@@ -255,5 +286,6 @@ def choose(results: Sequence[ShardResult], target: float, k: int, tune_rows: np.
                              not any(o.recall >= c.recall and o.qps >= c.qps and (o.recall > c.recall or o.qps > c.qps)
                                      for o in candidates)) for c in candidates)
     meeting = [c for c in marked if c.recall_low >= target]
-    return TuneReport(first.knob, first.factory, target, k, len(tune_rows), len(holdout_rows), is_lossy(first.factory),
+    return TuneReport(first.knob, first.factory, target, k, len(tune_rows), len(holdout_rows),
+                      is_lossy(first.factory) and truth is None,
                       marked, min(meeting, key=lambda c: c.value) if meeting else None)

@@ -103,7 +103,7 @@ class ShardVersions:
                  memory_headroom: float = 0.2, filter_exact_max: int | None = None,
                  data_dir: str | Path | None = None, compact_after: int = COMPACT_AFTER,
                  wal_retain: int = WAL_RETAIN, wal_file_bytes: int = SEGMENT_BYTES,
-                 crash_point: Callable[[str], None] | None = None) -> None:
+                 crash_point: Callable[[str], None] | None = None, mmap: bool = True) -> None:
         """``data_dir``: where this replica keeps its write-ahead logs and compacted bases (one folder
         per version); None: the replica is read-only. ``compact_after``: segment documents plus
         tombstones that start a background compaction (writes are refused with 503 past 4× that
@@ -127,6 +127,7 @@ class ShardVersions:
         self.collection_dir = first.directory.parent.parent
         self.max_versions = max_versions
         self.device = device
+        self.mmap = mmap  # map staged and compacted indexes from their files (see Shard.load)
         self.memory_headroom = memory_headroom
         self._lock = threading.Lock()
         slot = VersionSlot(first.version_id, first.directory, LOADING, first, started_at=time.time())
@@ -163,7 +164,7 @@ class ShardVersions:
         return shard
 
     def _load_base(self, directory: Path, build: Shard) -> Shard:
-        base = Shard.load(directory, device=self.device)
+        base = Shard.load(directory, device=self.device, mmap=self.mmap)
         if self.filter_exact_max is not None:
             base.filtered.exact_scan_max = self.filter_exact_max
         m, b = base.manifest, build.manifest
@@ -399,7 +400,7 @@ class ShardVersions:
 
     def _load(self, slot: VersionSlot) -> None:
         try:
-            shard = Shard.load(slot.directory, device=self.device)
+            shard = Shard.load(slot.directory, device=self.device, mmap=self.mmap)
             if self.filter_exact_max is not None:
                 shard.filtered.exact_scan_max = self.filter_exact_max
             m = shard.manifest
