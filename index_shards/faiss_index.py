@@ -103,14 +103,15 @@ def native_search_params(index: faiss.Index) -> dict[str, int]:
 class SearchableIndex:
     """An index ready to search, on the GPU when FAISS has one and the index type allows it.
 
-    ``defaults`` holds the value of each knob a search uses when the query does not set it: the
-    version's tuned value (``search.json``) or else the one the index was loaded with. Every
-    search sets its knobs explicitly (only when they differ from the last search's), so one
-    query's ``nprobe`` never leaks into the next query's results."""
+    ``native`` holds the knobs the index was loaded with, ``defaults`` the version's tuned values
+    (``search.json``). A search uses the query's knob, else the tuned one, else the native one, and
+    sets it explicitly (only when it differs from the last search's), so one query's ``nprobe``
+    never leaks into the next query's results."""
 
     index: faiss.Index
     on_gpu: bool
     _space: faiss.ParameterSpace
+    native: dict[str, int] = field(default_factory=dict)
     defaults: dict[str, int] = field(default_factory=dict)
     _current: dict[str, int] = field(default_factory=dict)
 
@@ -125,11 +126,11 @@ class SearchableIndex:
                 raise ConfigError("device=gpu but FAISS reports no GPU (is faiss-gpu installed?)", field="device")
             try:
                 gpu_index = faiss.index_cpu_to_all_gpus(index)
-                return cls(gpu_index, True, faiss.GpuParameterSpace(), dict(native))
+                return cls(gpu_index, True, faiss.GpuParameterSpace(), native)
             except (RuntimeError, AttributeError) as exc:
                 # HNSW and a few others have no GPU implementation: serve them from the CPU.
                 logger.warning("index stays on CPU, GPU move failed: %s", str(exc).strip().splitlines()[-1])
-        return cls(index, False, faiss.ParameterSpace(), dict(native), dict(native))
+        return cls(index, False, faiss.ParameterSpace(), native, {}, dict(native))
 
     @property
     def ntotal(self) -> int:
@@ -141,8 +142,12 @@ class SearchableIndex:
             self._set(field_name, value)  # raises when the knob does not apply
             self.defaults[field_name] = value
 
+    def baseline(self, name: str, fallback: int) -> int:
+        """A knob's value when the query does not set it: tuned, else as loaded, else ``fallback``."""
+        return self.defaults.get(name, self.native.get(name, fallback))
+
     def resolve(self, nprobe: int | None, ef_search: int | None) -> tuple[int | None, int | None]:
-        """The knobs a search runs with: the query's, else the defaults (None: not a knob here)."""
+        """The query's knobs, else the tuned defaults (None: neither; the search then uses the native value)."""
         return (nprobe if nprobe is not None else self.defaults.get("nprobe"),
                 ef_search if ef_search is not None else self.defaults.get("ef_search"))
 
@@ -152,6 +157,8 @@ class SearchableIndex:
         # Searches run one at a time on the server's event loop, so setting parameters on the
         # shared index just before the call cannot race with another request.
         nprobe, ef_search = self.resolve(nprobe, ef_search)
+        nprobe = nprobe if nprobe is not None else self.native.get("nprobe")
+        ef_search = ef_search if ef_search is not None else self.native.get("ef_search")
         if nprobe is not None and self._current.get("nprobe") != nprobe:
             self._set("nprobe", nprobe)
         if ef_search is not None and self._current.get("ef_search") != ef_search:

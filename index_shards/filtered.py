@@ -108,11 +108,13 @@ class FilteredSearcher:
         if self._hnsw:
             params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]
             inner: Any = faiss.downcast_index(self.searchable.index.index)  # type: ignore[attr-defined]
-            base = ef_search or max(int(inner.hnsw.efSearch), FILTERED_EF_PER_HIT * k)
+            # the tuned or loaded efSearch, not the index's current one (the last query may have set it)
+            default = self.searchable.baseline("ef_search", int(inner.hnsw.efSearch))
+            base = ef_search or max(default, FILTERED_EF_PER_HIT * k)
             params.efSearch = int(min(MAX_EF, math.ceil(base * breadth)))
         elif self._ivf is not None:
             params = faiss.SearchParametersIVF()
-            base = nprobe or int(self._ivf.nprobe)
+            base = nprobe or self.searchable.baseline("nprobe", int(self._ivf.nprobe))
             params.nprobe = int(min(self._ivf.nlist, math.ceil(base * breadth)))
         else:
             params = faiss.SearchParameters()

@@ -102,7 +102,6 @@ class Shard:
         if self.manifest.count == 0:
             return [_empty(with_metadata) for _ in range(len(queries))]
         excluding = exclude is not None and exclude.size > 0
-        nprobe, ef_search = self.index.resolve(nprobe, ef_search)
         if filter_ is not None and not filter_.empty:
             allowed = self.payload.select(filter_)
             if exclude is not None and exclude.size:
