@@ -148,6 +148,8 @@ def plot_frontier(report: TuneReport, path: Path) -> bool:
 def cmd_tune(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise InvalidRequest("--k must be ≥ 1", field="k")
+    if not 0.0 < args.recall <= 1.0:  # checked before any shard is read, not after the evaluation
+        raise InvalidRequest(f"--recall must be in (0, 1], not {args.recall}", field="recall")
     if not 0.0 < args.holdout < 0.9:
         raise InvalidRequest("--holdout must be between 0 and 0.9", field="holdout")
     if args.max_value is not None and args.max_value < 1:

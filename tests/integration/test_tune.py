@@ -14,7 +14,7 @@ from index_shards.layout import resolve_version, shard_dir
 from index_shards.search_defaults import SEARCH_DEFAULTS_FILE, read_search_defaults
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
-from retrieval.errors import IndexIntegrityError
+from retrieval.errors import IndexIntegrityError, InvalidRequest, NotFound
 from serving.cli import build_parser
 from tests.conftest import REPORT, random_corpus
 
@@ -105,6 +105,21 @@ def test_unreachable_target_writes_nothing_and_flat_has_nothing_to_tune(tmp_path
     assert _tune(flat_root, "--sample", "20") == 0
     assert "nothing to tune" in capsys.readouterr().out
     assert read_search_defaults(resolve_version(flat_root, "c")[0]) is None
+
+
+def test_bad_arguments_fail_fast_naming_the_flag(tmp_path):
+    documents, vectors, version = random_corpus(n=500, dim=16)
+    build_collection(tmp_path, documents, vectors, version, BuildConfig("c", 1, "hash", "IVF8,Flat"),
+                     show_progress=False)
+    bad = ((["--recall", "1.5"], "recall"), (["--k", "0"], "k"), (["--sample", "3"], "sample"),
+           (["--queries", str(tmp_path / "missing.txt")], "queries"), (["--max-value", "0"], "max_value"))
+    for flags, field in bad:
+        with pytest.raises(InvalidRequest) as caught:
+            _tune(tmp_path, *flags)
+        assert caught.value.field == field
+    with pytest.raises(NotFound):
+        _tune(tmp_path / "elsewhere")
+    assert read_search_defaults(resolve_version(tmp_path, "c")[0]) is None
 
 
 def test_query_knob_never_leaks_into_the_next_query_and_info_shows_defaults(tmp_path):
