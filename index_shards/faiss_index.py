@@ -35,6 +35,11 @@ def gpu_count() -> int:
     return int(getter()) if getter else 0
 
 
+def wants_gpu(device: str) -> bool:
+    """True when ``device`` sends the index to the GPU: "gpu", or "auto" with a GPU FAISS can use."""
+    return device == "gpu" or (device == "auto" and gpu_count() > 0)
+
+
 def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, metric: str = "ip") -> faiss.Index:
     """Train (when the factory needs it) and fill an index with ``vectors`` under ``ids``."""
     dim = vectors.shape[1]
@@ -120,8 +125,7 @@ class SearchableIndex:
         if device not in ("auto", "cpu", "gpu"):
             raise ConfigError(f"device must be auto, cpu or gpu, not {device!r}", field="device")
         native = native_search_params(index)
-        want_gpu = device == "gpu" or (device == "auto" and gpu_count() > 0)
-        if want_gpu:
+        if wants_gpu(device):
             if gpu_count() == 0:
                 raise ConfigError("device=gpu but FAISS reports no GPU (is faiss-gpu installed?)", field="device")
             try:
@@ -146,23 +150,15 @@ class SearchableIndex:
         """A knob's value when the query does not set it: tuned, else as loaded, else ``fallback``."""
         return self.defaults.get(name, self.native.get(name, fallback))
 
-    def resolve(self, nprobe: int | None, ef_search: int | None) -> tuple[int | None, int | None]:
-        """The query's knobs, else the tuned defaults (None: neither; the search then uses the native value)."""
-        return (nprobe if nprobe is not None else self.defaults.get("nprobe"),
-                ef_search if ef_search is not None else self.defaults.get("ef_search"))
-
     def search(
         self, queries: np.ndarray, k: int, *, nprobe: int | None = None, ef_search: int | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         # Searches run one at a time on the server's event loop, so setting parameters on the
         # shared index just before the call cannot race with another request.
-        nprobe, ef_search = self.resolve(nprobe, ef_search)
-        nprobe = nprobe if nprobe is not None else self.native.get("nprobe")
-        ef_search = ef_search if ef_search is not None else self.native.get("ef_search")
-        if nprobe is not None and self._current.get("nprobe") != nprobe:
-            self._set("nprobe", nprobe)
-        if ef_search is not None and self._current.get("ef_search") != ef_search:
-            self._set("ef_search", ef_search)
+        for name, asked in (("nprobe", nprobe), ("ef_search", ef_search)):
+            value = asked if asked is not None else self.defaults.get(name, self.native.get(name))
+            if value is not None and self._current.get(name) != value:
+                self._set(name, value)
         return self.index.search(queries, k)
 
     def _set(self, field_name: str, value: int) -> None:

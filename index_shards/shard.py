@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from index_shards.docstore import DocStore
-from index_shards.faiss_index import SearchableIndex, gpu_count, read_index
+from index_shards.faiss_index import SearchableIndex, read_index, wants_gpu
 from index_shards.filtered import FilteredSearcher
 from index_shards.layout import DOCSTORE_FILE, INDEX_FILE
 from index_shards.manifest import ShardManifest, verify_shard_dir
 from index_shards.payload import PayloadIndex
-from index_shards.search_defaults import SearchDefaults, read_search_defaults
+from index_shards.search_defaults import read_search_defaults
 from retrieval.contract import HitColumns
 from retrieval.errors import DimensionMismatch, IndexIntegrityError, InvalidRequest
 from retrieval.filters import Filter
@@ -32,7 +32,6 @@ class Shard:
         self._payload: PayloadIndex | None = None  # built on the first filtered search
         self._payload_lock = threading.Lock()
         self.filtered = FilteredSearcher(index, manifest.metric)
-        self.tuned: SearchDefaults | None = None  # set by load() from the version's search.json
 
     @property
     def payload(self) -> PayloadIndex:
@@ -50,7 +49,7 @@ class Shard:
         published files never change). An index bound for the GPU is always read: it is copied there."""
         directory = Path(directory)
         manifest = verify_shard_dir(directory)
-        index = read_index(directory / INDEX_FILE, mmap=mmap and not _gpu_bound(device))
+        index = read_index(directory / INDEX_FILE, mmap=mmap and not wants_gpu(device))
         if index.ntotal != manifest.count:
             raise IndexIntegrityError(f"{directory / INDEX_FILE} holds {index.ntotal} vectors, "
                                       f"manifest says {manifest.count}")
@@ -70,9 +69,7 @@ class Shard:
                                           f"{manifest.factory} index does not have; re-run `shardrag tune`") from exc
         logger.info("loaded shard %s (%d docs, %s, gpu=%s, search defaults %s)", directory, manifest.count,
                     manifest.factory, searchable.on_gpu, searchable.defaults or "none")
-        shard = cls(directory, manifest, searchable, docstore)
-        shard.tuned = tuned
-        return shard
+        return cls(directory, manifest, searchable, docstore)
 
     @property
     def version_id(self) -> str:
@@ -138,10 +135,6 @@ class Shard:
                     hits["metadata"].append(doc.metadata or {})
             results.append(hits)
         return results
-
-
-def _gpu_bound(device: str) -> bool:
-    return device == "gpu" or (device == "auto" and gpu_count() > 0)
 
 
 def _empty(with_metadata: bool = False) -> HitColumns:
