@@ -60,7 +60,8 @@ class HitModel(BaseModel):
 class ShardCallModel(BaseModel):
     shard: int
     replica: str
-    latency_ms: float
+    latency_ms: float = Field(description="the shard call as the gateway timed it (wire, queueing, search)")
+    server_ms: float = Field(description="the replica's own search time; latency_ms minus this is the hop")
     batch_size: int = Field(description="queries that shared this shard call (coalescing)")
     attempts: int = Field(description="replicas the call went to (primary + retries + hedges)")
     hedged: bool = Field(description="a hedge (second copy) was sent for this shard call")
@@ -77,8 +78,10 @@ class DiagnosticsModel(BaseModel):
     shards_total: int
     shards_queried: int
     shards_answered: int
-    took_ms: float
-    encode_ms: float
+    took_ms: float = Field(description="the gateway's time on this query, from parsed request to answer")
+    encode_ms: float = Field(description="embedding the text (0 for a vector query)")
+    fanout_ms: float = Field(description="from the first shard call sent to the merged top k "
+                             "(took_ms minus this and encode_ms is the gateway's own work)")
     shard_k: int = Field(description="hits asked of each shard (below k: per-shard top-k trimming)")
     second_round: list[int] = Field(description="shards asked again for the full k (their last hit could "
                                     "still make the top k)")

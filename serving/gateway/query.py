@@ -170,10 +170,12 @@ class QueryService:
                               with_text=request.with_text, with_metadata=request.with_metadata,
                               filter=filter_.canonical() if filter_ is not None and not filter_.empty else None)
         min_seq = self._min_seq(request, snapshot)
-        remaining_ms = timeout_ms - (time.perf_counter() - started) * 1000.0  # encoding spent part of it
+        fanout_started = time.perf_counter()
+        remaining_ms = timeout_ms - (fanout_started - started) * 1000.0  # encoding spent part of it
         result = await self.fanout.search(vector, params, snapshot.route, top_m=request.top_m,
                                           timeout_s=max(remaining_ms, 1.0) / 1000.0, min_seq=min_seq,
                                           exact=request.exact)
+        fanout_ms = (time.perf_counter() - fanout_started) * 1000.0
         missing = sorted(result.missing)
         allow_partial = request.allow_partial if request.allow_partial is not None else limits.allow_partial
         if missing and (not allow_partial or not result.calls):
@@ -201,10 +203,11 @@ class QueryService:
                 "shards_answered": len(result.calls),
                 "took_ms": took_ms,
                 "encode_ms": encode_ms,
+                "fanout_ms": fanout_ms,
                 "shard_k": result.asked_k,
                 "second_round": list(result.second_round),
                 "per_shard": [
-                    {"shard": c.shard_id, "replica": c.replica, "latency_ms": c.latency_ms,
+                    {"shard": c.shard_id, "replica": c.replica, "latency_ms": c.latency_ms, "server_ms": c.server_ms,
                      "batch_size": c.batch_size, "attempts": c.attempts, "hedged": c.hedged,
                      "hedge_won": c.hedge_won}
                     for c in result.calls

@@ -99,6 +99,7 @@ class ShardCall:
     version: str
     replica: str
     latency_ms: float
+    server_ms: float  # the replica's own search time; latency_ms minus this is the hop
     batch_size: int
     attempts: int
     hedged: bool
@@ -230,7 +231,8 @@ class FanOut:
             if result.reply.version != params.version:  # never merged: the query fails instead
                 raise VersionConflict(f"shard {shard_id} answered with version {result.reply.version!r}, "
                                       f"the query is on {params.version!r}", shard=shard_id)
-            info = ShardCall(shard_id, result.reply.version, result.replica, result.latency_ms, len(items),
+            info = ShardCall(shard_id, result.reply.version, result.replica, result.latency_ms,
+                             result.reply.server_ms, len(items),
                              result.attempts, result.hedged, result.hedge_won)
             if self._on_call is not None:
                 self._on_call(info)

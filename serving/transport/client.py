@@ -28,7 +28,8 @@ class ShardReply:
     version: str
     replica: str
     results: list[HitColumns]  # per query vector, best first
-    latency_ms: float
+    latency_ms: float  # the call as the caller timed it: wire, queueing and search
+    server_ms: float = 0.0  # the search alone, as the replica timed it (0 where it does not say)
 
 
 class ShardClient(ABC):

@@ -69,7 +69,7 @@ class HttpShardClient(JsonControlClient):
             raise error_for_status(status, body, peer=replica, shard=shard_id)
         payload = orjson.loads(body)
         return ShardReply(shard_id, payload["version"], replica, payload["results"],
-                          (time.perf_counter() - started) * 1000.0)
+                          (time.perf_counter() - started) * 1000.0, payload.get("took_ms", 0.0))
 
     async def _json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
                     timeout_s: float) -> dict[str, Any]:

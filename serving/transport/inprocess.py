@@ -50,7 +50,8 @@ class InProcessShardClient(ShardClient):
                      timeout_s: float) -> ShardReply:
         started = time.perf_counter()
         reply = self._replica(replica, shard_id).search(vectors, params)
-        return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1000.0)
+        return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1000.0,
+                          reply.took_ms)
 
     async def info(self, replica: str, timeout_s: float) -> ReplicaInfo:
         return self._replica(replica).info()

@@ -138,7 +138,8 @@ class RayShardClient(ShardClient):
         started = time.perf_counter()
         ref = self._handle(replica, shard_id).search.remote(np.ascontiguousarray(vectors, dtype=np.float32), params)
         reply: SearchReply = await self._call(ref, f"shard {shard_id} ({replica})", shard_id, timeout_s)
-        return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1000.0)
+        return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1000.0,
+                          reply.took_ms)
 
     async def info(self, replica: str, timeout_s: float) -> ReplicaInfo:
         info: ReplicaInfo = await self._call(self._handle(replica).info.remote(), f"{replica} info", None, timeout_s)

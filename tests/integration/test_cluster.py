@@ -39,7 +39,14 @@ def test_real_processes_match_unsharded_exact(cluster, http, msmarco):
     for query_vector in msmarco.query_vectors:
         body = http.post("/v1/query", json={"vector": query_vector.tolist(), "k": 10}).json()
         assert_same_ranking([(h["doc_id"], h["score"]) for h in body["hits"]], oracle.top_k(query_vector, 10))
-        assert body["diagnostics"]["shards_answered"] == NUM_SHARDS
+        diagnostics = body["diagnostics"]
+        assert diagnostics["shards_answered"] == NUM_SHARDS
+        # the per-hop timings add up: each replica's own search fits inside the gateway's timing
+        # of its call, and the fan-out inside the query (benchmarks/query_profile.py reads these)
+        for call in diagnostics["per_shard"]:
+            assert 0.0 < call["server_ms"] <= call["latency_ms"]
+        assert max(c["latency_ms"] for c in diagnostics["per_shard"]) <= diagnostics["fanout_ms"]
+        assert diagnostics["fanout_ms"] <= diagnostics["took_ms"]
         replicas_seen.update(call["replica"] for call in body["diagnostics"]["per_shard"])
         routed = http.post("/v1/query", json={"vector": query_vector.tolist(), "k": 10, "top_m": NUM_SHARDS}).json()
         assert routed["hits"] == body["hits"]
