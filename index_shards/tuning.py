@@ -8,6 +8,12 @@ driver (:func:`tune`) merges the shards' top k as the gateway would, so the reca
 the recall of the sharded search, and picks the cheapest value whose recall meets the target with
 95 % confidence on the tuning queries; a held-out third of the queries then checks the choice.
 
+With ``rebuild`` (``shardrag tune --rebuild``) the structure is searched too: each worker rebuilds
+its shard's index from the stored vectors under every candidate of :func:`structure_candidates`
+(nlist for IVF, M for HNSW, PQ code sizes, and for a Flat index the approximate structures that
+could replace it) and evaluates each one's knob grid the same way; the driver picks per structure,
+then the structure whose choice serves the most queries per second.
+
 Exact answers come from the vectors the index stores. For PQ/SQ indexes those are decoded codes
 (for fast-scan codes, which cannot be decoded one by one, the index's own every-list scan): the
 recall is then that of the probe over the compressed vectors, and the report says so. A caller
@@ -25,7 +31,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from index_shards.faiss_index import SearchableIndex, native_search_params, read_index
+from index_shards.faiss_index import SearchableIndex, build_index, native_search_params, read_index
 from index_shards.layout import INDEX_FILE
 from index_shards.manifest import read_shard_manifest
 from retrieval.errors import ConfigError
@@ -91,6 +97,41 @@ def knob_of(index: faiss.Index) -> tuple[str, list[int]] | None:
     return None
 
 
+_HNSW_M = (8, 16, 24, 32, 48)
+_MIN_PER_LIST = 39  # FAISS's k-means warns below 39 training points per centroid
+_PQ_MIN_ROWS = 39 * 256  # 8-bit PQ codebooks need this many training vectors per shard
+
+
+def structure_candidates(factory: str, dim: int, min_count: int) -> list[str]:
+    """Factory strings worth building instead of ``factory`` (itself first), for a version whose
+    smallest shard holds ``min_count`` vectors of ``dim`` dims: IVF at ¼…4× the lists (plus PQ
+    codes of dim/4 and dim/8 bytes over Flat lists, where a shard has enough vectors to train
+    them), HNSW at M 8…48, and for Flat the approximate structures that could replace it.
+    Compressed originals (PQ, SQ) are refused: their vectors cannot be decoded back exactly."""
+    compact = factory.replace(" ", "")
+    if is_lossy(compact):
+        raise ConfigError(f"--rebuild needs the original vectors, and {factory} stores compressed codes; rebuild "
+                          "from the corpus with `shardrag build --factory ...` and tune each build instead",
+                          field="rebuild")
+    head, _, tail = compact.partition(",")
+    upper = head.upper()
+    max_lists = max(1, min_count // _MIN_PER_LIST)
+    out = [compact]
+    if upper.startswith("IVF") and upper[3:].isdigit():
+        nlist = int(upper[3:])
+        for lists in (nlist // 4, nlist // 2, nlist * 2, nlist * 4):
+            if 4 <= lists <= max_lists:
+                out.append(f"IVF{lists},{tail}")
+        if tail.upper() == "FLAT" and min_count >= _PQ_MIN_ROWS:
+            out += [f"IVF{nlist},PQ{m}" for m in (dim // 4, dim // 8) if m >= 1 and dim % m == 0]
+    elif upper.startswith("HNSW") and upper[4:].isdigit() and not tail:
+        out += [f"HNSW{m}" for m in _HNSW_M if m != int(upper[4:])]
+    elif upper == "FLAT" and not tail:
+        lists = 1 << int(math.log2(max(4.0, min(4 * math.sqrt(min_count), max_lists))))  # ~4·√n, a power of 2
+        out += ["HNSW16", "HNSW32"] + ([f"IVF{lists},Flat"] if max_lists >= 4 else [])
+    return list(dict.fromkeys(out))
+
+
 @dataclass(frozen=True, slots=True)
 class ShardTask:
     """What one worker evaluates: a shard directory and the tuning queries."""
@@ -101,6 +142,7 @@ class ShardTask:
     k: int
     max_value: int | None = None  # never try the knob above this (a latency budget); None: the full grid
     exact: bool = True  # compute this shard's exact answers (False: the caller brings ground truth to choose())
+    rebuild_as: str | None = None  # rebuild the shard's index with this factory (from its stored vectors) first
 
 
 @dataclass(slots=True)
@@ -115,6 +157,8 @@ class ShardResult:
     scores: list[np.ndarray] = field(default_factory=list)  # per value, n × k
     ids: list[np.ndarray] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)  # per value: the n queries one at a time
+    build_s: float = 0.0  # the rebuild's seconds (0: the published index as it is)
+    index_bytes: int = 0  # the index serialized (what a replica maps or loads)
 
 
 def _higher_better(scores: np.ndarray, metric: str) -> np.ndarray:
@@ -162,13 +206,24 @@ def evaluate_shard(task: ShardTask) -> ShardResult:
     else:
         exact_scores = np.zeros((len(queries), 0), dtype=np.float32)
         exact_ids = np.zeros((len(queries), 0), dtype=np.int64)
+    build_s, rebuilt = 0.0, False
+    if task.rebuild_as is not None and task.rebuild_as != factory:
+        ids = stored_ids(index)
+        vectors = stored_vectors(index, ids)
+        started = time.perf_counter()  # on the worker's one core: the tasks run side by side
+        index, factory = build_index(vectors, ids, task.rebuild_as, metric), task.rebuild_as
+        build_s, rebuilt = time.perf_counter() - started, True
     knob = knob_of(index)
     values = [v for v in knob[1] if task.max_value is None or v <= task.max_value] if knob else []
+    if knob is None and task.rebuild_as is not None:
+        values = [0]  # an exact structure among rebuild candidates: one pass, for its QPS (recall is 1)
     result = ShardResult(shard_id, factory, int(index.ntotal), knob[0] if knob else None, values,
-                         exact_scores, exact_ids)
+                         exact_scores, exact_ids, build_s=build_s,
+                         index_bytes=int(faiss.serialize_index(index).nbytes) if rebuilt else
+                         (Path(task.shard_dir) / INDEX_FILE).stat().st_size)
     searchable = SearchableIndex.wrap(index, "cpu")
     for value in result.values:
-        params = {result.knob or "": value}
+        params = {result.knob: value} if result.knob else {}
         found_scores = np.empty((len(queries), ask), dtype=np.float32)
         found_ids = np.empty((len(queries), ask), dtype=np.int64)
         searchable.search(queries[:8], ask, **params)  # warm caches: the first value is not charged for them
@@ -289,3 +344,26 @@ def choose(results: Sequence[ShardResult], target: float, k: int, tune_rows: np.
     return TuneReport(first.knob, first.factory, target, k, len(tune_rows), len(holdout_rows),
                       is_lossy(first.factory) and truth is None,
                       marked, min(meeting, key=lambda c: c.value) if meeting else None)
+
+
+@dataclass(frozen=True, slots=True)
+class StructureReport:
+    """One candidate structure of ``--rebuild``: its knob search and what it costs to hold."""
+
+    factory: str
+    build_s: float  # the slowest shard's rebuild, on one core (0: the published index)
+    index_bytes: int  # every shard's index together
+    report: TuneReport
+
+
+def choose_structure(by_factory: dict[str, list[ShardResult]], target: float, k: int, tune_rows: np.ndarray,
+                     holdout_rows: np.ndarray) -> tuple[list[StructureReport], StructureReport | None]:
+    """:func:`choose` per structure, against the exact answers of the first (the published index,
+    whose tasks computed them), then the structure whose choice serves the most queries/s."""
+    published = next(iter(by_factory.values()))
+    truth = merge_top_k([r.exact_scores for r in published], [r.exact_ids for r in published], k)
+    reports = [StructureReport(factory, max(r.build_s for r in results), sum(r.index_bytes for r in results),
+                               choose(results, target, k, tune_rows, holdout_rows, truth=truth))
+               for factory, results in by_factory.items()]
+    meeting = [s for s in reports if s.report.chosen is not None]
+    return reports, max(meeting, key=lambda s: s.report.chosen.qps if s.report.chosen else 0.0) if meeting else None

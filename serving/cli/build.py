@@ -28,7 +28,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from index_shards.layout import resolve_version
     from retrieval.datasets import load_documents
 
-    shards, partitioner, factory, metric = args.shards, args.partitioner, args.factory, args.metric
+    shards, partitioner, factory, metric = args.shards, args.partitioner, args.factory or "Flat", args.metric
     if args.corpus:
         corpus = Path(args.corpus)
         documents = load_documents(corpus)
@@ -44,7 +44,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         documents = documents_of_version(root_of(args), collection, existing.embedding_version.id)
         shards = existing.num_shards
         partitioner = existing.partitioner if args.partitioner is None else partitioner
-        factory, metric = existing.factory, existing.metric
+        factory, metric = args.factory or existing.factory, existing.metric  # --factory: a new structure
         source = f"{collection} @ {existing.embedding_version.id}"
     if args.max_docs:
         documents = documents[: args.max_docs]

@@ -47,8 +47,9 @@ def _add_build_args(parser: argparse.ArgumentParser, *, corpus_required: bool) -
     parser.add_argument("--shards", type=int, default=2, help="number of shards (default 2)")
     parser.add_argument("--partitioner", choices=("hash", "kmeans"), default=None,
                         help="hash: balanced by doc id; kmeans: regions, enables top_m routing (default hash)")
-    parser.add_argument("--factory", default="Flat",
-                        help="FAISS index factory string: Flat, HNSW32, IVF256,Flat, IVF256,PQ32 ... (default Flat)")
+    parser.add_argument("--factory", default=None,
+                        help="FAISS index factory string: Flat, HNSW32, IVF256,Flat, IVF256,PQ32 ... (default Flat; "
+                             "rebuilding a collection's version: that version's)")
     parser.add_argument("--metric", choices=("ip", "l2"), default="ip", help="ip = cosine on normalised vectors")
     parser.add_argument("--model", "--encoder", dest="model", default=None,
                         help="encoder: a sentence-transformers checkpoint dir, e.g. one `shardrag train` exported "

@@ -4,6 +4,12 @@ version's ``search.json`` so that every replica uses it for queries that set non
 The shards are evaluated where their files are, in parallel: worker processes on this machine
 (``--backend local``) or Ray tasks (``--backend ray``, on a running Ray cluster with ``--ray-address``).
 The measuring itself lives in ``index_shards.tuning``.
+
+``--rebuild`` searches the structure as well (nlist, M, PQ code size; for Flat, the approximate
+indexes that could replace it): every candidate is built from each shard's stored vectors inside
+the workers and tuned like the published index. A published version's files never change, so when
+another structure wins the command prints the build that makes it (then tune that build); when
+the published structure wins, its knob is written as without ``--rebuild``.
 """
 
 from __future__ import annotations
@@ -21,15 +27,19 @@ from typing import Any
 import numpy as np
 
 from index_shards.layout import resolve_version, shard_dir
+from index_shards.manifest import read_shard_manifest
 from index_shards.search_defaults import SearchDefaults, read_search_defaults, write_search_defaults
 from index_shards.tuning import (
     ShardResult,
     ShardTask,
+    StructureReport,
     TuneReport,
     choose,
+    choose_structure,
     evaluate_shard,
     sample_queries,
     split_holdout,
+    structure_candidates,
 )
 from retrieval.errors import ConfigError, InvalidRequest
 from serving.cli.common import root_of
@@ -80,25 +90,65 @@ def _query_vectors(args: argparse.Namespace, version_id: str) -> np.ndarray:
     return np.asarray(encoder.encode_queries(texts), dtype=np.float32)
 
 
+def _tuning_queries(args: argparse.Namespace, runner: Runner, shards: list[str],
+                    version_id: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """(queries, the id each one leaves out of its answers or -1, a description)."""
+    if args.queries:
+        queries = _query_vectors(args, version_id)
+        return queries, np.full(len(queries), -1, dtype=np.int64), f"{len(queries)} queries from {args.queries}"
+    per_shard = -(-args.sample // len(shards))
+    sampled = runner(sample_queries, [(d, per_shard, args.seed + i) for i, d in enumerate(shards)])
+    queries = np.concatenate([vectors for vectors, _ in sampled])
+    return (queries, np.concatenate([ids for _, ids in sampled]),
+            f"{len(queries)} stored documents as pseudo-queries (each left out of its own answers)")
+
+
 def run_tuning(args: argparse.Namespace, runner: Runner) -> tuple[TuneReport, Path]:
     directory, manifest = resolve_version(root_of(args), args.collection, args.version)
     shards = [str(shard_dir(directory, i)) for i in range(manifest.num_shards)]
-    if args.queries:
-        queries = _query_vectors(args, manifest.embedding_version.id)
-        exclude = np.full(len(queries), -1, dtype=np.int64)
-        source = f"{len(queries)} queries from {args.queries}"
-    else:
-        per_shard = -(-args.sample // len(shards))
-        sampled = runner(sample_queries, [(d, per_shard, args.seed + i) for i, d in enumerate(shards)])
-        queries = np.concatenate([vectors for vectors, _ in sampled])
-        exclude = np.concatenate([ids for _, ids in sampled])
-        source = f"{len(queries)} stored documents as pseudo-queries (each left out of its own answers)"
+    queries, exclude, source = _tuning_queries(args, runner, shards, manifest.embedding_version.id)
     print(f"tuning {args.collection} version {manifest.embedding_version.id} ({manifest.num_shards} shards, "
           f"{manifest.factory}) on {source}, recall@{args.k} target {args.recall}", file=sys.stderr, flush=True)
     tasks = [(ShardTask(d, queries, exclude, args.k, args.max_value),) for d in shards]
     results: list[ShardResult] = runner(evaluate_shard, tasks)
     tune_rows, holdout_rows = split_holdout(len(queries), args.holdout, args.seed)
     return choose(results, args.recall, args.k, tune_rows, holdout_rows), directory
+
+
+def run_rebuild(args: argparse.Namespace, runner: Runner) -> tuple[list[StructureReport], StructureReport | None,
+                                                                   Path, str]:
+    """Every candidate structure built in the workers from each shard's stored vectors and tuned."""
+    directory, manifest = resolve_version(root_of(args), args.collection, args.version)
+    shards = [str(shard_dir(directory, i)) for i in range(manifest.num_shards)]
+    min_count = min(read_shard_manifest(d).count for d in shards)
+    factories = structure_candidates(manifest.factory, manifest.embedding_version.dim, min_count)  # PQ/SQ: refused
+    queries, exclude, source = _tuning_queries(args, runner, shards, manifest.embedding_version.id)
+    print(f"rebuilding {args.collection} version {manifest.embedding_version.id} ({manifest.num_shards} shards of "
+          f"≥{min_count:,} vectors) as {len(factories)} structures ({', '.join(factories)}), each tuned on {source}, "
+          f"recall@{args.k} target {args.recall}", file=sys.stderr, flush=True)
+    tasks = [(ShardTask(d, queries, exclude, args.k, args.max_value, exact=factory == factories[0],
+                        rebuild_as=factory),) for factory in factories for d in shards]
+    results: list[ShardResult] = runner(evaluate_shard, tasks)
+    by_factory = {factory: results[i * len(shards):(i + 1) * len(shards)] for i, factory in enumerate(factories)}
+    tune_rows, holdout_rows = split_holdout(len(queries), args.holdout, args.seed)
+    reports, best = choose_structure(by_factory, args.recall, args.k, tune_rows, holdout_rows)
+    return reports, best, directory, manifest.factory
+
+
+def print_structures(reports: list[StructureReport], best: StructureReport | None) -> None:
+    print(f"\n{'structure':18} {'build s':>8} {'index MiB':>10} {'knob':>14} {'recall@k':>9} {'95% low':>8} "
+          f"{'held-out':>8} {'QPS(c=1)':>9}")
+    for structure in reports:
+        report, chosen = structure.report, structure.report.chosen
+        shown = chosen or max(report.candidates, key=lambda c: c.recall)  # the best it did, when it missed
+        knob = f"{report.knob}={shown.value}" if report.knob else "exact"
+        held = f"{shown.holdout_recall:8.4f}" if shown.holdout_recall is not None else f"{'-':>8}"
+        mark = "  <- chosen" if structure is best else ("" if chosen else "  (misses the target)")
+        build = f"{structure.build_s:8.1f}" if structure.build_s else f"{'(built)':>8}"
+        print(f"{structure.factory:18} {build} {structure.index_bytes / 2**20:10.1f} {knob:>14} {shown.recall:9.4f} "
+              f"{shown.recall_low:8.4f} {held} {shown.qps:9.0f}{mark}")
+    print("\nper structure: the cheapest knob value that meets the target (or its best, when none does); build s "
+          "on one core, the slowest shard; QPS one query at a time, the slowest shard's rate")
 
 
 def print_report(report: TuneReport) -> None:
@@ -118,8 +168,9 @@ def print_report(report: TuneReport) -> None:
               "(the probe's recall), not the original embeddings")
 
 
-def plot_frontier(report: TuneReport, path: Path) -> bool:
-    """Recall vs QPS as a PNG (needs matplotlib: pip install 'shardrag[bench]')."""
+def plot_frontier(report: TuneReport, path: Path, others: Sequence[TuneReport] = ()) -> bool:
+    """Recall vs QPS as a PNG (needs matplotlib: pip install 'shardrag[bench]'); ``others``: more
+    structures' curves on the same axes (``--rebuild``)."""
     try:
         import matplotlib
 
@@ -128,7 +179,11 @@ def plot_frontier(report: TuneReport, path: Path) -> bool:
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([c.qps for c in report.candidates], [c.recall for c in report.candidates], "o-", label="candidates")
+    for other in others:
+        ax.plot([c.qps for c in other.candidates], [c.recall for c in other.candidates], ".--", alpha=0.7,
+                label=other.factory)
+    ax.plot([c.qps for c in report.candidates], [c.recall for c in report.candidates], "o-",
+            label=report.factory if others else "candidates")
     for c in report.candidates:
         ax.annotate(str(c.value), (c.qps, c.recall), fontsize=7, textcoords="offset points", xytext=(3, 3))
     if report.chosen:
@@ -137,7 +192,7 @@ def plot_frontier(report: TuneReport, path: Path) -> bool:
     ax.set_xscale("log")
     ax.set_xlabel("QPS, one query at a time (slowest shard)")
     ax.set_ylabel(f"recall@{report.k}")
-    ax.set_title(f"{report.factory}: {report.knob}")
+    ax.set_title(f"{report.factory}: {report.knob}" if not others else "structures × knob (--rebuild)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -158,6 +213,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise InvalidRequest("--sample must be ≥ 10", field="sample")
     runner = ray_runner(args.ray_address) if args.backend == "ray" else \
         local_runner(args.workers or len(os.sched_getaffinity(0)))
+    if args.rebuild:
+        return _rebuild(args, runner)
     report, directory = run_tuning(args, runner)
     print_report(report)
     if args.json:
@@ -175,7 +232,49 @@ def cmd_tune(args: argparse.Namespace) -> int:
                  "); the index itself is the limit: rebuild")
               + " with more lists, a larger M or finer codes. Nothing written.", file=sys.stderr)
         return 1
+    return _write_choice(args, report, directory)
+
+
+def _rebuild(args: argparse.Namespace, runner: Runner) -> int:
+    reports, best, directory, published = run_rebuild(args, runner)
+    print_structures(reports, best)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"structures": [
+            {"factory": s.factory, "build_s": s.build_s, "index_bytes": s.index_bytes, **s.report.to_dict()}
+            for s in reports], "chosen": best.factory if best else None}, indent=1))
+    if args.plot:
+        tuned = [s.report for s in reports if s.report.knob is not None]
+        if tuned and plot_frontier(tuned[0], Path(args.plot), tuned[1:]):
+            print(f"plot: {args.plot}")
+    if best is None:
+        print(f"\nno structure reaches recall@{args.k} {args.recall} with 95 % confidence; nothing written.",
+              file=sys.stderr)
+        return 1
+    if best.factory != published:
+        chosen = best.report.chosen
+        assert chosen is not None
+        print(f"\nchosen: {best.factory}"
+              + (f" with {best.report.knob}={chosen.value}" if best.report.knob else "")
+              + f" ({chosen.qps:.0f} QPS per replica at c=1; the published {published}: {_best_of(reports[0])}). "
+              "A published version's files never change: build it, then tune that build —\n"
+              f"  shardrag build --collection {args.collection} --from-version {directory.name} "
+              f"--factory '{best.factory}' --overwrite    # replicas pick it up when they load the version again\n"
+              f"  shardrag tune --collection {args.collection} --recall {args.recall}\nNothing written.")
+        return 0
+    return _write_choice(args, best.report, directory)
+
+
+def _best_of(structure: StructureReport) -> str:
+    chosen = structure.report.chosen
+    if chosen is None:
+        return "misses the target"
+    return f"{chosen.qps:.0f} QPS" + (f" at {structure.report.knob}={chosen.value}" if structure.report.knob else "")
+
+
+def _write_choice(args: argparse.Namespace, report: TuneReport, directory: Path) -> int:
+    """Write the chosen knob value into the version's search.json (unless --dry-run)."""
     chosen = report.chosen
+    assert chosen is not None and report.knob is not None
     held = "-" if chosen.holdout_recall is None else f"{chosen.holdout_recall:.4f}"
     print(f"\nchosen: {report.knob}={chosen.value} (recall@{report.k} {chosen.recall:.4f}, 95 % low "
           f"{chosen.recall_low:.4f}, held-out {held}, {chosen.qps:.0f} QPS per replica at c=1)")
@@ -220,4 +319,9 @@ def add_tune_command(commands: Any) -> None:
     tune.add_argument("--plot", default=None, help="write the recall-vs-QPS frontier as a PNG here")
     tune.add_argument("--json", default=None, help="write the full report as JSON here")
     tune.add_argument("--dry-run", action="store_true", help="measure and report, write nothing")
+    tune.add_argument("--rebuild", action="store_true",
+                      help="also search the structure: rebuild each shard (in the workers, from its stored "
+                           "vectors) at other nlist / M / PQ sizes — for Flat, as HNSW and IVF — tune each, and "
+                           "report the cheapest structure that meets --recall (PQ/SQ versions: refused, their "
+                           "vectors cannot be decoded exactly)")
     tune.set_defaults(func=cmd_tune)

@@ -14,7 +14,7 @@ from index_shards.layout import resolve_version, shard_dir
 from index_shards.search_defaults import SEARCH_DEFAULTS_FILE, read_search_defaults
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
-from retrieval.errors import IndexIntegrityError, InvalidRequest, NotFound
+from retrieval.errors import ConfigError, IndexIntegrityError, InvalidRequest, NotFound
 from serving.cli import build_parser
 from tests.conftest import REPORT, random_corpus
 
@@ -44,6 +44,19 @@ def _sharded_recall(directory, num_shards: int, queries: np.ndarray, truth: list
     return float(np.mean([len(hits[row] & set(truth[row])) / k for row in range(len(queries))]))
 
 
+def _real_corpus(tmp_path, msmarco, dbpedia, seed: int):
+    """The 10k real MiniLM vectors and 100 real queries: half the query texts written to
+    tune.txt for tuning, the other half's rows returned as held out."""
+    documents = msmarco.documents + dbpedia.documents
+    vectors = np.concatenate([msmarco.vectors, dbpedia.vectors])
+    texts = [msmarco.dataset.queries[q] for q in msmarco.query_ids] + \
+        [dbpedia.dataset.queries[q] for q in dbpedia.query_ids]
+    query_vectors = np.concatenate([msmarco.query_vectors, dbpedia.query_vectors])
+    order = np.random.default_rng(seed).permutation(len(texts))
+    (tmp_path / "tune.txt").write_text("\n".join(texts[i] for i in order[:50]))
+    return documents, vectors, query_vectors, order[50:]
+
+
 @pytest.fixture
 def single_threaded_faiss():
     """HNSW builds are only deterministic on one thread: the test must not depend on scheduling."""
@@ -56,14 +69,7 @@ def single_threaded_faiss():
 @pytest.mark.parametrize("factory,knob", [("IVF64,Flat", "nprobe"), ("HNSW16", "ef_search")])
 def test_tuned_knob_meets_target_on_held_out_real_queries(tmp_path, msmarco, dbpedia, capsys, single_threaded_faiss,
                                                           factory, knob):
-    documents = msmarco.documents + dbpedia.documents  # 10k real MiniLM vectors, 100 real queries
-    vectors = np.concatenate([msmarco.vectors, dbpedia.vectors])
-    texts = [msmarco.dataset.queries[q] for q in msmarco.query_ids] + \
-        [dbpedia.dataset.queries[q] for q in dbpedia.query_ids]
-    query_vectors = np.concatenate([msmarco.query_vectors, dbpedia.query_vectors])
-    order = np.random.default_rng(7).permutation(len(texts))
-    tuning, held_out = order[:50], order[50:]
-    (tmp_path / "tune.txt").write_text("\n".join(texts[i] for i in tuning))
+    documents, vectors, query_vectors, held_out = _real_corpus(tmp_path, msmarco, dbpedia, seed=7)
     build_collection(tmp_path, documents, vectors, msmarco.version, BuildConfig("c", 2, "hash", factory),
                      show_progress=False)
     directory, _ = resolve_version(tmp_path, "c")
@@ -169,3 +175,48 @@ def test_ray_backend_chooses_what_local_workers_choose(tmp_path):
     assert [c["recall"] for c in remote["candidates"]] == [c["recall"] for c in local["candidates"]]
     assert remote["chosen"]["value"] == local["chosen"]["value"]
     assert read_search_defaults(directory).params == {"nprobe": local["chosen"]["value"]}
+
+
+def test_rebuild_finds_a_cheaper_structure_for_flat_that_holds_on_held_out_queries(tmp_path, msmarco, dbpedia,
+                                                                                  capsys, single_threaded_faiss):
+    documents, vectors, query_vectors, held_out = _real_corpus(tmp_path, msmarco, dbpedia, seed=11)
+    build_collection(tmp_path, documents, vectors, msmarco.version, BuildConfig("c", 2, "hash", "Flat"),
+                     show_progress=False)
+    directory, _ = resolve_version(tmp_path, "c")
+    target = 0.95
+
+    assert _tune(tmp_path, "--recall", str(target), "--queries", str(tmp_path / "tune.txt"), "--rebuild",
+                 "--json", str(tmp_path / "r.json")) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    structures = {s["factory"]: s for s in report["structures"]}
+    assert report["structures"][0]["factory"] == "Flat" and structures["Flat"]["chosen"]["recall"] == 1.0
+    chosen = structures[report["chosen"]]
+    assert report["chosen"] != "Flat" and chosen["chosen"]["recall_low"] >= target
+    assert chosen["chosen"]["qps"] > structures["Flat"]["chosen"]["qps"]  # why it was chosen: it is cheaper
+    out = capsys.readouterr().out
+    assert f"--factory '{report['chosen']}'" in out and "Nothing written" in out
+    assert read_search_defaults(directory) is None  # the published Flat version is left as it is
+
+    # Build what it recommends, with the knob it chose, and search the 50 queries it never saw
+    rebuilt = tmp_path / "rebuilt"
+    build_collection(rebuilt, documents, vectors, msmarco.version, BuildConfig("c", 2, "hash", report["chosen"]),
+                     show_progress=False)
+    ids = [doc.doc_id for doc in documents]
+    exact = np.argsort(-(query_vectors[held_out] @ vectors.T), axis=1)[:, :10]
+    truth = [[ids[i] for i in row] for row in exact]
+    recall = _sharded_recall(resolve_version(rebuilt, "c")[0], 2, query_vectors[held_out], truth,
+                             {chosen["knob"]: chosen["chosen"]["value"]})
+    REPORT.append(f"tune --rebuild Flat: {report['chosen']} with {chosen['knob']}={chosen['chosen']['value']} "
+                  f"({chosen['chosen']['qps']:.0f} vs Flat {structures['Flat']['chosen']['qps']:.0f} QPS); held-out "
+                  f"real queries recall@10 {recall:.3f} (target {target})")
+    assert recall >= target
+
+
+def test_rebuild_refuses_compressed_codes_before_any_work(tmp_path):
+    documents, vectors, version = random_corpus(n=1000, dim=16)
+    build_collection(tmp_path, documents, vectors, version, BuildConfig("c", 1, "hash", "IVF4,SQ8"),
+                     show_progress=False)
+    with pytest.raises(ConfigError) as caught:
+        _tune(tmp_path, "--rebuild", "--sample", "20")
+    assert caught.value.field == "rebuild"
+    assert read_search_defaults(resolve_version(tmp_path, "c")[0]) is None
