@@ -5,6 +5,7 @@
 
 Topologies: 4 shards × 2 replicas and 2 shards × 3 (10k real passages, Flat, vector queries).
 Scenarios, injected through the shard servers' real fault injection (/admin/faults):
+  S0  no fault (the machine's own tail: the floor any policy can reach; not in the default grid)
   S1  replica 0 of every shard stalls 100 ms on 5 % of requests
   S2  replica 0 of every shard is 5× slower in service time
   S3  replica 0 of shard 0 is killed (SIGKILL) half way through (the supervisor restarts it)
@@ -47,6 +48,7 @@ POLICIES = {
     "p2c_peak_ewma+hedging": {"balancer": "p2c_peak_ewma", "hedging": True},
 }
 SCENARIOS = {
+    "S0": "no fault: the machine's own tail",
     "S1": "replica 0 of every shard stalls 100 ms on 5% of requests",
     "S2": "replica 0 of every shard is 5x slower in service time",
     "S3": "replica 0 of shard 0 killed half way",
