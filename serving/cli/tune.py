@@ -140,11 +140,15 @@ def print_structures(reports: list[StructureReport], best: StructureReport | Non
           f"{'held-out':>8} {'QPS(c=1)':>9}")
     for structure in reports:
         report, chosen = structure.report, structure.report.chosen
+        build = f"{structure.build_s:8.1f}" if structure.build_s else f"{'(built)':>8}"
+        if not report.candidates:  # every value of its knob is above --max-value
+            print(f"{structure.factory:18} {build} {structure.index_bytes / 2**20:10.1f} "
+                  f"{'(over --max-value)':>14}")
+            continue
         shown = chosen or max(report.candidates, key=lambda c: c.recall)  # the best it did, when it missed
         knob = f"{report.knob}={shown.value}" if report.knob else "exact"
         held = f"{shown.holdout_recall:8.4f}" if shown.holdout_recall is not None else f"{'-':>8}"
         mark = "  <- chosen" if structure is best else ("" if chosen else "  (misses the target)")
-        build = f"{structure.build_s:8.1f}" if structure.build_s else f"{'(built)':>8}"
         print(f"{structure.factory:18} {build} {structure.index_bytes / 2**20:10.1f} {knob:>14} {shown.recall:9.4f} "
               f"{shown.recall_low:8.4f} {held} {shown.qps:9.0f}{mark}")
     print("\nper structure: the cheapest knob value that meets the target (or its best, when none does); build s "
@@ -251,15 +255,21 @@ def _rebuild(args: argparse.Namespace, runner: Runner) -> int:
               file=sys.stderr)
         return 1
     if best.factory != published:
+        root = f" --root {args.root}" if args.root else ""
         chosen = best.report.chosen
         assert chosen is not None
         print(f"\nchosen: {best.factory}"
               + (f" with {best.report.knob}={chosen.value}" if best.report.knob else "")
               + f" ({chosen.qps:.0f} QPS per replica at c=1; the published {published}: {_best_of(reports[0])}). "
               "A published version's files never change: build it, then tune that build —\n"
-              f"  shardrag build --collection {args.collection} --from-version {directory.name} "
-              f"--factory '{best.factory}' --overwrite    # replicas pick it up when they load the version again\n"
-              f"  shardrag tune --collection {args.collection} --recall {args.recall}\nNothing written.")
+              f"  shardrag build --collection {args.collection}{root} --from-version {directory.name} "
+              f"--factory '{best.factory}' --overwrite    # plus --model DIR if this version's encoder is not "
+              "the default; replicas pick it up when they load the version again\n"
+              f"  shardrag tune --collection {args.collection}{root} --recall {args.recall}\nNothing written.")
+        return 0
+    if best.report.knob is None:  # an exact index is the cheapest at this target (small shards)
+        print(f"\nchosen: the published {published}, exact — no approximate structure is faster at recall@{args.k} "
+              f"{args.recall}. Nothing to write.")
         return 0
     return _write_choice(args, best.report, directory)
 

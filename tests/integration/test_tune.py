@@ -220,3 +220,16 @@ def test_rebuild_refuses_compressed_codes_before_any_work(tmp_path):
         _tune(tmp_path, "--rebuild", "--sample", "20")
     assert caught.value.field == "rebuild"
     assert read_search_defaults(resolve_version(tmp_path, "c")[0]) is None
+
+
+def test_rebuild_keeps_an_exact_index_when_nothing_approximate_meets_the_target(tmp_path, capsys):
+    # --max-value 1: HNSW has no ef_search that low and IVF probes one list, far below recall 0.99
+    documents, vectors, version = random_corpus(n=2000, dim=16)
+    build_collection(tmp_path, documents, vectors, version, BuildConfig("c", 2, "hash", "Flat"), show_progress=False)
+    assert _tune(tmp_path, "--rebuild", "--recall", "0.99", "--max-value", "1", "--sample", "40",
+                 "--json", str(tmp_path / "r.json")) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["chosen"] == "Flat" and len(report["structures"]) > 1
+    out = capsys.readouterr().out
+    assert "the published Flat, exact" in out and "(over --max-value)" in out
+    assert read_search_defaults(resolve_version(tmp_path, "c")[0]) is None
