@@ -19,7 +19,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -47,11 +47,22 @@ from serving.cli.common import root_of
 Runner = Callable[[Callable[..., Any], Sequence[tuple[Any, ...]]], list[Any]]
 
 
+def _progress(total: int, what: str) -> Any:
+    """A progress bar on stderr for ``total`` shard tasks (a --rebuild runs shards × structures)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=what, unit="task", disable=total < 2, file=sys.stderr)
+
+
 def local_runner(workers: int) -> Runner:
     """Each call's argument tuples run in ``workers`` spawned processes (fresh FAISS, no forked locks)."""
     def run(function: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
-        with ProcessPoolExecutor(max_workers=max(1, min(workers, len(calls))), mp_context=get_context("spawn")) as pool:
+        workers_used = max(1, min(workers, len(calls)))
+        with ProcessPoolExecutor(max_workers=workers_used, mp_context=get_context("spawn")) as pool, \
+                _progress(len(calls), function.__name__.replace("_", " ")) as bar:
             futures = [pool.submit(function, *call) for call in calls]
+            for _ in as_completed(futures):
+                bar.update()
             return [future.result() for future in futures]
     return run
 
@@ -67,7 +78,13 @@ def ray_runner(address: str | None) -> Runner:
 
     def run(function: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
         remote = ray.remote(num_cpus=1)(function)
-        return list(ray.get([remote.remote(*call) for call in calls]))
+        refs = [remote.remote(*call) for call in calls]
+        with _progress(len(refs), function.__name__.replace("_", " ")) as bar:
+            pending = list(refs)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                bar.update(len(done))
+        return list(ray.get(refs))
     return run
 
 
