@@ -18,9 +18,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,49 +41,7 @@ from index_shards.tuning import (
 )
 from retrieval.errors import ConfigError, InvalidRequest
 from serving.cli.common import root_of
-
-Runner = Callable[[Callable[..., Any], Sequence[tuple[Any, ...]]], list[Any]]
-
-
-def _progress(total: int, what: str) -> Any:
-    """A progress bar on stderr for ``total`` shard tasks (a --rebuild runs shards × structures)."""
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=what, unit="task", disable=total < 2, file=sys.stderr)
-
-
-def local_runner(workers: int) -> Runner:
-    """Each call's argument tuples run in ``workers`` spawned processes (fresh FAISS, no forked locks)."""
-    def run(function: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
-        workers_used = max(1, min(workers, len(calls)))
-        with ProcessPoolExecutor(max_workers=workers_used, mp_context=get_context("spawn")) as pool, \
-                _progress(len(calls), function.__name__.replace("_", " ")) as bar:
-            futures = [pool.submit(function, *call) for call in calls]
-            for _ in as_completed(futures):
-                bar.update()
-            return [future.result() for future in futures]
-    return run
-
-
-def ray_runner(address: str | None) -> Runner:
-    """Each call is a Ray task of one CPU, on the cluster at ``address`` (default: a local Ray)."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise ConfigError("--backend ray needs Ray: pip install 'shardrag[ray]'", field="backend") from exc
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-
-    def run(function: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
-        remote = ray.remote(num_cpus=1)(function)
-        refs = [remote.remote(*call) for call in calls]
-        with _progress(len(refs), function.__name__.replace("_", " ")) as bar:
-            pending = list(refs)
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                bar.update(len(done))
-        return list(ray.get(refs))
-    return run
+from serving.cli.task_runners import Runner, local_runner, ray_runner
 
 
 def _query_vectors(args: argparse.Namespace, version_id: str) -> np.ndarray:
