@@ -118,6 +118,32 @@ class ShardragClient:
 
         return self._check(self._http.get(f"/v1/documents/{quote(doc_id, safe='')}"))
 
+    # -- rollout (admin scope) ---------------------------------------------------------------
+    def rollout_status(self) -> dict[str, Any]:
+        """The rollout state (active / staged / previous, generation, models) and each loaded
+        version's replicas and query encoder."""
+        return self._check(self._http.get("/admin/rollout"))
+
+    def rollout(self, action: str, version: str, **body: Any) -> dict[str, Any]:
+        """One rollout command: ``stage`` (``model=``), ``activate`` (``queries=``, ``qrels=``,
+        ``force=``), ``retire``, ``abort`` or ``rollback``. A quality-gate refusal raises the
+        409 error with the gate's numbers on its ``gate`` attribute."""
+        import orjson
+
+        if action not in ("stage", "activate", "retire", "abort", "rollback"):
+            raise ValueError(f"unknown rollout action {action!r}")
+        response = self._post(f"/admin/rollout/{action}", {"version": version, **body})
+        if response.status_code == 200:
+            payload: dict[str, Any] = response.json()
+            return payload
+        error = error_for_status(response.status_code, response.content)
+        try:
+            detail = orjson.loads(response.content).get("error", {})
+        except (orjson.JSONDecodeError, AttributeError):
+            detail = {}
+        error.gate = detail.get("gate") if isinstance(detail, dict) else None  # type: ignore[attr-defined]
+        raise error
+
     def cluster(self) -> dict[str, Any]:
         return self._check(self._http.get("/v1/cluster"))
 

@@ -41,6 +41,7 @@ VARIABLES: dict[str, str] = {
     # training (test hooks for restarts)
     "SHARDRAG_TRAIN_KILL_RANK": "rank that SIGKILLs itself once (restart tests)",
     "SHARDRAG_TRAIN_KILL_AT_STEP": "step at which that rank kills itself",
+    "SHARDRAG_FLOW_KILL_AFTER": "train --rollout: SIGKILL the flow right after this step's work (resume tests)",
 }
 
 

@@ -11,11 +11,19 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from index_shards.layout import DEFAULT_ROOT, collections_root
+from retrieval import env
 from retrieval.cli_support import run_command
 from retrieval.embedding_cache import default_cache_dir
 from retrieval.encoders import Encoder
+from retrieval.errors import ConfigError
+
+if TYPE_CHECKING:
+    from training.config import TrainConfig
+
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def _root(args: argparse.Namespace) -> Path:
@@ -26,14 +34,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     from training.config import TrainConfig
     from training.launch import launch_local, launch_ray
 
+    if args.rollout and args.backend == "ray":
+        raise ConfigError("--rollout runs the local launcher; train with --backend ray, then build and roll out",
+                          field="backend")
     config = TrainConfig(
-        root=str(_root(args)), collection=args.collection, version=args.version, model=args.model or "default",
+        root=str(_root(args)), collection=args.collection, version=args.version,
+        model=args.model or ("" if args.rollout else "default"),
         out=args.out, export_name=args.export_name, train_queries=args.train_queries, train_qrels=args.train_qrels,
         max_steps=args.max_steps, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
         warmup_steps=args.warmup_steps, max_length=args.max_length, scale=args.scale, learn_scale=args.learn_scale,
         gather_negatives=not args.local_negatives, comm_hook=args.comm_hook, checkpoint_every=args.checkpoint_every,
         seed=args.seed,
     ).validate()
+    if args.rollout:
+        return _train_and_roll_out(args, config)
     if args.backend == "ray":
         summary = launch_ray(config, args.nproc)
     else:
@@ -44,6 +58,30 @@ def cmd_train(args: argparse.Namespace) -> int:
                       "loss_last": summary.get("loss_last")}, indent=1))
     print(f"\nnext: shardrag build --collection {config.collection} --encoder {exported.get('path')}\n"
           f"      shardrag rollout stage {exported.get('version')} --model {exported.get('path')}", file=sys.stderr)
+    return 0
+
+
+def _train_and_roll_out(args: argparse.Namespace, config: TrainConfig) -> int:
+    from training.flow import REFUSED_EXIT, FlowSettings, TrainFlow
+
+    url = (args.url or env.read("SHARDRAG_URL", DEFAULT_URL) or DEFAULT_URL).rstrip("/")
+    settings = FlowSettings(url=url, nproc=args.nproc, api_key=args.api_key, queries=args.queries, qrels=args.qrels,
+                            max_restarts=args.max_restarts, ready_timeout_s=args.ready_timeout, name=args.flow_name,
+                            retire_previous=args.retire_previous)
+    flow = TrainFlow(config, settings, fresh=args.fresh and not args.dry_run)
+    if args.dry_run:
+        print("\n".join(flow.plan()))
+        return 0
+    state = flow.run()
+    print(json.dumps(state.to_dict(), indent=1))
+    if state.outcome == "refused":
+        version = state.steps["activate"]["version"]
+        print(f"\n{version} was refused by the quality gate and aborted; {state.base_version} stays active. "
+              f"Change the recipe (or pass --fresh) to train again.", file=sys.stderr)
+        return REFUSED_EXIT
+    print(f"\n{state.steps['activate']['version']} is active; {state.base_version} stays loaded as the previous "
+          f"version: `shardrag rollout rollback` to go back, `shardrag rollout retire {state.base_version}` "
+          f"to free it.", file=sys.stderr)
     return 0
 
 
@@ -112,6 +150,26 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint-every", type=int, default=20)
     train.add_argument("--max-restarts", type=int, default=3, help="torchrun restarts after a rank dies (default 3)")
     train.add_argument("--seed", type=int, default=0)
+    flow = train.add_argument_group(
+        "one flow to an activated version (--rollout)",
+        "train → export → build on the same slices → stage → activate behind the quality gate, through a "
+        "running gateway; every step is journalled under <root>/<collection>/.train-flows/, so re-running the "
+        "same command after a crash continues where it stopped (nothing is trained, built or staged twice). "
+        "Exit status 3: the gate refused the new version (aborted; the active one keeps serving).")
+    flow.add_argument("--rollout", action="store_true", help="run the whole flow (starts from the active version "
+                                                             "and its model unless --version/--model say otherwise)")
+    flow.add_argument("--url", help=f"gateway URL [env SHARDRAG_URL, default {DEFAULT_URL}]")
+    flow.add_argument("--api-key", default=None, help="an admin API key [env SHARDRAG_API_KEY]")
+    flow.add_argument("--queries", help="gate queries (BEIR queries.jsonl; default: the gateway's recent queries)")
+    flow.add_argument("--qrels", help="gate qrels (BEIR tsv): nDCG@10 may not drop more than the gateway's "
+                                      "gate.max_ndcg_drop")
+    flow.add_argument("--retire-previous", action="store_true",
+                      help="retire the previous version (kept for rollback) when staging needs its room")
+    flow.add_argument("--dry-run", action="store_true", help="print the plan and what is done already; change nothing")
+    flow.add_argument("--fresh", action="store_true", help="forget this recipe's earlier flow and start over")
+    flow.add_argument("--flow-name", help="name the flow (default: a hash of the recipe)")
+    flow.add_argument("--ready-timeout", type=float, default=900.0,
+                      help="seconds for the staged version to load everywhere (default 900)")
     train.set_defaults(func=cmd_train)
 
     evaluate = commands.add_parser("eval", help="nDCG@10, recall@10/100, MRR@10 through the sharded index")

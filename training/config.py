@@ -17,6 +17,7 @@ class TrainConfig:
     model: str = "default"  # initial encoder: "default" (MiniLM) or a sentence-transformers checkpoint dir
     out: str = "train-out"  # run directory: checkpoints, metrics, the exported encoder
     export_name: str = "minilm-shardrag"  # name of the exported encoder (part of its embedding version id)
+    export: bool = True  # export at the end (the rollout flow exports as a step of its own)
     train_queries: str | None = None  # given pairs: queries.jsonl (BEIR) ...
     train_qrels: str | None = None  # ... and qrels whose positives pick the rank; else self-supervised pairs
     max_steps: int = 100  # optimizer steps

@@ -33,3 +33,17 @@ def export_encoder(model: BiEncoder, base_model: str, out: Path, name: str) -> E
         shutil.rmtree(target)
     staging.rename(target)
     return SentenceTransformerEncoder(target, name=name, device="cpu").version
+
+
+def export_checkpoint(run_dir: Path, base_model: str, name: str, *, scale: float = 20.0,
+                      learn_scale: bool = False) -> EmbeddingVersion:
+    """Export the weights of the run's last checkpoint (what ``training.train`` exports at its end,
+    redone from the checkpoint when a flow stopped between the two)."""
+    from training.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(run_dir)
+    if checkpoint is None:
+        raise FileNotFoundError(f"{run_dir} has no checkpoint to export")
+    model = BiEncoder.from_checkpoint(base_model, scale=scale, learn_scale=learn_scale)
+    model.load_state_dict(checkpoint["model"])
+    return export_encoder(model, base_model, run_dir, name)

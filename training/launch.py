@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -34,12 +35,23 @@ def torchrun_command(config: TrainConfig, nproc: int, *, max_restarts: int = 3) 
             f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "-m", "training.train", *config_args(config)]
 
 
+def _die_with_parent() -> None:
+    """In the torchrun child, before exec: SIGTERM it when the launching process dies (Linux), so
+    a ``shardrag train`` killed with SIGKILL takes its training job down (torchrun stops its
+    workers on SIGTERM) instead of leaving an orphan that the re-run would race."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def launch_local(config: TrainConfig, nproc: int, *, max_restarts: int = 3, env: dict[str, str] | None = None,
                  capture: bool = False) -> subprocess.CompletedProcess[str]:
     """Run the job under torchrun and wait for it. Raises when it fails after its restarts."""
     command = torchrun_command(config.validate(), nproc, max_restarts=max_restarts)
     run_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
-    result = subprocess.run(command, env=run_env, text=True, capture_output=capture)
+    result = subprocess.run(command, env=run_env, text=True, capture_output=capture, preexec_fn=_die_with_parent)
     if result.returncode != 0:
         tail = (result.stderr or "")[-3000:] if capture else ""
         raise RuntimeError(f"training failed (exit {result.returncode}) after up to {max_restarts} restarts\n{tail}")

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from retrieval import env
+from retrieval.atomic import atomic_write_bytes
 from training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from training.config import TrainConfig
 from training.data import SliceData
@@ -265,12 +266,13 @@ def run(config: TrainConfig) -> dict[str, Any]:
         diagnostics["doc_ids"] = sorted(diagnostics["doc_ids"])
         (out / f"diagnostics-rank{rank}.json").write_text(json.dumps(diagnostics))
     if master:
-        from training.export import export_encoder
+        if config.export:
+            from training.export import export_encoder
 
-        version = export_encoder(raw_model, config.model, out, config.export_name)
-        summary["exported"] = {"path": str(out / config.export_name), "version": version.id}
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
-        logger.warning("exported %s as embedding version %s", out / config.export_name, version.id)
+            version = export_encoder(raw_model, config.model, out, config.export_name)
+            summary["exported"] = {"path": str(out / config.export_name), "version": version.id}
+            logger.warning("exported %s as embedding version %s", out / config.export_name, version.id)
+        atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=1).encode())
     if distributed:
         dist.barrier()
         dist.destroy_process_group()

@@ -30,6 +30,7 @@ DESCRIPTION = """``shardrag`` — build, serve and query sharded retrieval colle
   shardrag tune --collection NAME --recall 0.95
                                       pick nprobe / ef_search for a recall target, make it the default
   shardrag train --collection NAME    fine-tune the retriever on the slices (DDP) → new version
+                  [--rollout]         ... and export, build, stage, activate it behind the gate (resumable)
   shardrag eval --collection NAME --dataset DIR --models default,CKPT
                                       nDCG@10 / recall / MRR through the sharded index
   shardrag gateway --cluster FILE     run only the gateway process (used by serve and Helm)
