@@ -44,6 +44,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         max_steps=args.max_steps, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
         warmup_steps=args.warmup_steps, max_length=args.max_length, scale=args.scale, learn_scale=args.learn_scale,
         gather_negatives=not args.local_negatives, comm_hook=args.comm_hook, checkpoint_every=args.checkpoint_every,
+        refresh_every=args.refresh_every, negatives_depth=args.negatives_depth,
         seed=args.seed,
     ).validate()
     if args.rollout:
@@ -147,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--local-negatives", action="store_true", help="do not gather negatives across ranks")
     train.add_argument("--comm-hook", choices=("none", "fp16", "bf16", "powersgd"), default="none",
                        help="DDP gradient compression (default none)")
+    train.add_argument("--refresh-every", type=int, default=0,
+                       help="hard negatives from the slices, each rank re-encoding its own slice with the current "
+                            "weights every N steps (ANCE-style; default 0: off)")
+    train.add_argument("--negatives-depth", type=int, default=5,
+                       help="with --refresh-every: candidates per query from each slice (default 5)")
     train.add_argument("--checkpoint-every", type=int, default=20)
     train.add_argument("--max-restarts", type=int, default=3, help="torchrun restarts after a rank dies (default 3)")
     train.add_argument("--seed", type=int, default=0)

@@ -37,6 +37,8 @@ class TrainConfig:
     crop_max: float = 0.5
     hard_negatives_url: str | None = None  # gateway to mine hard negatives from (None: off)
     hard_negatives_every: int = 50  # refresh period of the mined negatives, in steps
+    refresh_every: int = 0  # slice-local hard negatives: re-encode the own slice every N steps (0: off)
+    negatives_depth: int = 5  # slice-local: candidates per query and slice
     straggler_factor: float = 1.5  # a rank this much slower than the median...
     straggler_window: int = 10  # ...over this many steps is reported
     threads: int = 0  # CPU threads per rank (0: the machine's cores / local ranks)
@@ -55,6 +57,11 @@ class TrainConfig:
             raise ConfigError("need 0 < crop_min ≤ crop_max ≤ 1", field="crop_min")
         if self.comm_hook not in ("none", "fp16", "bf16", "powersgd"):
             raise ConfigError("comm_hook must be none, fp16, bf16 or powersgd", field="comm_hook")
+        if self.refresh_every < 0 or self.negatives_depth < 1:
+            raise ConfigError("refresh_every must be ≥ 0 and negatives_depth ≥ 1", field="refresh_every")
+        if self.refresh_every and self.hard_negatives_url:
+            raise ConfigError("choose one source of hard negatives: the serving index (hard_negatives_url) or "
+                              "the refreshed slices (refresh_every)", field="refresh_every")
         if (self.train_queries is None) != (self.train_qrels is None):
             raise ConfigError("give both train_queries and train_qrels, or neither", field="train_qrels")
         return self

@@ -152,11 +152,16 @@ def run(config: TrainConfig) -> dict[str, Any]:
     diagnostics: dict[str, Any] = {"rank": rank, "world": world, "shard_dir": str(data.shard_directory),
                                    "slice_docs": len(data.documents), "doc_ids": set(), "global_batch": [],
                                    "grad_checksums": [], "losses": [], "start_step": start_step, "restart": restart}
-    miner = None
+    miner: Any = None
     if config.hard_negatives_url:
         from training.hard_negatives import HardNegativeMiner
 
         miner = HardNegativeMiner(config.hard_negatives_url, refresh_every=config.hard_negatives_every)
+    elif config.refresh_every:
+        from training.slice_negatives import SliceNegatives
+
+        miner = SliceNegatives(data.documents, raw_model, device, refresh_every=config.refresh_every,
+                               depth=config.negatives_depth, rank=rank, world=world, record=config.diagnostics)
     metrics = TrainMetrics(rank) if master else None
     from tqdm.auto import tqdm
 
@@ -260,7 +265,12 @@ def run(config: TrainConfig) -> dict[str, Any]:
                                "precision": "bf16" if bf16 else "fp16" if scaler is not None else "fp32"}
     if miner is not None:
         diagnostics["hard_negatives"] = {"mined": miner.mined, "failures": miner.failures}
-        summary["hard_negatives"] = diagnostics["hard_negatives"]
+        summary["hard_negatives"] = dict(diagnostics["hard_negatives"])
+        if config.refresh_every:
+            diagnostics["refreshes"] = miner.refreshes
+            diagnostics["negative_pairs"] = miner.pairs
+            summary["hard_negatives"]["refreshes"] = [{k: v for k, v in r.items() if k != "doc_ids"}
+                                                      for r in miner.refreshes]
         miner.close()
     if config.diagnostics:
         diagnostics["doc_ids"] = sorted(diagnostics["doc_ids"])

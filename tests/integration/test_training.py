@@ -136,3 +136,31 @@ def test_ray_train_backend_runs_the_same_loop(setup, tmp_path):
     ranks = [diagnostics(tmp_path, r) for r in (0, 1)]
     assert [d["shard_dir"][-7:] for d in ranks] == ["shard-0", "shard-1"]
     assert ranks[0]["grad_checksums"] == ranks[1]["grad_checksums"]
+
+
+def test_slice_local_refresh_reencodes_only_the_own_slice_and_never_mines_a_positive(setup, tmp_path):
+    root, _ = setup
+    launch_local(config(setup, tmp_path, max_steps=7, refresh_every=3), 2, capture=True)
+    directory, _ = resolve_version(root, "slices")
+    slices = []
+    for rank in (0, 1):
+        store = DocStore(shard_dir(directory, rank) / "docs.sqlite")
+        slices.append({doc.doc_id for _, doc in store.iter_all()})
+        store.close()
+    ranks = [diagnostics(tmp_path, r) for r in (0, 1)]
+    for rank, info in enumerate(ranks):
+        assert [r["step"] for r in info["refreshes"]] == [0, 3, 6]  # every 3 steps, with the current weights
+        for refresh in info["refreshes"]:
+            assert set(refresh["doc_ids"]) == slices[rank]  # its own slice, all of it, and nothing else
+        pairs = info["negative_pairs"]
+        assert len(pairs) == 7 * 8 and info["hard_negatives"]["failures"] == 0
+        assert all(positive != negative for positive, negative in pairs)
+        assert all(positive in slices[rank] for positive, _ in pairs)
+    negatives = {negative for info in ranks for _, negative in info["negative_pairs"]}
+    assert negatives & slices[0] and negatives & slices[1]  # candidates merged across both slices
+    for step in range(7):  # never another pair's positive of the same global batch either
+        batch_positives = {p for info in ranks for p, _ in info["negative_pairs"][step * 8:(step + 1) * 8]}
+        assert not batch_positives & {n for info in ranks for _, n in info["negative_pairs"][step * 8:(step + 1) * 8]}
+    assert ranks[0]["grad_checksums"] == ranks[1]["grad_checksums"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["step"] for r in summary["hard_negatives"]["refreshes"]] == [0, 3, 6]
