@@ -45,6 +45,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         warmup_steps=args.warmup_steps, max_length=args.max_length, scale=args.scale, learn_scale=args.learn_scale,
         gather_negatives=not args.local_negatives, comm_hook=args.comm_hook, checkpoint_every=args.checkpoint_every,
         refresh_every=args.refresh_every, negatives_depth=args.negatives_depth,
+        synthetic_queries=args.synthetic_queries, synthetic_max=args.synthetic_max, round_trip_k=args.round_trip_k,
         seed=args.seed,
     ).validate()
     if args.rollout:
@@ -148,6 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--local-negatives", action="store_true", help="do not gather negatives across ranks")
     train.add_argument("--comm-hook", choices=("none", "fp16", "bf16", "powersgd"), default="none",
                        help="DDP gradient compression (default none)")
+    train.add_argument("--synthetic-queries", metavar="GENERATOR",
+                       help="train on queries the generator writes for each slice's passages: smollm2 (the answer "
+                            "generator's model) or a Hugging Face causal-LM dir; cached, filtered by round trip")
+    train.add_argument("--synthetic-max", type=int, default=0,
+                       help="passages per slice that get a synthetic query (default 0: all)")
+    train.add_argument("--round-trip-k", type=int, default=10,
+                       help="keep a synthetic pair when its passage is in the encoder's top-k in the slice "
+                            "(default 10)")
     train.add_argument("--refresh-every", type=int, default=0,
                        help="hard negatives from the slices, each rank re-encoding its own slice with the current "
                             "weights every N steps (ANCE-style; default 0: off)")

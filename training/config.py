@@ -37,6 +37,10 @@ class TrainConfig:
     crop_max: float = 0.5
     hard_negatives_url: str | None = None  # gateway to mine hard negatives from (None: off)
     hard_negatives_every: int = 50  # refresh period of the mined negatives, in steps
+    synthetic_queries: str | None = None  # generator ("smollm2" or a HF dir) writing a query per passage
+    synthetic_max: int = 0  # passages per slice that get a synthetic query (0: all)
+    synthetic_cache: str | None = None  # where generated queries are cached (default: the shardrag cache)
+    round_trip_k: int = 10  # keep a synthetic pair when its passage is in the encoder's top-k in the slice
     refresh_every: int = 0  # slice-local hard negatives: re-encode the own slice every N steps (0: off)
     negatives_depth: int = 5  # slice-local: candidates per query and slice
     straggler_factor: float = 1.5  # a rank this much slower than the median...
@@ -62,6 +66,10 @@ class TrainConfig:
         if self.refresh_every and self.hard_negatives_url:
             raise ConfigError("choose one source of hard negatives: the serving index (hard_negatives_url) or "
                               "the refreshed slices (refresh_every)", field="refresh_every")
+        if self.synthetic_queries and self.train_queries:
+            raise ConfigError("train on given pairs or on synthetic queries, not both", field="synthetic_queries")
+        if self.synthetic_max < 0 or self.round_trip_k < 1:
+            raise ConfigError("synthetic_max must be ≥ 0 and round_trip_k ≥ 1", field="synthetic_max")
         if (self.train_queries is None) != (self.train_qrels is None):
             raise ConfigError("give both train_queries and train_qrels, or neither", field="train_qrels")
         return self

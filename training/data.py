@@ -76,6 +76,12 @@ class SliceData:
                     pairs.append(Pair(queries[query_id], f"{doc.title} {doc.text}" if doc.title else doc.text, doc_id))
         return pairs
 
+    def use_pairs(self, pairs: list[Pair]) -> None:
+        """Train on these pairs of the slice (e.g. synthetic queries) instead of self-supervised ones."""
+        if not pairs:
+            raise ConfigError(f"slice {self.rank}: no training pairs left", field="synthetic_queries")
+        self.given = list(pairs)
+
     # -- self-supervised pairs ---------------------------------------------------------------
     def _crop(self, words: list[str], rng: random.Random) -> str:
         if len(words) <= 3:

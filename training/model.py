@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -83,3 +84,21 @@ def make_tiny_checkpoint(target: Path, *, hidden: int = 32, layers: int = 2, see
     (target / "1_Pooling").mkdir(exist_ok=True)
     (target / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
     return target
+
+
+@torch.no_grad()
+def encode_texts(model: BiEncoder, texts: Sequence[str], device: torch.device, *, batch_size: int = 64) -> np.ndarray:
+    """Embeddings of ``texts`` with the model's current weights (eval mode, no gradient; bf16
+    autocast on GPUs that have it), as float32 numpy rows."""
+    was_training = model.training
+    model.eval()
+    try:
+        chunks = []
+        for start in range(0, len(texts), batch_size):
+            tokens = model.tokenize(texts[start:start + batch_size], device)
+            with torch.autocast(device.type, dtype=torch.bfloat16,
+                                enabled=device.type == "cuda" and torch.cuda.is_bf16_supported()):
+                chunks.append(model(**tokens).float().cpu().numpy())
+        return np.ascontiguousarray(np.concatenate(chunks), dtype=np.float32)
+    finally:
+        model.train(was_training)

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from training.data import Pair
-from training.model import BiEncoder
+from training.model import BiEncoder, encode_texts
 
 logger = logging.getLogger(__name__)
 
@@ -70,20 +70,8 @@ class SliceNegatives:
         self.failures = 0  # pairs left without a negative (every candidate was a positive)
         self.pairs: list[tuple[str, str]] = []  # (positive doc id, negative doc id) when recording
 
-    @torch.no_grad()
     def _encode(self, texts: Sequence[str]) -> np.ndarray:
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            chunks = []
-            for start in range(0, len(texts), self.encode_batch):
-                tokens = self.model.tokenize(texts[start:start + self.encode_batch], self.device)
-                with torch.autocast(self.device.type, dtype=torch.bfloat16,
-                                    enabled=self.device.type == "cuda" and torch.cuda.is_bf16_supported()):
-                    chunks.append(self.model(**tokens).float().cpu().numpy())
-            return np.ascontiguousarray(np.concatenate(chunks), dtype=np.float32)
-        finally:
-            self.model.train(was_training)
+        return encode_texts(self.model, texts, self.device, batch_size=self.encode_batch)
 
     def refresh(self, step: int) -> None:
         """Re-encode this rank's slice with the current weights into a fresh exact index."""

@@ -96,6 +96,42 @@ def _init_process_group(backend: str) -> None:
         dist.init_process_group(backend, timeout=timeout)
 
 
+def _synthetic_pairs(config: TrainConfig, data: SliceData, model: BiEncoder, device: torch.device, rank: int,
+                     master: bool) -> dict[str, Any]:
+    """Each rank writes queries for its own slice's passages (cached), keeps those that pass the
+    round trip with the initial encoder, and trains on them."""
+    import random
+
+    from retrieval.embedding_cache import default_cache_dir
+    from training.data import Pair
+    from training.model import encode_texts
+    from training.synthetic_queries import QueryGenerator, describe, round_trip
+
+    started = time.perf_counter()
+    documents = list(data.documents)
+    if config.synthetic_max and len(documents) > config.synthetic_max:
+        documents = random.Random(f"{config.seed}/synthetic/{rank}").sample(documents, config.synthetic_max)
+    passages = [f"{d.title} {d.text}" if d.title else d.text for d in documents]
+    cache = Path(config.synthetic_cache) if config.synthetic_cache else default_cache_dir().parent
+    generator = QueryGenerator(str(config.synthetic_queries), cache_dir=cache)
+    written = generator.queries(passages, progress=master)
+    generate_s = time.perf_counter() - started
+    del generator.model  # free it before training
+    rows = [i for i, q in enumerate(written) if q]
+    slice_passages = [f"{d.title} {d.text}" if d.title else d.text for d in data.documents]
+    row_of = {d.doc_id: i for i, d in enumerate(data.documents)}
+    vectors = encode_texts(model, slice_passages, device)
+    keep = round_trip([str(written[i]) for i in rows], [row_of[documents[i].doc_id] for i in rows], vectors,
+                      lambda texts: encode_texts(model, texts, device), config.round_trip_k)
+    pairs = [Pair(str(written[i]), passages[i], documents[i].doc_id) for i, ok in zip(rows, keep) if ok]
+    data.use_pairs(pairs)
+    report = {**describe(generator), "passages": len(passages), "written": len(rows), "kept": len(pairs),
+              "generate_s": round(generate_s, 2), "total_s": round(time.perf_counter() - started, 2)}
+    logger.warning("rank %d: %d synthetic queries for %d passages, %d kept by the round trip (top-%d)", rank,
+                   len(rows), len(passages), len(pairs), config.round_trip_k)
+    return report
+
+
 def run(config: TrainConfig) -> dict[str, Any]:
     """Train; returns rank 0's summary (other ranks return theirs without the export)."""
     config.validate()
@@ -122,6 +158,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
                      train_qrels=config.train_qrels)
     raw_model = BiEncoder.from_checkpoint(config.model, scale=config.scale, learn_scale=config.learn_scale,
                                           max_length=config.max_length).to(device)
+    synthetic = _synthetic_pairs(config, data, raw_model, device, rank, master) if config.synthetic_queries else None
     optimizer, scheduler = _optimizer(raw_model, config)
     start_step = 0
     history: dict[str, list[Any]] = {"loss": [], "step_s": []}
@@ -263,6 +300,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
                                "samples_per_step": per_step_samples, "history": history,
                                "device": str(device), "backend": dist.get_backend() if distributed else None,
                                "precision": "bf16" if bf16 else "fp16" if scaler is not None else "fp32"}
+    if synthetic is not None:
+        diagnostics["synthetic"] = synthetic
+        summary["synthetic"] = synthetic  # rank 0's; every rank's in its diagnostics
     if miner is not None:
         diagnostics["hard_negatives"] = {"mined": miner.mined, "failures": miner.failures}
         summary["hard_negatives"] = dict(diagnostics["hard_negatives"])

@@ -164,3 +164,25 @@ def test_slice_local_refresh_reencodes_only_the_own_slice_and_never_mines_a_posi
     assert ranks[0]["grad_checksums"] == ranks[1]["grad_checksums"]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [r["step"] for r in summary["hard_negatives"]["refreshes"]] == [0, 3, 6]
+
+
+def test_training_on_synthetic_queries_of_each_slice(setup, tmp_path):
+    from training.synthetic_queries import make_tiny_generator
+
+    root, _ = setup
+    generator = make_tiny_generator(tmp_path / "tiny-llama")
+    overrides = dict(max_steps=3, synthetic_queries=str(generator), synthetic_max=24, round_trip_k=1000,
+                     synthetic_cache=str(tmp_path / "cache"))
+    launch_local(config(setup, tmp_path / "run", **overrides), 2, capture=True)
+    directory, _ = resolve_version(root, "slices")
+    for rank in (0, 1):
+        info = diagnostics(tmp_path / "run", rank)
+        store = DocStore(shard_dir(directory, rank) / "docs.sqlite")
+        slice_ids = {doc.doc_id for _, doc in store.iter_all()}
+        store.close()
+        report = info["synthetic"]
+        assert report["passages"] == 24 and report["generated"] == 24 and 0 < report["kept"] <= report["written"]
+        assert set(info["doc_ids"]) <= slice_ids  # trained on its own slice's synthetic pairs
+    again = tmp_path / "again"  # a second run reads the queries from the cache
+    launch_local(config(setup, again, **overrides), 2, capture=True)
+    assert all(diagnostics(again, r)["synthetic"]["generated"] == 0 for r in (0, 1))
