@@ -2,6 +2,7 @@
 
     python -m benchmarks.training              # ~30 min on 2 CPU cores
     python -m benchmarks.training --steps 60   # shorter
+    python -m benchmarks.training --signal     # which training signal pays (benchmarks/training_signal.py)
 
 1. Step time and samples/s of real all-MiniLM-L6-v2 training at the same per-rank batch:
    1 rank (1 thread, and 2 threads), 2 ranks (1 thread each) — the ratio 2-rank / 1-rank step.
@@ -59,6 +60,11 @@ def evaluate(model_dir: Path | None, base, work: Path) -> dict[str, dict[str, fl
 
 
 def main() -> None:
+    if "--signal" in sys.argv[1:]:  # the training-signal ablations (benchmarks/training_signal.py)
+        from benchmarks.training_signal import main as signal_main
+
+        signal_main([a for a in sys.argv[1:] if a != "--signal"])
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=120, help="training steps for the quality runs (default 120)")
     parser.add_argument("--batch-size", type=int, default=16, help="pairs per rank (default 16)")

@@ -19,7 +19,8 @@ from retrieval.merge import merge_topk_columns
 
 
 def evaluate_version(root: str | Path, collection: str, version_id: str, encoder: Encoder, dataset: BeirDataset, *,
-                     depth: int = 100) -> dict[str, Any]:
+                     depth: int = 100, with_rankings: bool = False) -> dict[str, Any]:
+    """The metrics of one version (``with_rankings``: also each judged query's ranked doc ids)."""
     if encoder.version.id != version_id:
         raise ValueError(f"encoder is {encoder.version.id}, the collection version is {version_id}")
     directory, manifest = resolve_version(root, collection, version_id)
@@ -33,6 +34,7 @@ def evaluate_version(root: str | Path, collection: str, version_id: str, encoder
         columns = [(hits[row]["doc_ids"], hits[row]["scores"]) for hits in per_shard]
         rankings[query_id] = [columns[s][0][i] for s, i in merge_topk_columns(columns, depth)]
     return {
+        **({"rankings": rankings} if with_rankings else {}),
         "version": version_id, "queries": len(query_ids),
         "ndcg@10": ndcg_at_k(rankings, dataset.qrels, 10), "recall@10": recall_at_k(rankings, dataset.qrels, 10),
         "recall@100": recall_at_k(rankings, dataset.qrels, 100), "mrr@10": mrr_at_k(rankings, dataset.qrels, 10),
