@@ -48,14 +48,20 @@ def evaluate(model_dir: Path | None, base, work: Path) -> dict[str, dict[str, fl
     """nDCG@10 / recall@100 on both datasets through a sharded index built with the model."""
     cache = EmbeddingCache(default_cache_dir())
     encoder = base if model_dir is None else CachingEncoder(SentenceTransformerEncoder(model_dir, device="cpu"), cache)
+    return {name: {"ndcg@10": result["ndcg@10"], "recall@100": result["recall@100"], "mrr@10": result["mrr@10"]}
+            for name, result in evaluate_encoder(encoder, work).items()}
+
+
+def evaluate_encoder(encoder: Any, work: Path, *, with_rankings: bool = False) -> dict[str, dict[str, Any]]:
+    """Both datasets embedded with ``encoder`` into a 2-shard index under ``work``, evaluated
+    through it (``with_rankings``: each query's ranked doc ids too, for the quality gate)."""
     rows = {}
     for name in ("msmarco", "dbpedia"):
         dataset = load_beir(data_dir() / name)
         vectors = encode_documents(encoder, dataset.corpus, show_progress=True)
         build_collection(work, dataset.corpus, vectors, encoder.version, BuildConfig(name, 2, overwrite=True),
                          show_progress=False)
-        result = evaluate_version(work, name, encoder.version.id, encoder, dataset)
-        rows[name] = {"ndcg@10": result["ndcg@10"], "recall@100": result["recall@100"], "mrr@10": result["mrr@10"]}
+        rows[name] = evaluate_version(work, name, encoder.version.id, encoder, dataset, with_rankings=with_rankings)
     return rows
 
 

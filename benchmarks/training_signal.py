@@ -33,9 +33,8 @@ from benchmarks.common import data_dir, load_corpus, machine_info, write_result
 from index_shards.build import BuildConfig, build_collection
 from retrieval.datasets import load_beir
 from retrieval.embedding_cache import CachingEncoder, EmbeddingCache, default_cache_dir
-from retrieval.encoders import SentenceTransformerEncoder, default_model_dir, encode_documents
+from retrieval.encoders import SentenceTransformerEncoder, default_model_dir
 from training.config import TrainConfig
-from training.evaluate import evaluate_version
 from training.launch import launch_local
 
 
@@ -49,14 +48,9 @@ def _train(root: Path, out: Path, **overrides: Any) -> dict[str, Any]:
 
 
 def _evaluate(encoder: Any, work: Path) -> dict[str, Any]:
-    rows = {}
-    for name in ("msmarco", "dbpedia"):
-        dataset = load_beir(data_dir() / name)
-        vectors = encode_documents(encoder, dataset.corpus, show_progress=True)
-        build_collection(work, dataset.corpus, vectors, encoder.version, BuildConfig(name, 2, overwrite=True),
-                         show_progress=False)
-        rows[name] = evaluate_version(work, name, encoder.version.id, encoder, dataset, with_rankings=True)
-    return rows
+    from benchmarks.training import evaluate_encoder
+
+    return evaluate_encoder(encoder, work, with_rankings=True)
 
 
 def _gate(base: dict[str, Any], trained: dict[str, Any], max_ndcg_drop: float | None = None) -> dict[str, Any]:
