@@ -17,6 +17,7 @@ import logging
 import os
 import struct
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ import torch
 
 from retrieval.errors import ConfigError
 from retrieval.generator_models import sha256_of, smollm2_dir
+from serving.answer.blend import SegmentedPrompt
 from serving.kvcache.blocks import BlockKey, block_keys, decode_payload, encode_payload
 from serving.kvcache.client import KVClient
 
@@ -43,6 +45,8 @@ class GenerationResult:
     local_hit_tokens: int = 0
     remote_hit_tokens: int = 0
     bytes_fetched: int = 0
+    kv_reuse: str = "prefix"
+    recomputed_tokens: int = 0  # prompt tokens run through the model (the rest came from the cache)
     ttft_s: float = 0.0
     prefill_s: float = 0.0
     total_s: float = 0.0
@@ -57,7 +61,8 @@ class GenerationResult:
         return {"prompt_tokens": self.prompt_tokens, "hit_tokens": self.hit_tokens,
                 "local_hit_tokens": self.local_hit_tokens, "remote_hit_tokens": self.remote_hit_tokens,
                 "hit_rate": self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0, "tier": self.tier,
-                "bytes_fetched": self.bytes_fetched, "ttft_ms": self.ttft_s * 1000.0,
+                "bytes_fetched": self.bytes_fetched, "kv_reuse": self.kv_reuse,
+                "recomputed_tokens": self.recomputed_tokens, "ttft_ms": self.ttft_s * 1000.0,
                 "prefill_ms": self.prefill_s * 1000.0, "total_ms": self.total_s * 1000.0,
                 "new_tokens": len(self.token_ids),
                 "tokens_per_s": (len(self.token_ids) - 1) / decode_s if len(self.token_ids) > 1 else 0.0}
@@ -71,6 +76,7 @@ class Generator:
         self.model_id = model_id
         self.kv = kv
         self.block_size = block_size
+        self.anchors: OrderedDict[bytes, list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()  # passage mode
         parameter = next(model.parameters())
         self.device = parameter.device
         self.dtype = str(parameter.dtype).replace("torch.", "")
@@ -94,44 +100,74 @@ class Generator:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
     # -- generation ------------------------------------------------------------------------------
+    @property
+    def cache_arg(self) -> str:
+        return self._cache_arg
+
+    def load_prefix(self, usable: Sequence[BlockKey], cache: Any, result: GenerationResult) -> int:
+        """Load the longest cached run of ``usable`` blocks into ``cache``; returns its token count."""
+        if not usable or self.kv is None:
+            return 0
+        fetched = self.kv.fetch_prefix(usable)
+        arrays = self._valid_blocks(fetched.payloads)
+        if len(arrays) < len(fetched.payloads):  # a damaged block ends the usable prefix there
+            fetched.local_blocks = min(fetched.local_blocks, len(arrays))
+            fetched.remote_blocks = len(arrays) - fetched.local_blocks
+            fetched.payloads = fetched.payloads[: len(arrays)]
+        if not fetched.payloads:
+            return 0
+        blocks = np.concatenate(arrays, axis=3)
+        tensor = torch.from_numpy(np.ascontiguousarray(blocks)).to(self.device)
+        for layer in range(tensor.shape[0]):
+            cache.update(tensor[layer, 0].unsqueeze(0), tensor[layer, 1].unsqueeze(0), layer)
+        cached_tokens = len(fetched.payloads) * self.block_size
+        result.local_hit_tokens += fetched.local_blocks * self.block_size
+        result.remote_hit_tokens += fetched.remote_blocks * self.block_size
+        result.bytes_fetched += fetched.remote_bytes
+        result.hit_tokens += cached_tokens
+        return cached_tokens
+
     @torch.inference_mode()
-    def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int = 64, greedy: bool = True,
+    def generate(self, prompt: Sequence[int] | SegmentedPrompt, *, max_new_tokens: int = 64, greedy: bool = True,
                  temperature: float = 0.7, top_p: float = 0.9, seed: int | None = None, use_cache: bool = True,
-                 on_token: Callable[[int, str], None] | None = None, keep_logits: bool = False) -> GenerationResult:
+                 on_token: Callable[[int, str], None] | None = None, keep_logits: bool = False,
+                 kv_reuse: str = "prefix", recompute_fraction: float = 0.15) -> GenerationResult:
+        """``kv_reuse`` "prefix": reuse the longest cached prefix; "passage" (a SegmentedPrompt):
+        reuse each passage's KV wherever it sits, recomputing ``recompute_fraction`` of its tokens
+        (``serving.answer.blend``). ``use_cache`` false: prefill everything (the cold baseline)."""
         from transformers import DynamicCache
 
+        if kv_reuse not in ("prefix", "passage"):
+            raise ConfigError(f"kv_reuse must be prefix or passage, not {kv_reuse!r}", field="kv_reuse")
         started = time.perf_counter()
-        prompt_ids = [int(t) for t in prompt_ids]
+        segmented = prompt if isinstance(prompt, SegmentedPrompt) else None
+        prompt_ids = segmented.ids() if segmented is not None else [int(t) for t in prompt]  # type: ignore[union-attr]
         if not prompt_ids:
             raise ConfigError("the prompt is empty", field="prompt")
-        result = GenerationResult([], "", len(prompt_ids))
+        result = GenerationResult([], "", len(prompt_ids), kv_reuse="prefix")
         keys: list[BlockKey] = []
-        if self.kv is not None and use_cache:
-            keys = block_keys(prompt_ids, block_size=self.block_size, model_id=self.model_id, dtype=self.dtype)
-        usable = keys[: (len(prompt_ids) - 1) // self.block_size]  # at least one token is computed
-        cache = DynamicCache(config=self.model.config)
-        cached_tokens = 0
-        if usable:
-            fetched = self.kv.fetch_prefix(usable)  # type: ignore[union-attr]
-            arrays = self._valid_blocks(fetched.payloads)
-            if len(arrays) < len(fetched.payloads):  # a damaged block ends the usable prefix there
-                fetched.local_blocks = min(fetched.local_blocks, len(arrays))
-                fetched.remote_blocks = len(arrays) - fetched.local_blocks
-                fetched.payloads = fetched.payloads[: len(arrays)]
-            if fetched.payloads:
-                blocks = np.concatenate(arrays, axis=3)
-                tensor = torch.from_numpy(np.ascontiguousarray(blocks)).to(self.device)
-                for layer in range(tensor.shape[0]):
-                    cache.update(tensor[layer, 0].unsqueeze(0), tensor[layer, 1].unsqueeze(0), layer)
-                cached_tokens = len(fetched.payloads) * self.block_size
-                result.local_hit_tokens = fetched.local_blocks * self.block_size
-                result.remote_hit_tokens = fetched.remote_blocks * self.block_size
-                result.bytes_fetched = fetched.remote_bytes
-        result.hit_tokens = cached_tokens
+        first_new = 0
+        after_first_token: Callable[[], None] | None = None
+        if kv_reuse == "passage" and use_cache and self.kv is not None and segmented is not None:
+            from serving.answer.passages import passage_prefill
+
+            result.kv_reuse = "passage"
+            prefilled = passage_prefill(self, segmented, recompute_fraction, result)
+            cache, logits, keys, first_new = (prefilled.cache, prefilled.logits, prefilled.prefix_keys,
+                                              prefilled.first_new_block)
+            after_first_token = prefilled.after_first_token
+        else:
+            if self.kv is not None and use_cache:
+                keys = block_keys(prompt_ids, block_size=self.block_size, model_id=self.model_id, dtype=self.dtype)
+            usable = keys[: (len(prompt_ids) - 1) // self.block_size]  # at least one token is computed
+            cache = DynamicCache(config=self.model.config)
+            cached_tokens = self.load_prefix(usable, cache, result)
+            first_new = cached_tokens // self.block_size
+            output = self.model(input_ids=torch.tensor([prompt_ids[cached_tokens:]], device=self.device),
+                                use_cache=True, **{self._cache_arg: cache})
+            logits = output.logits[0, -1].float()
+            result.recomputed_tokens = len(prompt_ids) - cached_tokens
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        output = self.model(input_ids=torch.tensor([prompt_ids[cached_tokens:]], device=self.device), use_cache=True,
-                            **{self._cache_arg: cache})
-        logits = output.logits[0, -1].float()
         result.prefill_s = time.perf_counter() - started
         if keep_logits:
             result.first_logits = logits.clone()
@@ -140,7 +176,9 @@ class Generator:
         result.ttft_s = time.perf_counter() - started
         shown = self._emit(result, on_token)
         if keys:  # after the first token: writing back never delays it
-            self._write_back(keys, cached_tokens // self.block_size, cache)
+            self._write_back(keys, first_new, cache)
+        if after_first_token is not None:
+            after_first_token()
         while len(result.token_ids) < max_new_tokens and token not in self.eos_ids:
             output = self.model(input_ids=torch.tensor([[token]], device=self.device), use_cache=True,
                                 **{self._cache_arg: cache})

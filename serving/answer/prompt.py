@@ -12,13 +12,19 @@ SYSTEM_PROMPT = ("You are a helpful assistant. Answer the question using only th
 MAX_PASSAGE_CHARS = 700
 
 
-def passage_block(hits: Sequence[dict[str, Any]]) -> str:
-    lines = []
-    for number, hit in enumerate(hits, start=1):
+def passage_texts(hits: Sequence[dict[str, Any]]) -> list[str]:
+    """Each passage as it appears in the prompt, without its number: the same text (so the same
+    tokens and the same cached KV) wherever the passage ranks."""
+    texts = []
+    for hit in hits:
         text = " ".join(str(hit.get("text", "")).split())[:MAX_PASSAGE_CHARS]
         title = str(hit.get("title") or "").strip()
-        lines.append(f"[{number}] {title}: {text}" if title else f"[{number}] {text}")
-    return "\n".join(lines)
+        texts.append(f"{title}: {text}" if title else text)
+    return texts
+
+
+def passage_block(hits: Sequence[dict[str, Any]]) -> str:
+    return "\n".join(f"[{number}] {text}" for number, text in enumerate(passage_texts(hits), start=1))
 
 
 def build_messages(question: str, hits: Sequence[dict[str, Any]]) -> list[dict[str, str]]:

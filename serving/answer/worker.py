@@ -2,8 +2,9 @@
 (so its HTTP loop stays responsive), with the KV cache tiers of serving.kv_client.
 
     POST /v1/generate  {messages | prompt_ids, max_new_tokens, greedy, temperature, top_p, seed,
-                        stream, use_cache} → {text, token_ids, cache: {...}} or an SSE stream of
-                        `token` events and a final `done` event with the same stats
+                        stream, use_cache, passages, kv_reuse, recompute_fraction}
+                       → {text, token_ids, cache: {...}} or an SSE stream of `token` events and
+                        a final `done` event with the same stats
     GET  /v1/info, /healthz, /metrics
 """
 
@@ -13,7 +14,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Response
 from fastapi.responses import StreamingResponse
@@ -25,8 +26,10 @@ from httpkit.errors import install_error_handlers
 from httpkit.metrics import add_metrics_route
 from httpkit.responses import EVENT_STREAM, json_response, sse_event
 from retrieval.errors import InvalidRequest
+from serving.answer.blend import SegmentedPrompt
 from serving.answer.generator import GenerationResult, Generator
 from serving.answer.metrics import GeneratorMetrics
+from serving.answer.passages import segment_chat
 
 
 class Message(BaseModel):
@@ -46,15 +49,24 @@ class GenerateRequest(BaseModel):
     seed: int | None = None
     stream: bool = False
     use_cache: bool = Field(True, description="false: prefill everything (the cold baseline)")
+    passages: list[str] | None = Field(None, max_length=64, description="the passages as they appear verbatim "
+                                       "in the messages, in order: lets their KV be reused wherever they sit")
+    kv_reuse: Literal["prefix", "passage"] | None = Field(None, description="default: the server's --kv-reuse")
+    recompute_fraction: float | None = Field(None, ge=0, le=1, description="passage reuse: share recomputed")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateRequest:
         if (self.messages is None) == (self.prompt_ids is None):
             raise ValueError("give exactly one of messages and prompt_ids")
+        if self.passages is not None and self.messages is None:
+            raise ValueError("passages go with messages, not prompt_ids")
+        if self.kv_reuse == "passage" and self.passages is None:
+            raise ValueError("kv_reuse=passage needs passages")
         return self
 
 
-def create_generator_app(generator: Generator) -> Any:
+def create_generator_app(generator: Generator, *, kv_reuse: str = "prefix", recompute_fraction: float = 0.15) -> Any:
+    """``kv_reuse`` and ``recompute_fraction``: the defaults for requests that do not choose."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
     metrics = GeneratorMetrics.create(generator.kv)
     kv = generator.kv
@@ -65,15 +77,20 @@ def create_generator_app(generator: Generator) -> Any:
         metrics.hit_tokens.labels(tier="local").inc(result.local_hit_tokens)
         metrics.hit_tokens.labels(tier="remote").inc(result.remote_hit_tokens)
 
-    def prompt_of(request: GenerateRequest) -> list[int]:
+    def prompt_of(request: GenerateRequest) -> list[int] | SegmentedPrompt:
         if request.prompt_ids is not None:
             return request.prompt_ids
-        return generator.chat_ids([m.model_dump() for m in request.messages or []])
+        messages = [m.model_dump() for m in request.messages or []]
+        if request.passages is not None and generator.tokenizer is not None:
+            return segment_chat(generator.tokenizer, messages, request.passages)  # the same ids in every mode
+        return generator.chat_ids(messages)
 
     def run(request: GenerateRequest, on_token: Callable[[int, str], None] | None = None) -> GenerationResult:
+        fraction = recompute_fraction if request.recompute_fraction is None else request.recompute_fraction
         return generator.generate(prompt_of(request), max_new_tokens=request.max_new_tokens, greedy=request.greedy,
                                   temperature=request.temperature, top_p=request.top_p, seed=request.seed,
-                                  use_cache=request.use_cache, on_token=on_token)
+                                  use_cache=request.use_cache, on_token=on_token,
+                                  kv_reuse=request.kv_reuse or kv_reuse, recompute_fraction=fraction)
 
     app = FastAPI(title="shardrag generator", version="1",
                   description="Answer generation with KV-cache reuse across requests and processes.")
@@ -117,6 +134,7 @@ def create_generator_app(generator: Generator) -> Any:
     @app.get("/v1/info", summary="Model, block size, cache tiers")
     async def info() -> Response:
         payload = {"model_id": generator.model_id, "block_size": generator.block_size, "dtype": generator.dtype,
+                   "kv_reuse": kv_reuse, "recompute_fraction": recompute_fraction,
                    "kv_nodes": kv.nodes if kv else [], "local_pool": kv.local.stats() if kv else None,
                    "kv_stats": vars(kv.stats) if kv else None}
         return Response(json.dumps(payload, default=str), media_type="application/json")

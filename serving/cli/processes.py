@@ -31,6 +31,7 @@ def cmd_kv_node(args: argparse.Namespace) -> int:
 
 def cmd_generator(args: argparse.Namespace) -> int:
     from httpkit.serve import serve_app
+    from retrieval.errors import ConfigError
     from serving.answer.generator import load_generator
     from serving.answer.worker import create_generator_app
     from serving.kvcache.client import KVClient
@@ -39,6 +40,9 @@ def cmd_generator(args: argparse.Namespace) -> int:
     kv = None if args.no_cache else KVClient(nodes, local_budget_bytes=int(args.local_budget_mb * 2**20))
     generator = load_generator(args.model, kv=kv, block_size=args.block_size, threads=args.threads,
                                device=args.device)
-    serve_app(create_generator_app(generator), host=args.host, port=args.port, port_file=args.port_file,
+    if not 0.0 <= args.recompute_fraction <= 1.0:
+        raise ConfigError("--recompute-fraction must be in [0, 1]", field="recompute_fraction")
+    app = create_generator_app(generator, kv_reuse=args.kv_reuse, recompute_fraction=args.recompute_fraction)
+    serve_app(app, host=args.host, port=args.port, port_file=args.port_file,
               name="generator", log_level=args.log_level)
     return 0

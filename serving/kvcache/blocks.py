@@ -40,6 +40,17 @@ def block_keys(token_ids: Sequence[int], *, block_size: int, model_id: str, dtyp
     return keys
 
 
+def passage_key(passage_ids: Sequence[int], *, anchor_ids: Sequence[int], model_id: str, dtype: str) -> BlockKey:
+    """Key of a passage's KV computed on its own right after ``anchor_ids`` (the fixed prompt
+    prefix it was computed behind): reusable wherever the passage appears after that prefix."""
+    digest = hashlib.blake2b(digest_size=KEY_BYTES)
+    digest.update(b"shardrag-kv-passage")
+    digest.update(hashlib.blake2b(np.asarray(anchor_ids, dtype="<i8").tobytes(), digest_size=KEY_BYTES).digest())
+    digest.update(np.asarray(passage_ids, dtype="<i8").tobytes())
+    digest.update(f"{model_id}|{dtype}".encode())
+    return BlockKey(digest.digest())
+
+
 # -- payload codec: header {dtype, shape} + raw bytes ---------------------------------------------
 _HEADER = struct.Struct("<I")
 

@@ -104,22 +104,50 @@ class KVClient:
         self.stats.bytes_fetched += moved
         return FetchResult(payloads + remote, local, len(remote), moved)
 
-    def _remote_prefix(self, keys: list[BlockKey]) -> tuple[list[bytes], int]:
+    def fetch_many(self, keys: Sequence[BlockKey]) -> tuple[dict[BlockKey, bytes], set[BlockKey]]:
+        """Whichever of ``keys`` are cached, in any tier (not a chain: each key stands alone), and
+        the set of those that came from a kv-node. Remote payloads are not put in the local pool
+        here: the caller validates them first (``store`` then warms the local tier)."""
+        self.stats.lookups += 1
+        found: dict[BlockKey, bytes] = {}
+        for key in keys:
+            payload = self.local.get(key)
+            if payload is not None:
+                found[key] = payload
+        local = len(found)
+        rest = [key for key in keys if key not in found]
+        remote: set[BlockKey] = set()
+        if rest and self.nodes:
+            fetched, moved = self._remote_any(rest)
+            found.update(fetched)
+            remote = set(fetched)
+            self.stats.bytes_fetched += moved
+        self.stats.local_hit_blocks += local
+        self.stats.remote_hit_blocks += len(remote)
+        self.stats.miss_blocks += len(keys) - len(found)
+        return found, remote
+
+    def _remote_any(self, keys: list[BlockKey]) -> tuple[dict[BlockKey, bytes], int]:
         by_node: dict[str, list[BlockKey]] = {}
         for key in keys:
             by_node.setdefault(owner(key, self.nodes), []).append(key)
         asked = {node: wanted for node, wanted in by_node.items() if self._available(node)}
         futures = {node: self._fetchers.submit(self._get, node, wanted) for node, wanted in asked.items()}
-        found: dict[bytes, bytes] = {}
+        found: dict[BlockKey, bytes] = {}
         moved = 0
         for node, future in futures.items():
             try:
                 body = future.result()
-            except Exception as exc:  # noqa: BLE001 - a dead node is a miss
+                blocks = unpack_blocks(body)
+            except Exception as exc:  # noqa: BLE001 - a dead node (or a garbled answer) is a miss
                 self._failed(node, exc)
                 continue
             moved += len(body)
-            found.update(unpack_blocks(body))
+            found.update(blocks)
+        return found, moved
+
+    def _remote_prefix(self, keys: list[BlockKey]) -> tuple[list[bytes], int]:
+        found, moved = self._remote_any(keys)
         prefix = []
         for key in keys:
             payload = found.get(key)

@@ -60,8 +60,12 @@ class BlockPool:
         """Store a block (its parent key, or None for a first block). False if it cannot fit."""
         size = len(payload)
         with self._lock:
-            if key in self._entries:
+            entry = self._entries.get(key)
+            if entry is not None:
                 self._entries.move_to_end(key)
+                if entry.payload != payload:  # a recomputed block replaces a damaged one
+                    self.used_bytes += size - len(entry.payload)
+                    entry.payload = payload
                 return True
             if size > self.budget_bytes:
                 return False

@@ -205,3 +205,51 @@ def test_bad_requests_are_4xx_naming_the_field(generators, nodes):
     response = httpx.post(f"{nodes[0].ready['url']}/v1/blocks/put", content=b"garbage",
                           headers={"content-type": "application/octet-stream"}, timeout=5)
     assert response.status_code == 400 and "body" in response.text
+
+
+def test_passage_kv_from_the_kv_nodes_equals_the_locally_cached_one_and_damage_is_recomputed(nodes):
+    from httpkit.auth import internal_headers
+    from serving.answer.blend import Segment, SegmentedPrompt
+    from serving.kvcache.blocks import pack_puts, passage_key
+    from serving.kvcache.client import owner
+
+    urls = [n.ready["url"] for n in nodes]
+    rng = np.random.default_rng(5)
+    passages = [tuple(int(t) for t in rng.integers(10, 250, 40)) for _ in range(3)]
+    prefix = list(range(1, 41))
+
+    def prompt(order: list[int]) -> SegmentedPrompt:
+        segments = []
+        for number, index in enumerate(order, start=1):
+            segments += [Segment((200 + number,), False), Segment(passages[index], True)]
+        return SegmentedPrompt(prefix, [*segments, Segment((60, 61, 62), False)])
+
+    local = load_generator("tiny:1", kv=KVClient([], local_budget_bytes=64 << 20))
+    local.generate(prompt([0, 1, 2]), max_new_tokens=1, kv_reuse="passage")
+    expected = local.generate(prompt([2, 0, 1]), max_new_tokens=12, kv_reuse="passage", keep_logits=True)
+    assert expected.local_hit_tokens >= 3 * 40
+
+    writer = load_generator("tiny:1", kv=KVClient(urls, local_budget_bytes=0))
+    writer.generate(prompt([0, 1, 2]), max_new_tokens=1, kv_reuse="passage")
+    assert writer.kv.flush(10)
+    reader = load_generator("tiny:1", kv=KVClient(urls, local_budget_bytes=0))  # another generator's view
+    remote = reader.generate(prompt([2, 0, 1]), max_new_tokens=12, kv_reuse="passage", keep_logits=True)
+    prefix_blocks = 32  # the prefix's full 16-token blocks come from the nodes too
+    assert remote.remote_hit_tokens == 3 * 40 + prefix_blocks and remote.bytes_fetched > 0
+    assert remote.token_ids == expected.token_ids
+    assert torch.equal(remote.first_logits, expected.first_logits)
+
+    key = passage_key(passages[0], anchor_ids=prefix, model_id=reader.model_id, dtype=reader.dtype)
+    node = owner(key, urls)
+    httpx.post(f"{node}/v1/blocks/put", content=pack_puts([(key, None, b"not a KV payload")]), timeout=10,
+               headers={**internal_headers(), "content-type": "application/octet-stream"}).raise_for_status()
+    fresh = load_generator("tiny:1", kv=KVClient(urls, local_budget_bytes=0))
+    damaged = fresh.generate(prompt([2, 0, 1]), max_new_tokens=12, kv_reuse="passage")
+    assert damaged.token_ids == expected.token_ids  # recomputed, never an error
+    assert damaged.remote_hit_tokens == 2 * 40 + prefix_blocks
+    assert fresh.kv.flush(10)
+    healed = load_generator("tiny:1", kv=KVClient(urls, local_budget_bytes=0))
+    healed_run = healed.generate(prompt([2, 0, 1]), max_new_tokens=1, kv_reuse="passage")
+    assert healed_run.remote_hit_tokens == 3 * 40 + prefix_blocks
+    for generator in (local, writer, reader, fresh, healed):
+        generator.kv.close()
