@@ -2,19 +2,19 @@
 path), lay out the prompt (``prompt``), and generate on a generator worker process, so
 generation never blocks the query path.
 
-The worker is chosen by rendezvous hashing on the retrieved doc ids: the same retrieval goes to
-the same worker and hits its local KV pool; other workers still find the blocks on the
-kv-nodes. A worker that cannot be reached hands the request to the next one in that order.
+The worker is chosen by ``serving.answer.routing``: the one that owns most of the retrieved
+passages (so their KV is in its local pool), unless it is over its load bound or down; other
+workers still find the blocks on the kv-nodes. A worker that cannot be reached hands the request
+to the next one in that order.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,7 +23,8 @@ from httpkit.auth import internal_headers
 from httpkit.responses import sse_event
 from httpkit.tls import client_ssl_context
 from retrieval.errors import ConfigError, GeneratorUnavailable, InvalidRequest
-from serving.answer.prompt import build_messages
+from serving.answer.prompt import build_messages, passage_texts
+from serving.answer.routing import AffinityRouter
 
 RetrieveFn = Callable[[str, int, int | None], Awaitable[dict[str, Any]]]
 """(question, k, timeout_ms) → the query response (hits with title and text, version, partial)."""
@@ -32,10 +33,16 @@ RetrieveFn = Callable[[str, int, int | None], Awaitable[dict[str, Any]]]
 @dataclass(slots=True, frozen=True)
 class AnswerSettings:
     timeout_s: float = 300.0  # how long a generator may take for one answer
+    load_factor: float = 1.25  # a generator takes ≤ load_factor × the mean load in flight (serving.answer.routing)
+    down_for_s: float = 5.0  # a generator that failed a call is skipped this long
 
     def validate(self) -> None:
         if self.timeout_s <= 0:
             raise ConfigError("answer.timeout_s must be > 0", field="answer.timeout_s")
+        if self.load_factor < 1.0:
+            raise ConfigError("answer.load_factor must be ≥ 1", field="answer.load_factor")
+        if self.down_for_s < 0:
+            raise ConfigError("answer.down_for_s must be ≥ 0", field="answer.down_for_s")
 
 
 class AnswerRequest(BaseModel):
@@ -48,12 +55,12 @@ class AnswerRequest(BaseModel):
     greedy: bool = True
     use_cache: bool = Field(True, description="false: recompute the whole prompt (the cold baseline)")
     timeout_ms: PositiveInt | None = Field(None, description="retrieval deadline (generation has its own)")
-
-
-def ranked_generators(doc_ids: Sequence[str], generators: Sequence[str]) -> list[str]:
-    affinity = "\\0".join(doc_ids).encode()
-    return sorted(generators, key=lambda url: hashlib.blake2b(url.encode() + affinity, digest_size=8).digest(),
-                  reverse=True)
+    kv_reuse: Literal["prefix", "passage"] | None = Field(
+        None, description="prefix: reuse the longest cached prompt prefix (exact); passage: reuse each passage's "
+                          "cached KV wherever it ranks, recomputing a fraction of its tokens (default: the "
+                          "generators' --kv-reuse)")
+    recompute_fraction: float | None = Field(None, ge=0, le=1, description="passage reuse: share of the reused "
+                                             "tokens recomputed (default: the generators' setting, 0.15)")
 
 
 class AnswerService:
@@ -64,6 +71,8 @@ class AnswerService:
         self.generators = [g.rstrip("/") for g in generators]
         self.retrieve = retrieve
         settings = settings or AnswerSettings()
+        self.router = AffinityRouter(self.generators, load_factor=settings.load_factor,
+                                     down_for_s=settings.down_for_s)
         self._http = httpx.AsyncClient(timeout=settings.timeout_s, headers=internal_headers(),
                                        verify=client_ssl_context())
 
@@ -81,9 +90,15 @@ class AnswerService:
         retrieval_ms = (time.perf_counter() - started) * 1000.0
         return retrieved, build_messages(request.question, retrieved["hits"]), retrieval_ms
 
-    def _body(self, request: AnswerRequest, messages: list[dict[str, str]], stream: bool) -> dict[str, Any]:
-        return {"messages": messages, "max_new_tokens": request.max_new_tokens, "greedy": request.greedy,
-                "stream": stream, "use_cache": request.use_cache}
+    def _body(self, request: AnswerRequest, retrieved: dict[str, Any], messages: list[dict[str, str]],
+              stream: bool) -> dict[str, Any]:
+        body = {"messages": messages, "max_new_tokens": request.max_new_tokens, "greedy": request.greedy,
+                "stream": stream, "use_cache": request.use_cache, "passages": passage_texts(retrieved["hits"])}
+        if request.kv_reuse is not None:
+            body["kv_reuse"] = request.kv_reuse
+        if request.recompute_fraction is not None:
+            body["recompute_fraction"] = request.recompute_fraction
+        return body
 
     @staticmethod
     def _summary(retrieved: dict[str, Any], retrieval_ms: float, generated: dict[str, Any], url: str,
@@ -100,7 +115,8 @@ class AnswerService:
                         "generation_ms": cache["total_ms"], "tokens_per_s": cache["tokens_per_s"],
                         "total_ms": (time.perf_counter() - started) * 1000.0},
             "cache": {k: cache[k] for k in ("prompt_tokens", "hit_tokens", "local_hit_tokens", "remote_hit_tokens",
-                                            "hit_rate", "tier", "bytes_fetched")},
+                                            "hit_rate", "tier", "bytes_fetched", "kv_reuse", "recomputed_tokens")
+                      if k in cache},
             "generator": url,
         }
 
@@ -110,13 +126,19 @@ class AnswerService:
         started = time.perf_counter()
         retrieved, messages, retrieval_ms = await self._retrieve(request)
         errors = []
-        for url in ranked_generators([h["doc_id"] for h in retrieved["hits"]], self.generators):
-            try:
-                response = await self._http.post(f"{url}/v1/generate", json=self._body(request, messages, False))
-            except httpx.TransportError as exc:
-                errors.append(f"{url}: {exc!r}")
-                continue
+        order, preferred = self.router.order([h["doc_id"] for h in retrieved["hits"]])
+        for url in order:
+            with self.router.call(url, preferred):
+                try:
+                    response = await self._http.post(f"{url}/v1/generate",
+                                                     json=self._body(request, retrieved, messages, False))
+                except httpx.TransportError as exc:
+                    self.router.mark_down(url)
+                    errors.append(f"{url}: {exc!r}")
+                    continue
             if response.status_code != 200:
+                if response.status_code >= 500:
+                    self.router.mark_down(url)
                 errors.append(f"{url}: HTTP {response.status_code} {response.text[:200]}")
                 continue
             return self._summary(retrieved, retrieval_ms, response.json(), url, started)
@@ -132,24 +154,30 @@ class AnswerService:
                                       "passages": [{"n": n, "doc_id": h["doc_id"], "title": h["title"]}
                                                    for n, h in enumerate(retrieved["hits"], start=1)]})
         errors = []
-        for url in ranked_generators([h["doc_id"] for h in retrieved["hits"]], self.generators):
+        order, preferred = self.router.order([h["doc_id"] for h in retrieved["hits"]])
+        for url in order:
             try:
-                async with self._http.stream("POST", f"{url}/v1/generate",
-                                             json=self._body(request, messages, True)) as response:
-                    if response.status_code != 200:
-                        errors.append(f"{url}: HTTP {response.status_code}")
-                        continue
-                    event = None
-                    async for line in response.aiter_lines():
-                        if line.startswith("event: "):
-                            event = line[7:]
-                        elif line.startswith("data: "):
-                            payload = json.loads(line[6:])
-                            if event == "done":
-                                yield sse_event("done", self._summary(retrieved, retrieval_ms, payload, url, started))
-                            else:
-                                yield sse_event(event or "message", payload)
-                    return
+                with self.router.call(url, preferred):
+                    async with self._http.stream("POST", f"{url}/v1/generate",
+                                                 json=self._body(request, retrieved, messages, True)) as response:
+                        if response.status_code != 200:
+                            if response.status_code >= 500:
+                                self.router.mark_down(url)
+                            errors.append(f"{url}: HTTP {response.status_code}")
+                            continue
+                        event = None
+                        async for line in response.aiter_lines():
+                            if line.startswith("event: "):
+                                event = line[7:]
+                            elif line.startswith("data: "):
+                                payload = json.loads(line[6:])
+                                if event == "done":
+                                    yield sse_event("done", self._summary(retrieved, retrieval_ms, payload, url,
+                                                                          started))
+                                else:
+                                    yield sse_event(event or "message", payload)
+                        return
             except httpx.TransportError as exc:
+                self.router.mark_down(url)
                 errors.append(f"{url}: {exc!r}")
         yield sse_event("error", {"message": "no generator answered: " + "; ".join(errors)})

@@ -1,5 +1,6 @@
 """What ``GET /v1/cluster`` and ``GET /healthz`` show: shards, replicas (probed live), versions,
-encoders, ejection and hedging state, and the local launcher's restart log."""
+encoders, ejection and hedging state, the answer router's generators, and the local launcher's
+restart log."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from serving.versions.registry import VersionRegistry
 
 class ClusterView:
     def __init__(self, config: GatewayConfig, registry: VersionRegistry, client: ShardClient,
-                 detector: OutlierDetector, caller: ShardCaller) -> None:
+                 detector: OutlierDetector, caller: ShardCaller, answers: Any = None) -> None:
         self.config = config
+        self.answers = answers  # the AnswerService: its router's view of the generators
         self.registry = registry
         self.client = client
         self.detector = detector
@@ -82,6 +84,8 @@ class ClusterView:
             "balancer": self.config.calls.balancer,
             "hedging": self.hedging_state(),
             "supervision": supervision,
+            "generators": (self.answers.router.snapshot() if self.answers is not None and self.answers.generators
+                           else None),
         }
 
     def _supervision(self) -> dict[str, Any] | None:

@@ -137,4 +137,4 @@ class GatewaySetup:
             asyncio.ensure_future(registry.poll_forever(config.rollout.poll_interval_s)),
         )
         return Gateway(config, replicas, client, registry, detector, caller, fanout, queries, rollout, answers,
-                       writes, ClusterView(config, registry, client, detector, caller), metrics, tasks)
+                       writes, ClusterView(config, registry, client, detector, caller, answers), metrics, tasks)
