@@ -1,19 +1,58 @@
-"""Python client of the gateway's REST API (httpx, imported when a client is made).
+"""Python clients of the gateway's REST API (httpx, imported when a client is made): sync and async,
+with the same methods.
 
     with ShardragClient("http://127.0.0.1:8000") as client:
         response = client.query(text="how do I open a file", k=5)
         for hit in response["hits"]: ...
+        for event in client.answer_stream("how do I open a file"):   # RetrievalEvent, TokenEvent..., DoneEvent
+            ...
+
+    async with AsyncShardragClient("http://127.0.0.1:8000") as client:
+        answer = await client.answer("how do I open a file")      # an Answer
+        async for event in client.answer_stream("..."): ...
 
 Errors come back as the shardrag error the gateway named (status → class), with its field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from retrieval import env
-from retrieval.errors import error_for_status
+from retrieval.client_types import (
+    ROLLOUT_ACTIONS,
+    Answer,
+    AnswerEvent,
+    SSEDecoder,
+    answer_body,
+    check,
+    query_body,
+    rollout_error,
+    write_body,
+)
+
+
+def _connection(api_key: str | None, verify: Any) -> tuple[dict[str, str], Any]:
+    key = api_key if api_key is not None else env.read("SHARDRAG_API_KEY")
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    if verify is None:
+        verify = env.tls_ca() or True
+    if isinstance(verify, str):
+        import ssl
+
+        verify = ssl.create_default_context(cafile=verify)
+    return headers, verify
+
+
+def _json(body: dict[str, Any]) -> bytes:
+    """orjson: ~15x faster than json.dumps for batches of vectors."""
+    import orjson
+
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+JSON = {"content-type": "application/json"}
 
 
 class ShardragClient:
@@ -25,14 +64,7 @@ class ShardragClient:
         import httpx
 
         self.base_url = base_url.rstrip("/")
-        key = api_key if api_key is not None else env.read("SHARDRAG_API_KEY")
-        headers = {"authorization": f"Bearer {key}"} if key else {}
-        if verify is None:
-            verify = env.tls_ca() or True
-        if isinstance(verify, str):
-            import ssl
-
-            verify = ssl.create_default_context(cafile=verify)
+        headers, verify = _connection(api_key, verify)
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers, verify=verify)
 
     def __enter__(self) -> ShardragClient:
@@ -45,18 +77,10 @@ class ShardragClient:
         self._http.close()
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
-        """POST JSON encoded with orjson: ~15x faster than json.dumps for batches of vectors."""
-        import orjson
-
-        return self._http.post(path, content=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
-                               headers={"content-type": "application/json"})
+        return self._http.post(path, content=_json(body), headers=JSON)
 
     def _check(self, response: Any) -> dict[str, Any]:
-        if response.status_code == 200:
-            payload: dict[str, Any] = response.json()
-            return payload
-        raise error_for_status(response.status_code, response.content,
-                               retry_after_s=float(response.headers.get("retry-after", "1")))
+        return check(response.status_code, response.content, response.headers)
 
     def query(
         self,
@@ -77,17 +101,9 @@ class ShardragClient:
         """``filter``: only documents whose metadata match (``docs/filters.md``); ``with_metadata``:
         each hit carries its metadata; ``min_seq``: a session read — only replicas that applied
         these writes answer (pass the ``seq`` an :meth:`upsert` or :meth:`delete` returned)."""
-        body: dict[str, Any] = {"with_text": with_text}
-        if with_metadata:
-            body["with_metadata"] = True
-        if min_seq is not None:
-            body.update(consistency="session", min_seq=dict(min_seq))
-        for name, value in (("text", text), ("k", k), ("top_m", top_m), ("nprobe", nprobe), ("ef_search", ef_search),
-                            ("timeout_ms", timeout_ms), ("version", version), ("filter", filter)):
-            if value is not None:
-                body[name] = value
-        if vector is not None:
-            body["vector"] = [float(x) for x in vector]
+        body = query_body(text=text, vector=vector, k=k, top_m=top_m, nprobe=nprobe, ef_search=ef_search,
+                          timeout_ms=timeout_ms, with_text=with_text, version=version, filter=filter,
+                          with_metadata=with_metadata, min_seq=min_seq)
         return self._check(self._post("/v1/query", body))
 
     def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
@@ -95,21 +111,13 @@ class ShardragClient:
         """Insert or replace documents (``{"id", "title"?, "text" | "vector", "metadata"?}``); returns
         ``{"ids", "seq", "version"}`` once ``write_ack`` replicas of each touched shard have them
         fsynced. Needs a key with the ``write`` scope."""
-        body: dict[str, Any] = {"documents": list(documents), "write_ack": write_ack}
-        if idempotency_key is not None:
-            body["idempotency_key"] = idempotency_key
+        body = write_body(documents=documents, write_ack=write_ack, idempotency_key=idempotency_key)
         return self._check(self._post("/v1/documents", body))
 
     def delete(self, ids: Sequence[str] | None = None, *, filter: dict[str, Any] | None = None,
                write_ack: str = "majority", idempotency_key: str | None = None) -> dict[str, Any]:
         """Delete by ``ids`` or by ``filter`` (every live document it selects); same reply as upsert."""
-        body: dict[str, Any] = {"write_ack": write_ack}
-        if ids is not None:
-            body["ids"] = list(ids)
-        if filter is not None:
-            body["filter"] = filter
-        if idempotency_key is not None:
-            body["idempotency_key"] = idempotency_key
+        body = write_body(ids, filter=filter, write_ack=write_ack, idempotency_key=idempotency_key)
         return self._check(self._post("/v1/documents/delete", body))
 
     def get(self, doc_id: str) -> dict[str, Any]:
@@ -128,24 +136,137 @@ class ShardragClient:
         """One rollout command: ``stage`` (``model=``), ``activate`` (``queries=``, ``qrels=``,
         ``force=``), ``retire``, ``abort`` or ``rollback``. A quality-gate refusal raises the
         409 error with the gate's numbers on its ``gate`` attribute."""
-        import orjson
-
-        if action not in ("stage", "activate", "retire", "abort", "rollback"):
+        if action not in ROLLOUT_ACTIONS:
             raise ValueError(f"unknown rollout action {action!r}")
         response = self._post(f"/admin/rollout/{action}", {"version": version, **body})
         if response.status_code == 200:
             payload: dict[str, Any] = response.json()
             return payload
-        error = error_for_status(response.status_code, response.content)
-        try:
-            detail = orjson.loads(response.content).get("error", {})
-        except (orjson.JSONDecodeError, AttributeError):
-            detail = {}
-        error.gate = detail.get("gate") if isinstance(detail, dict) else None  # type: ignore[attr-defined]
-        raise error
+        raise rollout_error(response.status_code, response.content)
 
     def cluster(self) -> dict[str, Any]:
         return self._check(self._http.get("/v1/cluster"))
 
     def health(self) -> dict[str, Any]:
         return self._check(self._http.get("/healthz"))
+
+    # -- answers (POST /v1/answer) -------------------------------------------------------------
+    def answer(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
+               kv_reuse: str | None = None, recompute_fraction: float | None = None,
+               timeout_ms: int | None = None) -> Answer:
+        """A grounded answer: the text, its citations (doc ids), timings and KV-cache statistics.
+        ``kv_reuse`` "prefix" | "passage" (default: the generators' setting; docs/rag-cache.md)."""
+        body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=False, use_cache=use_cache,
+                           kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
+        return Answer.from_json(self._check(self._post("/v1/answer", body)))
+
+    def answer_stream(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
+                      kv_reuse: str | None = None, recompute_fraction: float | None = None,
+                      timeout_ms: int | None = None) -> Iterator[AnswerEvent]:
+        """The answer as it is generated: a RetrievalEvent, TokenEvents, then a DoneEvent."""
+        body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=True, use_cache=use_cache,
+                           kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
+        with self._http.stream("POST", "/v1/answer", content=_json(body), headers=JSON) as response:
+            if response.status_code != 200:
+                response.read()
+                self._check(response)
+            decoder = SSEDecoder()
+            for line in response.iter_lines():
+                event = decoder.feed(line)
+                if event is not None:
+                    yield event
+
+
+class AsyncShardragClient:
+    """The async twin of :class:`ShardragClient` (``httpx.AsyncClient``): the same methods, awaited;
+    ``answer_stream`` is an async iterator."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0, api_key: str | None = None,
+                 verify: Any = None) -> None:
+        import httpx
+
+        self.base_url = base_url.rstrip("/")
+        headers, verify = _connection(api_key, verify)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=headers, verify=verify)
+
+    async def __aenter__(self) -> AsyncShardragClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = await self._http.post(path, content=_json(body), headers=JSON)
+        return check(response.status_code, response.content, response.headers)
+
+    async def _get(self, path: str) -> dict[str, Any]:
+        response = await self._http.get(path)
+        return check(response.status_code, response.content, response.headers)
+
+    async def query(self, *, text: str | None = None, vector: Sequence[float] | None = None, k: int | None = None,
+                    top_m: int | None = None, nprobe: int | None = None, ef_search: int | None = None,
+                    timeout_ms: int | None = None, with_text: bool = True, version: str | None = None,
+                    filter: dict[str, Any] | None = None, with_metadata: bool = False,
+                    min_seq: dict[str, int] | None = None) -> dict[str, Any]:
+        return await self._post("/v1/query", query_body(
+            text=text, vector=vector, k=k, top_m=top_m, nprobe=nprobe, ef_search=ef_search, timeout_ms=timeout_ms,
+            with_text=with_text, version=version, filter=filter, with_metadata=with_metadata, min_seq=min_seq))
+
+    async def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
+                     idempotency_key: str | None = None) -> dict[str, Any]:
+        return await self._post("/v1/documents", write_body(documents=documents, write_ack=write_ack,
+                                                            idempotency_key=idempotency_key))
+
+    async def delete(self, ids: Sequence[str] | None = None, *, filter: dict[str, Any] | None = None,
+                     write_ack: str = "majority", idempotency_key: str | None = None) -> dict[str, Any]:
+        return await self._post("/v1/documents/delete", write_body(ids, filter=filter, write_ack=write_ack,
+                                                                   idempotency_key=idempotency_key))
+
+    async def get(self, doc_id: str) -> dict[str, Any]:
+        from urllib.parse import quote
+
+        return await self._get(f"/v1/documents/{quote(doc_id, safe='')}")
+
+    async def rollout_status(self) -> dict[str, Any]:
+        return await self._get("/admin/rollout")
+
+    async def rollout(self, action: str, version: str, **body: Any) -> dict[str, Any]:
+        if action not in ROLLOUT_ACTIONS:
+            raise ValueError(f"unknown rollout action {action!r}")
+        response = await self._http.post(f"/admin/rollout/{action}", content=_json({"version": version, **body}),
+                                         headers=JSON)
+        if response.status_code == 200:
+            payload: dict[str, Any] = response.json()
+            return payload
+        raise rollout_error(response.status_code, response.content)
+
+    async def cluster(self) -> dict[str, Any]:
+        return await self._get("/v1/cluster")
+
+    async def health(self) -> dict[str, Any]:
+        return await self._get("/healthz")
+
+    async def answer(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
+                     kv_reuse: str | None = None, recompute_fraction: float | None = None,
+                     timeout_ms: int | None = None) -> Answer:
+        body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=False, use_cache=use_cache,
+                           kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
+        return Answer.from_json(await self._post("/v1/answer", body))
+
+    async def answer_stream(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
+                            kv_reuse: str | None = None, recompute_fraction: float | None = None,
+                            timeout_ms: int | None = None) -> AsyncIterator[AnswerEvent]:
+        body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=True, use_cache=use_cache,
+                           kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
+        async with self._http.stream("POST", "/v1/answer", content=_json(body), headers=JSON) as response:
+            if response.status_code != 200:
+                await response.aread()
+                check(response.status_code, response.content, response.headers)
+            decoder = SSEDecoder()
+            async for line in response.aiter_lines():
+                event = decoder.feed(line)
+                if event is not None:
+                    yield event

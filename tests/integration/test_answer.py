@@ -3,6 +3,7 @@ a generator process running the real SmolLM2-135M-Instruct."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -17,6 +18,8 @@ pytestmark = pytest.mark.slow
 
 QUESTION = "what is the temperature of the sun"
 STREAM_QUESTION = "what causes the seasons on earth"  # its own: neither test warms the other's cache
+PASSAGE_QUESTION = "how do vaccines train the immune system"
+CLIENT_QUESTION = "why is the sky blue"
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +81,60 @@ def test_answer_streams_server_sent_events(cluster):
     ({"question": "x", "max_new_tokens": 100000}, "max_new_tokens"),
     ({"question": "x", "temperature": 1}, "temperature"),
     ({"k": 3}, "question"),
+    ({"question": "x", "kv_reuse": "blend"}, "kv_reuse"),
+    ({"question": "x", "recompute_fraction": 1.5}, "recompute_fraction"),
 ])
 def test_bad_answer_requests_are_4xx_naming_the_field(cluster, body, field):
     response = httpx.post(f"{cluster.gateway_url}/v1/answer", json=body, timeout=30)
     assert 400 <= response.status_code < 500, response.text
     assert field in response.text
+
+
+def test_passage_reuse_through_the_gateway(cluster):
+    """Passages one answer computed are reused by the next, and 100 % recompute is exact."""
+    with httpx.Client(base_url=cluster.gateway_url, timeout=300) as client:
+        body = {"question": PASSAGE_QUESTION, "k": 3, "max_new_tokens": 4}
+        first = client.post("/v1/answer", json={**body, "kv_reuse": "passage"}).json()
+        assert first["cache"]["kv_reuse"] == "passage"
+        again = client.post("/v1/answer", json={**body, "kv_reuse": "passage", "recompute_fraction": 1.0}).json()
+        exact = client.post("/v1/answer", json={**body, "use_cache": False}).json()
+        assert again["cache"]["hit_tokens"] > 0.8 * again["cache"]["prompt_tokens"], again["cache"]
+        assert again["answer"] == exact["answer"]  # 100 % recompute is the full prefill
+
+
+def test_typed_sync_and_async_clients(cluster):
+    from retrieval.client import AsyncShardragClient, ShardragClient
+    from retrieval.client_types import Answer, DoneEvent, RetrievalEvent, TokenEvent
+    from retrieval.errors import InvalidRequest
+
+    with ShardragClient(cluster.gateway_url, timeout_s=300) as client:
+        answer = client.answer(CLIENT_QUESTION, k=2, max_new_tokens=8)
+        assert isinstance(answer, Answer) and answer.answer.strip()
+        assert answer.citations == [p.doc_id for p in answer.passages] and len(answer.citations) == 2
+        events = list(client.answer_stream(CLIENT_QUESTION, k=2, max_new_tokens=8))
+        assert isinstance(events[0], RetrievalEvent) and isinstance(events[-1], DoneEvent)
+        assert all(isinstance(e, TokenEvent) for e in events[1:-1]) and len(events) > 2
+        streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
+        assert streamed.strip() == events[-1].answer.answer.strip() == answer.answer.strip()
+        with pytest.raises(InvalidRequest) as error:
+            client.answer("x", k=99)
+        assert error.value.field == "k"
+        sync_hits = client.query(text=CLIENT_QUESTION, k=2)["hits"]
+
+    async def run() -> tuple:
+        async with AsyncShardragClient(cluster.gateway_url, timeout_s=300) as client:
+            answer = await client.answer(CLIENT_QUESTION, k=2, max_new_tokens=8)
+            events = [event async for event in client.answer_stream(CLIENT_QUESTION, k=2, max_new_tokens=8)]
+            hits = (await client.query(text=CLIENT_QUESTION, k=2))["hits"]
+            cluster_view = await client.cluster()
+            with pytest.raises(InvalidRequest) as error:
+                async for _ in client.answer_stream("x", k=0):
+                    pass
+            return answer, events, hits, cluster_view, error.value.field
+
+    answer_async, events_async, hits_async, cluster_view, field = asyncio.run(run())
+    assert answer_async.answer == answer.answer and answer_async.citations == answer.citations
+    assert isinstance(events_async[0], RetrievalEvent) and isinstance(events_async[-1], DoneEvent)
+    assert [h["doc_id"] for h in hits_async] == [h["doc_id"] for h in sync_hits]
+    assert cluster_view["shards"] and field == "k"
+    assert cluster_view["generators"]["routed"] >= 2 and not cluster_view["generators"]["down"]
