@@ -2,6 +2,8 @@
 
     python -m benchmarks.rag_cache                 # ~8 min on 2 cores
     python -m benchmarks.rag_cache --requests 40   # quicker
+    python -m benchmarks.rag_cache --passages      # passage-level reuse: benchmarks/rag_passages.py
+    python -m benchmarks.rag_cache --routing       # cache-affinity routing: benchmarks/rag_routing.py
 
 The trace: queries of ../shared/data (msmarco + dbpedia) drawn with Zipf(s) popularity, so
 popular questions repeat. Each request's prompt is the real RAG prompt (serving.rag: system
@@ -29,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +52,8 @@ def zipf_trace(num_queries: int, requests: int, s: float, seed: int) -> list[int
     return rng.choice(num_queries, size=requests, p=weights / weights.sum()).tolist()
 
 
-def prompts_for(num_queries: int, seed: int) -> list[list[dict[str, str]]]:
+def retrievals_for(num_queries: int, seed: int, k: int = 3) -> list[tuple[str, list[dict[str, str]]]]:
+    """(question, its top-k passages by exact search) for ``num_queries`` msmarco + dbpedia questions."""
     corpus = load_corpus()
     rng = np.random.default_rng(seed)
     chosen = rng.choice(len(corpus.query_vectors), size=num_queries, replace=False)
@@ -57,20 +61,51 @@ def prompts_for(num_queries: int, seed: int) -> list[list[dict[str, str]]]:
     for name in ("msmarco", "dbpedia"):
         dataset = load_beir(data_dir() / name)
         texts.extend(dataset.queries[q] for q in sorted(dataset.queries))
-    prompts = []
+    retrievals = []
     for index in chosen:
         scores = corpus.vectors @ corpus.query_vectors[index]
-        top = np.argsort(-scores)[:3]
+        top = np.argsort(-scores)[:k]
         hits = [{"doc_id": corpus.documents[i].doc_id, "title": corpus.documents[i].title,
                  "text": corpus.documents[i].text} for i in top]
-        prompts.append(build_messages(texts[index], hits))
-    return prompts
+        retrievals.append((texts[index], hits))
+    return retrievals
+
+
+def prompts_for(num_queries: int, seed: int) -> list[list[dict[str, str]]]:
+    return [build_messages(question, hits) for question, hits in retrievals_for(num_queries, seed)]
 
 
 def start(name: str, argv: list[str], workdir: Path) -> Child:
     child = Child(name, lambda port: [PYTHON, "-m", "serving", *argv, "--port", str(port)], workdir / f"{name}.log")
     child.start({**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
     return child
+
+
+def closed_loop(count: int, clients: int,
+                send: Callable[[httpx.Client, int], dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:
+    """Requests 0..count-1 from ``clients`` threads, each sending the next one when its last
+    answer is back; returns the answers in request order and the wall time."""
+    results: list[dict[str, Any]] = [{} for _ in range(count)]
+    cursor = {"next": 0}
+    lock = threading.Lock()
+
+    def client() -> None:
+        with httpx.Client(timeout=300) as http:
+            while True:
+                with lock:
+                    index = cursor["next"]
+                    cursor["next"] += 1
+                if index >= count:
+                    return
+                results[index] = send(http, index)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results, time.perf_counter() - started
 
 
 def run_setup(name: str, prompts: list[list[dict[str, str]]], trace: list[int], workdir: Path, *,
@@ -89,32 +124,16 @@ def run_setup(name: str, prompts: list[list[dict[str, str]]], trace: list[int], 
         for generator in generators:
             generator.wait_ready(time.monotonic() + 300)
         urls = [g.ready["url"] for g in generators]
-        results: list[dict[str, Any]] = [{} for _ in trace]
-        cursor = {"next": 0}
-        lock = threading.Lock()
-
-        def client() -> None:
-            with httpx.Client(timeout=300) as http:
-                while True:
-                    with lock:
-                        index = cursor["next"]
-                        cursor["next"] += 1
-                    if index >= len(trace):
-                        return
-                    url = urls[index % len(urls)]  # round robin: no locality help
-                    body = {"messages": prompts[trace[index]], "max_new_tokens": max_new_tokens}
-                    response = http.post(f"{url}/v1/generate", json=body)
-                    response.raise_for_status()
-                    results[index] = response.json()
+        def send(http: httpx.Client, index: int) -> dict[str, Any]:
+            url = urls[index % len(urls)]  # round robin: no locality help
+            body = {"messages": prompts[trace[index]], "max_new_tokens": max_new_tokens}
+            response = http.post(f"{url}/v1/generate", json=body)
+            response.raise_for_status()
+            answer: dict[str, Any] = response.json()
+            return answer
 
         print(f"[{name}] {len(trace)} requests ...", flush=True)
-        started = time.perf_counter()
-        clients = [threading.Thread(target=client) for _ in range(2)]
-        for thread in clients:
-            thread.start()
-        for thread in clients:
-            thread.join()
-        wall = time.perf_counter() - started
+        results, wall = closed_loop(len(trace), 2, send)
         infos = [httpx.get(f"{u}/v1/info", timeout=10).json() for u in urls]
         node_stats = [httpx.get(f"{n.ready['url']}/v1/stats", timeout=10).json() for n in nodes]
     finally:
@@ -145,6 +164,13 @@ def run_setup(name: str, prompts: list[list[dict[str, str]]], trace: list[int], 
 
 
 def main() -> None:
+    for flag, module in (("--passages", "benchmarks.rag_passages"), ("--routing", "benchmarks.rag_routing")):
+        if flag in sys.argv:
+            import importlib
+
+            sys.argv.remove(flag)
+            importlib.import_module(module).main()
+            return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=60, help="trace length (default 60)")
     parser.add_argument("--queries", type=int, default=24, help="distinct questions (default 24)")
