@@ -34,9 +34,28 @@ class ClientDisconnected(Exception):
     """The client went away while its request waited (e.g. a cancelled hedge): send nothing."""
 
 
+DRAIN_LIMIT_BYTES = 64 << 20
+"""How much of an oversize body is read and dropped before the 413 goes out. A client that sends
+its whole body before reading the answer (Python's urllib, many simple clients) sees a
+connection reset instead of the 413 when the server closes while it is still sending; up to
+this size it gets the 413. Past it the connection is closed anyway (no unbounded reading)."""
+
+
+async def _drain(receive: Receive, budget_bytes: int) -> None:
+    drained = 0
+    while drained <= budget_bytes:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        drained += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
 async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
     """The request body, refused with 413 as soon as it exceeds ``limit_bytes`` (a declared
-    ``Content-Length`` is checked first, so an oversize upload is not read at all)."""
+    ``Content-Length`` is checked first, so an oversize upload is never kept in memory; it is
+    drained, up to ``DRAIN_LIMIT_BYTES``, so that every client reads the 413)."""
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             try:
@@ -45,6 +64,8 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
                 raise MalformedBody(f"Content-Length {value.decode('latin-1')!r} is not a number",
                                     field="content-length") from None
             if declared > limit_bytes:
+                if declared <= DRAIN_LIMIT_BYTES:
+                    await _drain(receive, declared)
                 raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {limit_bytes}", field="body")
     chunks: list[bytes] = []
     size = 0
@@ -55,6 +76,8 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit_bytes:
+            if message.get("more_body", False):
+                await _drain(receive, DRAIN_LIMIT_BYTES - size)
             raise PayloadTooLarge(f"body is over the limit of {limit_bytes} bytes", field="body")
         chunks.append(chunk)
         if not message.get("more_body", False):

@@ -1,5 +1,6 @@
 """A real local cluster: 3 kmeans shards × 2 replica processes + a gateway process on 127.0.0.1."""
 
+import json
 import os
 import signal
 import time
@@ -102,6 +103,35 @@ def test_gateway_bad_input_over_real_http(http):
     assert response.status_code == 413 and response.json()["error"]["field"] == "body"
     assert http.post("/v1/query", json={"text": "hello"}).status_code == 503  # started without an encoder
     assert http.get("/healthz").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("client", ["urllib", "httpx", "curl"])
+def test_every_common_client_reads_the_413_of_an_oversize_body(cluster, client):
+    """A 24 MB query body (the limit is 1 MB): the gateway drains it and answers 413 naming the
+    field — also to clients that send the whole body before reading (urllib), which got a
+    connection reset before (2 MB fits in loopback's socket buffers here; 24 MB does not)."""
+    import shutil
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    url, body = f"{cluster.gateway_url}/v1/query", b"x" * (24 << 20)
+    if client == "urllib":
+        request = urllib.request.Request(url, data=body, method="POST", headers={"content-type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=30)
+        status, payload = caught.value.code, json.loads(caught.value.read())
+    elif client == "httpx":
+        response = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30)
+        status, payload = response.status_code, response.json()
+    else:
+        if shutil.which("curl") is None:
+            pytest.skip("curl is not installed")
+        done = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", "-H", "content-type: application/json",
+                               "--data-binary", "@-", url], input=body, capture_output=True, timeout=30, check=True)
+        text, _, code = done.stdout.decode().rpartition("\n")
+        status, payload = int(code), json.loads(text)
+    assert status == 413 and payload["error"]["field"] == "body" and payload["error"]["code"] == "payload_too_large"
 
 
 def test_cluster_endpoint(http, msmarco):
