@@ -131,7 +131,8 @@ Policy = Callable[[str, str], str | None]  # (method, path) → None (open), "re
 
 
 def gateway_policy(method: str, path: str) -> str | None:
-    if path in ("/healthz", "/metrics", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"):
+    if path in ("/healthz", "/metrics", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect") or \
+            (path == "/" and method == "GET"):  # the status page: static; the data behind it needs a key
         return _OPEN
     if path.startswith("/admin"):
         return "admin"

@@ -320,7 +320,13 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
             raise MalformedBody(f"body is not valid JSON: {exc}", field="body") from exc
         if not isinstance(data, dict):
             raise InvalidRequest("body must be a JSON object of fault settings", field="body")
-        faults.set(FaultConfig.from_dict(data))
+        if "spec" in data:  # the --faults string form: {"spec": "stall=0.05:100,latency=fixed:5"}
+            if set(data) != {"spec"} or not isinstance(data["spec"], str):
+                raise InvalidRequest("give either {\"spec\": \"name=value,...\"} or the settings object",
+                                     field="spec")
+            faults.set(FaultConfig.parse(data["spec"]))
+        else:
+            faults.set(FaultConfig.from_dict(data))
         logger.warning("fault injection set to %s", faults.config)
         return json_response({"faults": faults.config.to_dict(), "active": faults.active})
 

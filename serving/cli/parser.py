@@ -9,6 +9,7 @@ from index_shards.layout import DEFAULT_ROOT
 from serving.cli.build import cmd_build
 from serving.cli.cluster import cmd_demo, cmd_serve
 from serving.cli.common import DEFAULT_URL
+from serving.cli.operate import add_operate_commands
 from serving.cli.processes import cmd_gateway, cmd_generator, cmd_kv_node
 from serving.cli.remote import cmd_query, cmd_rollout
 from serving.cli.tune import add_tune_command
@@ -21,6 +22,8 @@ DESCRIPTION = """``shardrag`` — build, serve and query sharded retrieval colle
   shardrag build --corpus PATH ...    corpus (JSONL or BEIR folder) → collection on disk
   shardrag serve --collection NAME    start the local cluster for a built collection
   shardrag query "text"               ask a running gateway
+  shardrag status [--watch]           the cluster at a glance (exit 1 if a shard has no healthy replica)
+  shardrag faults show|set|clear      game-day fault injection through the gateway (admin key)
   shardrag ingest --collection NAME --corpus FILE.jsonl
                                       upsert a corpus into a running cluster (resumable)
   shardrag delete --ids a,b | --filter JSON
@@ -119,9 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="build Python's docs and run a local cluster on 127.0.0.1")
     demo.add_argument("--root", help="where the demo collection lives (default ~/.cache/shardrag/demo)")
-    demo.add_argument("--max-docs", type=int, default=1000, help="passages to index (default 1000)")
+    demo.add_argument("--max-docs", type=int, default=0,
+                      help="index a sample of N passages spread over every module (default 0: all, about 3,000)")
     demo.add_argument("--rebuild", action="store_true", help="rebuild even if a demo collection exists")
-    demo.add_argument("--check", action="store_true", help="run the demo queries, print them, stop (for CI)")
+    demo.add_argument("--check", action="store_true",
+                      help="ask the example questions, fail unless each finds its module in the top 3, stop")
     demo.add_argument("--model", default=None, help=argparse.SUPPRESS)
     demo.add_argument("--device", default="auto", help="encoder device: auto, cpu, cuda (default auto)")
     demo.add_argument("--batch-size", type=int, default=64, help=argparse.SUPPRESS)
@@ -166,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     query.set_defaults(func=cmd_query)
     add_write_commands(commands)
     add_tune_command(commands)
+    add_operate_commands(commands)
 
     # Training lives in the training package (serving must not import it): `shardrag train|eval ...`
     # runs `python -m training train|eval ...` in this process (see main()).

@@ -6,7 +6,9 @@
     GET  /healthz     gateway + encoder state
     GET  /metrics     Prometheus
     GET|POST /admin/rollout[/stage|activate|retire|abort|rollback]
+    GET|DELETE /admin/faults, PUT /admin/faults/{shard}/{replica}   game days (serving.gateway.faults_proxy)
     GET  /docs        OpenAPI UI
+    GET  /            the live status page (static/status.html: polls /v1/cluster and /metrics)
 
 :func:`create_app` builds the gateway (:meth:`GatewaySetup.build`) in the app's lifespan and
 puts FastAPI around it. The query handler parses the body itself (pydantic's JSON parser, no
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -40,10 +43,13 @@ from serving.gateway.api_models import (
     VersionCommand,
 )
 from serving.gateway.factory import Gateway, GatewaySetup
+from serving.gateway.faults_proxy import add_fault_routes
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.openapi import filter_schemas, query_request_schema, write_schemas
 from serving.gateway.query import parse_body
 from serving.writes.models import DeleteRequest, UpsertRequest
+
+STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
 
 
 class _Running:
@@ -149,6 +155,12 @@ def create_app(setup: GatewaySetup) -> Any:
     async def cluster() -> Response:
         return json_response(await running.gateway.cluster.cluster())
 
+    @app.get("/", include_in_schema=False)
+    async def status_page() -> Response:
+        """The live status page (no key needed for the page; it asks for one when /v1/cluster does)."""
+        return Response(STATUS_PAGE, media_type="text/html; charset=utf-8",
+                        headers={"cache-control": "no-cache", "x-content-type-options": "nosniff"})
+
     @app.get("/healthz", summary="Gateway liveness and readiness")
     async def healthz() -> Response:
         return json_response(running.gateway.cluster.healthz())
@@ -182,6 +194,8 @@ def create_app(setup: GatewaySetup) -> Any:
               responses=ERROR_RESPONSES)
     async def rollout_rollback(command: VersionCommand) -> Response:
         return json_response(await running.gateway.rollout.rollback(command.version))
+
+    add_fault_routes(app, lambda: list(running.gateway.registry.shard_replicas))
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -62,7 +62,11 @@ class ClusterView:
         shards = []
         for shard in active.shards:
             replicas = await asyncio.gather(*(self._probe(r, ejection) for r in shard.replicas))
+            balancer = self.caller.balancer
             for replica in replicas:
+                replica["outstanding"] = balancer.outstanding.get(replica["url"], 0)
+                expected = balancer.expected_latency_s(replica["url"])
+                replica["ewma_ms"] = expected * 1000.0 if expected is not None else None
                 child = by_url.get(replica["url"])
                 if child is not None:
                     replica["restarts"] = child.get("restarts", 0)

@@ -29,6 +29,7 @@ class Child:
     port: int = 0
     process: subprocess.Popen[str] | None = None
     ready: dict[str, Any] | None = None
+    url: str | None = None  # kept across restarts (same port, same URL), unlike ``ready``
     restarts: int = 0
     last_exit_code: int | None = None
     last_restart_at: float | None = None  # wall-clock time of the last restart
@@ -55,6 +56,7 @@ class Child:
             payload = parse_ready_line(line) if self.ready is None else None
             if payload is not None:
                 self.ready = payload
+                self.url = str(payload["url"])
                 self.port = int(payload["port"])
                 self._ready_event.set()
             log.write(line)

@@ -276,7 +276,9 @@ class LocalCluster:
                 + ([self.gateway] if self.gateway else []))
 
     def status(self) -> list[dict[str, Any]]:
-        return [{"name": c.name, "url": c.ready.get("url") if c.ready else None,
+        # the URL a child had before its restart: the supervision file is written at the restart,
+        # before the new process is ready, and the gateway matches replicas to it by URL
+        return [{"name": c.name, "url": c.ready.get("url") if c.ready else c.url,
                  "pid": c.process.pid if c.process else None, "port": c.port,
                  "alive": bool(c.process and c.process.poll() is None), "restarts": c.restarts,
                  "last_exit_code": c.last_exit_code, "last_restart_at": c.last_restart_at}

@@ -80,6 +80,20 @@ def test_build_serve_query_and_ctrl_c(tmp_path):
         for log in workdir.glob("*.log"):  # keys never reach a log
             assert read_key not in log.read_text()
 
+        # README's game-day recipe, as written, on this `shardrag serve`
+        admin_key = re.search(r"^\s+admin\s+(\S+)$", banner, flags=re.M).group(1)
+        game_day = {**os.environ, "SHARDRAG_URL": f"http://127.0.0.1:{port}", "SHARDRAG_API_KEY": admin_key}
+        recipe = [["faults", "set", "--shard", "0", "--replica", "0", "stall=0.05:100,latency=lognormal:1:0.5"],
+                  ["faults", "set", "--shard", "1", "--replica", "0", "errors=0.1:503,slowdown=5"],
+                  ["faults", "show"], ["status"], ["faults", "clear"]]
+        outputs = []
+        for command in recipe:
+            done = run(command, env=game_day)
+            assert done.returncode == 0, (command, done.stdout, done.stderr)
+            outputs.append(done.stdout)
+        assert "lognormal:1:0.5" in outputs[2] and outputs[2].count("active") == 2
+        assert outputs[4].count("faults off") == 2
+
         pids = []
         for log in workdir.glob("*.log"):
             for line in log.read_text().splitlines():
@@ -111,8 +125,10 @@ def _alive(pid: int) -> bool:
 
 
 def test_demo_check(tmp_path):
-    result = run(["demo", "--check", "--port", "0", "--max-docs", "150", "--root", str(tmp_path / "demo")])
-    assert result.returncode == 0, result.stderr[-3000:]
+    """The whole demo corpus (every module; the vectors come from the embedding cache after the
+    first run): each common question finds the module that answers it in the top 3."""
+    result = run(["demo", "--check", "--port", "0", "--root", str(tmp_path / "demo")])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "demo check passed" in result.stdout
     assert len(re.findall(r"^Q: ", result.stdout, flags=re.M)) == 3
-    assert "2/2 shards" in result.stdout
+    assert "2/2 shards" in result.stdout and "py/csv" in result.stdout and "py/argparse" in result.stdout

@@ -147,3 +147,20 @@ def test_vector_results_are_sane(client):
     hits = response.json()["hits"]
     assert hits[0]["doc_id"] == documents[5].doc_id and hits[0]["text"] == ""
     assert np.isclose(hits[0]["score"], 1.0, atol=1e-5)
+
+
+def test_the_status_page_is_html_and_the_cluster_view_has_balancer_state(client):
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert b"replica-grid" in page.content and b"/v1/cluster" in page.content
+    cluster = client.get("/v1/cluster").json()
+    replica = cluster["shards"][0]["replicas"][0]
+    assert "outstanding" in replica and "ewma_ms" in replica
+    assert cluster["generators"] is None  # no generators configured
+
+
+@pytest.mark.parametrize("path, field", [("/admin/faults/9/0", "shard"), ("/admin/faults/0/5", "replica"),
+                                         ("/admin/faults/x/0", "shard")])
+def test_fault_commands_name_a_shard_or_replica_that_does_not_exist(client, path, field):
+    response = client.put(path, json={"spec": "latency=fixed:1"})
+    assert 400 <= response.status_code < 500 and response.json()["error"]["field"] == field
