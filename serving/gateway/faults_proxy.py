@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Path, Request, Response
 
-from httpkit.api import ERROR_RESPONSES
+from httpkit.api import ERROR_RESPONSES, ErrorResponse
 from httpkit.asgi import read_request_body
 from httpkit.auth import internal_headers
 from httpkit.responses import json_response
@@ -63,19 +63,18 @@ def add_fault_routes(app: FastAPI, replicas_of: Callable[[], list[tuple[str, ...
 
         return list(await asyncio.gather(*(one(*target) for target in targets)))
 
-    @app.get("/admin/faults", summary="Every replica's fault injection settings and counts",
-             responses=ERROR_RESPONSES)
-    async def faults_show() -> Response:
+    # one route for both methods, so a 405 on this path lists both in its Allow header
+    @app.api_route("/admin/faults", methods=["GET", "DELETE"], responses=ERROR_RESPONSES,
+                   summary="GET: every replica's fault injection settings and counts; DELETE: all off")
+    async def faults_all(request: Request) -> Response:
+        if request.method == "DELETE":
+            return json_response({"replicas": await each("PUT", b"{}")})
         return json_response({"replicas": await each("GET")})
 
     @app.put("/admin/faults/{shard}/{replica}", summary="Set one replica's fault injection (game days)",
-             responses=ERROR_RESPONSES)
+             responses={**ERROR_RESPONSES, 404: {"model": ErrorResponse, "description": "no such shard or replica"}})
     async def faults_set(request: Request, shard: Annotated[int, Path(ge=0)],
                          replica: Annotated[int, Path(ge=0)]) -> Response:
         url = replica_url(shard, replica)
         body = await read_request_body(request, FAULT_BODY_LIMIT) or b"{}"
         return json_response({"shard": shard, "replica": replica, "url": url, **await _call("PUT", url, body)})
-
-    @app.delete("/admin/faults", summary="Turn fault injection off on every replica", responses=ERROR_RESPONSES)
-    async def faults_clear() -> Response:
-        return json_response({"replicas": await each("PUT", b"{}")})
