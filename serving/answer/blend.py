@@ -99,7 +99,6 @@ def rerotate(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Te
 
 @dataclass(slots=True)
 class BlendStats:
-    reused_tokens: int = 0
     recomputed_tokens: int = 0  # reused tokens recomputed through the later layers
     new_tokens: int = 0
 
@@ -153,7 +152,7 @@ def blended_prefill(model: Any, token_ids: Sequence[int], prefix_kv: Sequence[tu
     new_positions = rest[~is_reused[rest]]
     if len(new_positions) == 0 or int(new_positions[-1]) != total - 1:
         raise ConfigError("the last prompt token must be computed, not reused", field="passages")
-    stats = BlendStats(reused_tokens=len(order), new_tokens=len(new_positions))
+    stats = BlendStats(new_tokens=len(new_positions))
     layers = decoder.layers
     config = model.config
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
