@@ -3,6 +3,7 @@
     python -m benchmarks.training              # ~30 min on 2 CPU cores
     python -m benchmarks.training --steps 60   # shorter
     python -m benchmarks.training --signal     # which training signal pays (benchmarks/training_signal.py)
+    python -m benchmarks.training --systems    # comm hooks, bf16, stragglers (benchmarks/training_systems.py)
 
 1. Step time and samples/s of real all-MiniLM-L6-v2 training at the same per-rank batch:
    1 rank (1 thread, and 2 threads), 2 ranks (1 thread each) — the ratio 2-rank / 1-rank step.
@@ -40,6 +41,16 @@ def train(root: Path, collection: str, out: Path, nproc: int, **overrides: Any) 
     return json.loads((out / "summary.json").read_text())
 
 
+def two_slices(prefix: str) -> tuple[Path, Path]:
+    """A work dir and, under it, a collections root holding ``both-2``: msmarco + dbpedia's
+    10k passages (MiniLM vectors, cached) in 2 slices — what the training benchmarks train on."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    corpus = load_corpus()
+    build_collection(work / "root", corpus.documents, corpus.vectors, corpus.version, BuildConfig("both-2", 2),
+                     show_progress=False)
+    return work, work / "root"
+
+
 def steady_step_s(summary: dict[str, Any], skip: int = 2) -> float:
     return statistics.median(summary["history"]["step_s"][skip:])
 
@@ -70,6 +81,11 @@ def main() -> None:
         from benchmarks.training_signal import main as signal_main
 
         signal_main([a for a in sys.argv[1:] if a != "--signal"])
+        return
+    if "--systems" in sys.argv[1:]:  # comm hooks, precision, stragglers (benchmarks/training_systems.py)
+        from benchmarks.training_systems import main as systems_main
+
+        systems_main([a for a in sys.argv[1:] if a != "--systems"])
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=120, help="training steps for the quality runs (default 120)")

@@ -24,13 +24,12 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import data_dir, load_corpus, machine_info, write_result
-from index_shards.build import BuildConfig, build_collection
+from benchmarks.common import data_dir, machine_info, write_result
+from benchmarks.training import evaluate_encoder, two_slices
 from retrieval.datasets import load_beir
 from retrieval.embedding_cache import CachingEncoder, EmbeddingCache, default_cache_dir
 from retrieval.encoders import SentenceTransformerEncoder, default_model_dir
@@ -48,8 +47,6 @@ def _train(root: Path, out: Path, **overrides: Any) -> dict[str, Any]:
 
 
 def _evaluate(encoder: Any, work: Path) -> dict[str, Any]:
-    from benchmarks.training import evaluate_encoder
-
     return evaluate_encoder(encoder, work, with_rankings=True)
 
 
@@ -89,11 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", default="self-supervised,synthetic,refresh,never,serving")
     parser.add_argument("--name", default="training_signal")
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="shardrag-signal-"))
-    corpus = load_corpus()
-    root = work / "root"
-    build_collection(root, corpus.documents, corpus.vectors, corpus.version, BuildConfig("both-2", 2),
-                     show_progress=False)
+    work, root = two_slices("shardrag-signal-")
     common: dict[str, Any] = dict(batch_size=args.batch_size, max_length=128, lr=args.lr, warmup_steps=5,
                                   checkpoint_every=1000, max_steps=args.steps)
     synthetic = dict(synthetic_queries=args.generator, synthetic_max=args.synthetic_max)

@@ -41,6 +41,8 @@ VARIABLES: dict[str, str] = {
     # training (test hooks for restarts)
     "SHARDRAG_TRAIN_KILL_RANK": "rank that SIGKILLs itself once (restart tests)",
     "SHARDRAG_TRAIN_KILL_AT_STEP": "step at which that rank kills itself",
+    "SHARDRAG_TRAIN_SLOW_RANK": "rank that sleeps in every micro-step's compute (a straggler, fault injection)",
+    "SHARDRAG_TRAIN_SLOW_S": "how long that rank sleeps per micro-step, seconds (default 0.5)",
     "SHARDRAG_FLOW_KILL_AFTER": "train --rollout: SIGKILL the flow right after this step's work (resume tests)",
 }
 

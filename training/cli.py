@@ -43,7 +43,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         out=args.out, export_name=args.export_name, train_queries=args.train_queries, train_qrels=args.train_qrels,
         max_steps=args.max_steps, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
         warmup_steps=args.warmup_steps, max_length=args.max_length, scale=args.scale, learn_scale=args.learn_scale,
-        gather_negatives=not args.local_negatives, comm_hook=args.comm_hook, checkpoint_every=args.checkpoint_every,
+        gather_negatives=not args.local_negatives, comm_hook=args.comm_hook, amp=args.amp,
+        checkpoint_every=args.checkpoint_every,
         refresh_every=args.refresh_every, negatives_depth=args.negatives_depth,
         synthetic_queries=args.synthetic_queries, synthetic_max=args.synthetic_max, round_trip_k=args.round_trip_k,
         seed=args.seed,
@@ -149,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--local-negatives", action="store_true", help="do not gather negatives across ranks")
     train.add_argument("--comm-hook", choices=("none", "fp16", "bf16", "powersgd"), default="none",
                        help="DDP gradient compression (default none)")
+    train.add_argument("--amp", choices=("auto", "off", "bf16", "fp16"), default="auto",
+                       help="mixed precision: auto = bf16 autocast on GPUs with bf16, fp16 + GradScaler on older "
+                            "GPUs, fp32 on CPU (default); bf16 forces it (CPU too); fp16 needs CUDA; off = fp32")
     train.add_argument("--synthetic-queries", metavar="GENERATOR",
                        help="train on queries the generator writes for each slice's passages: smollm2 (the answer "
                             "generator's model) or a Hugging Face causal-LM dir; cached, filtered by round trip")

@@ -31,6 +31,8 @@ class TrainConfig:
     learn_scale: bool = False  # learn the scale (log-parametrised) instead of fixing it
     gather_negatives: bool = True  # in-batch negatives from every rank (else local batch only)
     comm_hook: str = "none"  # DDP gradient compression: none, fp16, bf16, powersgd
+    bucket_cap_mb: float = 25.0  # DDP gradient bucket size (torch's default); hooks run once per bucket
+    amp: str = "auto"  # mixed precision (training.precision): auto, off, bf16, fp16
     checkpoint_every: int = 20  # steps between atomic checkpoints (and at the end)
     seed: int = 0
     crop_min: float = 0.1  # self-supervised cropping: each span is crop_min..crop_max of the words
@@ -55,12 +57,16 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be ≥ 1", field=name)
+        if self.bucket_cap_mb <= 0:
+            raise ConfigError("bucket_cap_mb must be > 0", field="bucket_cap_mb")
         if self.lr <= 0 or self.scale <= 0:
             raise ConfigError("lr and scale must be > 0", field="lr")
         if not 0 < self.crop_min <= self.crop_max <= 1:
             raise ConfigError("need 0 < crop_min ≤ crop_max ≤ 1", field="crop_min")
         if self.comm_hook not in ("none", "fp16", "bf16", "powersgd"):
             raise ConfigError("comm_hook must be none, fp16, bf16 or powersgd", field="comm_hook")
+        if self.amp not in ("auto", "off", "bf16", "fp16"):
+            raise ConfigError("amp must be auto, off, bf16 or fp16", field="amp")
         if self.refresh_every < 0 or self.negatives_depth < 1:
             raise ConfigError("refresh_every must be ≥ 0 and negatives_depth ≥ 1", field="refresh_every")
         if self.refresh_every and self.hard_negatives_url:

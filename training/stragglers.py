@@ -27,3 +27,22 @@ class StragglerDetector:
 
     def means_s(self) -> list[float]:
         return [sum(t) / len(t) if t else 0.0 for t in self._times]
+
+
+def summarise_spread(rank_step_s: Sequence[Sequence[float]], straggler_events: int = 0,
+                     skip: int = 2) -> dict[str, object]:
+    """Per-rank local step times of a run (``rank_step_s[step][rank]``), summarised: each rank's
+    median and p95, the slowest rank's median over the fastest's, and the median per-step spread
+    (slowest rank / fastest rank that step). The first ``skip`` steps (warm-up) are left out."""
+    steps = [list(row) for row in rank_step_s[skip:] if row] or [list(row) for row in rank_step_s if row]
+    if not steps:
+        return {}
+    world = len(steps[0])
+    per_rank = [sorted(step[rank] for step in steps) for rank in range(world)]
+    medians = [median(times) for times in per_rank]
+    p95 = [times[min(len(times) - 1, int(0.95 * len(times)))] for times in per_rank]
+    per_step = [max(step) / min(step) for step in steps if min(step) > 0]
+    return {"steps": len(steps), "median_s": [round(m, 4) for m in medians], "p95_s": [round(p, 4) for p in p95],
+            "slowest_over_fastest": round(max(medians) / min(medians), 3) if min(medians) > 0 else None,
+            "median_step_spread": round(median(per_step), 3) if per_step else None,
+            "straggler_events": straggler_events}

@@ -3,7 +3,8 @@
     python -m torch.distributed.run --nproc-per-node 2 -m training.train --root R --collection C ...
 
 One rank per slice: rank r trains on shard r of the collection (training.data). NCCL and bf16
-autocast on CUDA (fp16 + GradScaler where the GPU has no bf16), gloo and fp32 on CPU. One
+autocast on CUDA (fp16 + GradScaler where the GPU has no bf16), gloo and fp32 on CPU
+(training.precision; ``--amp`` overrides). One
 forward per micro-step over queries and passages together; in-batch negatives gathered across
 ranks (training.loss). Rank 0 alone logs (progress bar with loss and samples/s) and writes
 checkpoints; every rank restores its own RNG state on resume, so a run restarted by
@@ -12,12 +13,14 @@ checkpoints; every rank restores its own RNG state on resume, so a run restarted
 Rendezvous comes from the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
 as torchrun and Kubernetes set it. Fault injection for tests and game days:
 SHARDRAG_TRAIN_KILL_RANK and SHARDRAG_TRAIN_KILL_AT_STEP make that rank SIGKILL itself at that
-step on the first attempt only.
+step on the first attempt only; SHARDRAG_TRAIN_SLOW_RANK (and SHARDRAG_TRAIN_SLOW_S, default 0.5)
+make that rank sleep in every micro-step's compute — a straggler, to see it reported.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -42,7 +45,8 @@ from training.data import SliceData
 from training.loss import contrastive_loss
 from training.metrics import TrainMetrics
 from training.model import BiEncoder
-from training.stragglers import StragglerDetector
+from training.precision import resolve_precision
+from training.stragglers import StragglerDetector, summarise_spread
 
 logger = logging.getLogger("shardrag.train")
 
@@ -56,7 +60,25 @@ def _comm_hook(model: DistributedDataParallel, name: str) -> None:
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif name == "powersgd":
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2)
-        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        hook = powerSGD_hook.powerSGD_hook
+        model.register_comm_hook(state, _one_bucket_at_a_time(hook) if dist.get_backend() == "gloo" else hook)
+
+
+def _one_bucket_at_a_time(hook: Any) -> Any:
+    """PowerSGD starts its P and Q all-reduces from callbacks of the bucket's first collective; on
+    gloo those callbacks run on gloo's threads, so with several buckets the two ranks can issue
+    bucket 1's collective and bucket 0's Q in different orders — a size mismatch that aborts the
+    run (seen with MiniLM's 4 buckets). DDP calls the hook in bucket order on every rank, so
+    finishing each bucket before returning keeps the order identical everywhere (CPU has no
+    compute/communication overlap to lose)."""
+
+    @functools.wraps(hook)  # DDP checks the hook's signature: it follows __wrapped__ to PowerSGD's
+    def serialised(state: Any, bucket: Any) -> Any:
+        future = hook(state, bucket)
+        future.wait()
+        return future
+
+    return serialised
 
 
 def _optimizer(model: BiEncoder, config: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
@@ -174,18 +196,18 @@ def run(config: TrainConfig) -> dict[str, Any]:
             logger.warning("resumed from %s at step %d", out / "checkpoint.pt", start_step)
     model: torch.nn.Module = raw_model
     if distributed:
-        model = DistributedDataParallel(raw_model, device_ids=[local_rank] if device.type == "cuda" else None)
+        model = DistributedDataParallel(raw_model, device_ids=[local_rank] if device.type == "cuda" else None,
+                                        bucket_cap_mb=config.bucket_cap_mb)
         _comm_hook(model, config.comm_hook)
 
-    use_cuda = device.type == "cuda"
-    bf16 = use_cuda and torch.cuda.is_bf16_supported()
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16 if bf16 else torch.float16) if use_cuda
-                else nullcontext())
-    scaler = torch.amp.GradScaler("cuda") if use_cuda and not bf16 else None
+    precision = resolve_precision(config.amp, device)
+    scaler = precision.scaler
     stragglers = StragglerDetector(world, factor=config.straggler_factor, window=config.straggler_window)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     kill_rank = env.read("SHARDRAG_TRAIN_KILL_RANK")
     kill_step = int(env.read("SHARDRAG_TRAIN_KILL_AT_STEP", "-1") or -1)
+    slow_rank = int(env.read("SHARDRAG_TRAIN_SLOW_RANK", "-1") or -1)
+    slow_s = float(env.read("SHARDRAG_TRAIN_SLOW_S", "0.5") or 0.5)
     diagnostics: dict[str, Any] = {"rank": rank, "world": world, "shard_dir": str(data.shard_directory),
                                    "slice_docs": len(data.documents), "doc_ids": set(), "global_batch": [],
                                    "grad_checksums": [], "losses": [], "start_step": start_step, "restart": restart}
@@ -227,8 +249,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
             sync = model.no_sync() if distributed and micro < config.grad_accum - 1 else nullcontext()  # type: ignore[operator]
             with sync:
                 micro_started = time.perf_counter()
-                with autocast:
+                with precision.autocast():
                     embeddings = model(**tokens)  # one forward over queries and passages
+                if slow_rank == rank:
+                    time.sleep(slow_s)  # fault injection: this rank computes slower
                 local_s += time.perf_counter() - micro_started  # before any collective: this rank's own speed
                 n = len(batch)
                 queries, passages = embeddings[:n], embeddings[n:2 * n]
@@ -299,7 +323,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
                                else None, "loss_last": history["loss"][-1] if history["loss"] else None,
                                "samples_per_step": per_step_samples, "history": history,
                                "device": str(device), "backend": dist.get_backend() if distributed else None,
-                               "precision": "bf16" if bf16 else "fp16" if scaler is not None else "fp32"}
+                               "precision": precision.name, "comm_hook": config.comm_hook if distributed else None,
+                               "rank_spread": summarise_spread(history.get("rank_local_s", []),
+                                                               len(history.get("stragglers", [])))}
     if synthetic is not None:
         diagnostics["synthetic"] = synthetic
         summary["synthetic"] = synthetic  # rank 0's; every rank's in its diagnostics

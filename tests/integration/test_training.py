@@ -186,3 +186,22 @@ def test_training_on_synthetic_queries_of_each_slice(setup, tmp_path):
     again = tmp_path / "again"  # a second run reads the queries from the cache
     launch_local(config(setup, again, **overrides), 2, capture=True)
     assert all(diagnostics(again, r)["synthetic"]["generated"] == 0 for r in (0, 1))
+
+
+@pytest.mark.parametrize("hook", ["fp16", "powersgd"])
+def test_compressed_gradients_bf16_autocast_and_a_straggler_reported(setup, tmp_path, hook):
+    """A gradient-compression hook and CPU bf16 autocast still train (both ranks end with the same
+    gradients), and a rank slowed by the fault injection is the one the summary names."""
+    launch_local(config(setup, tmp_path, max_steps=14, comm_hook=hook, amp="bf16", straggler_window=4,
+                        bucket_cap_mb=0.1, export=False), 2, capture=True,  # many buckets, as a real model has
+                 env={"SHARDRAG_TRAIN_SLOW_RANK": "1", "SHARDRAG_TRAIN_SLOW_S": "0.15"})
+    ranks = [diagnostics(tmp_path, r) for r in (0, 1)]
+    assert ranks[0]["grad_checksums"] == ranks[1]["grad_checksums"]  # the hook's allreduce agrees
+    losses = ranks[0]["losses"]
+    assert all(loss == loss for loss in losses) and sum(losses[-4:]) < sum(losses[:4]), losses
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["precision"], summary["comm_hook"]) == ("bf16", hook)
+    spread = summary["rank_spread"]
+    assert spread["median_s"][1] >= spread["median_s"][0] + 0.1  # rank 1 sleeps 0.15 s per step
+    assert spread["straggler_events"] > 0
+    assert {rank for event in summary["history"]["stragglers"] for rank in event["ranks"]} == {1}
