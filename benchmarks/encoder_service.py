@@ -12,9 +12,10 @@ Gateway variants (the embedding cache off but in the last, so every query is enc
 (the encoder on a thread of the gateway process, as before the encoder service), ``process-1w``
 (one worker process on every core), ``process`` (the default: one single-threaded worker per
 core, batches wait up to 1 ms to fill while another is in flight), ``process-nowait`` (natural
-batching only), ``default-cached`` (the defaults, cache on). Each
+batching only), ``default-cached`` (the defaults, cache on), ``process-onnx`` (the defaults on
+ONNX Runtime: ``encoder.runtime onnx``). Each
 at c = 1 / 8 / 32, closed loop (benchmarks/loadgen.py in its own process), with the CPU each
-process used per query; for ``thread`` and ``process`` also c=1 interleaved query by query with
+process used per query; for ``thread``, ``process`` and ``process-onnx`` also c=1 interleaved query by query with
 the in-process encode + search (the machine's drift cancels out). JSON:
 benchmarks/results/encoder_service.json.
 """
@@ -170,6 +171,8 @@ VARIANTS: dict[str, EncoderSettings] = {
     "process": EncoderSettings(backend="process", cache_size=0),  # the default: a 1-thread worker per core
     "process-nowait": EncoderSettings(backend="process", cache_size=0, max_wait_ms=0.0),  # natural batching only
     "default-cached": EncoderSettings(),  # the defaults, the (version, text) cache on
+    # the default workers on ONNX Runtime (the same embedding version; exported on first use)
+    "process-onnx": EncoderSettings(backend="process", cache_size=0, runtime="onnx"),
 }
 
 
@@ -213,7 +216,7 @@ def main() -> None:
             torch.set_num_threads(baseline["ceiling_threads"])
             results.setdefault("ceiling_next_to", {})[name] = ceiling_qps(reference, texts, args.duration)
             results["variants"][name] = measure(cluster, bodies, concurrencies, args.duration)
-            if name in ("thread", "process"):
+            if name in ("thread", "process", "process-onnx"):
                 print("  c=1 interleaved with in-process ...", file=sys.stderr, flush=True)
                 results.setdefault("interleaved_c1", {})[name] = interleaved_c1(cluster.gateway_url, corpus, texts)
     results["summary"] = summarise(results)

@@ -159,10 +159,28 @@ def load_default_encoder(*, device: str = "auto", batch_size: int = 64) -> Sente
     )
 
 
+RUNTIMES = ("torch", "onnx", "onnx-int8")
+
+
 def load_encoder(model: str | None = None, *, device: str = "auto", batch_size: int = 64,
-                 threads: int | None = None) -> SentenceTransformerEncoder:
-    """``model``: None/"default" for MiniLM, else a local checkpoint directory. ``threads``: torch's
-    intra-op threads for CPU inference (0: one per usable core; None: leave torch's setting)."""
+                 threads: int | None = None, runtime: str = "torch") -> Encoder:
+    """``model``: None/"default" for MiniLM, else a local checkpoint directory or an ONNX export
+    (:mod:`retrieval.onnx_export`; always run on ONNX Runtime). ``threads``: intra-op threads for
+    CPU inference (0: one per usable core; None: the runtime's default). ``runtime``: ``torch``;
+    ``onnx`` (the checkpoint exported once and cached — the same embedding version); ``onnx-int8``
+    (quantised: a version of its own)."""
+    if runtime not in RUNTIMES:
+        raise EncoderError(f"runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}", field="runtime")
+    from retrieval.onnx_encoder import OnnxEncoder, is_onnx_export
+
+    onnx_threads = 0 if threads is None else threads or len(os.sched_getaffinity(0))
+    if model and is_onnx_export(model):
+        return OnnxEncoder(model, batch_size=batch_size, device=device, threads=onnx_threads)
+    if runtime != "torch":
+        from retrieval.onnx_export import cached_export
+
+        export = cached_export(None if model in (None, "", "default") else model, int8=runtime == "onnx-int8")
+        return OnnxEncoder(export, batch_size=batch_size, device=device, threads=onnx_threads)
     if threads is not None:
         import torch
 

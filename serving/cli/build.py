@@ -17,7 +17,9 @@ def make_encoder(args: argparse.Namespace) -> Any:
     from retrieval.encoders import load_encoder
 
     print(f"loading encoder {args.model or 'all-MiniLM-L6-v2'} ...", file=sys.stderr, flush=True)
-    encoder = load_encoder(args.model, device=args.device, batch_size=args.batch_size)
+    # demo builds with the runtime its gateway will serve with (onnx-int8 is a version of its own)
+    runtime = str(getattr(args, "runtime", None) or getattr(args, "encoder_runtime", "torch"))
+    encoder = load_encoder(args.model, device=args.device, batch_size=args.batch_size, runtime=runtime)
     if args.no_cache:
         return encoder
     return CachingEncoder(encoder, EmbeddingCache(args.cache_dir or default_cache_dir()))
@@ -56,4 +58,14 @@ def cmd_build(args: argparse.Namespace) -> int:
     out = root_of(args) / collection / manifest.embedding_version.id
     print(json.dumps({"collection": collection, "version": manifest.embedding_version.id, "path": str(out),
                       "count": manifest.count, "shards": manifest.num_shards}, indent=1))
+    return 0
+
+
+def cmd_export_onnx(args: argparse.Namespace) -> int:
+    from retrieval.onnx_export import export_onnx
+
+    print(f"exporting {args.model or 'all-MiniLM-L6-v2'} to {args.out} ({'int8' if args.int8 else 'fp32'}) ...",
+          file=sys.stderr, flush=True)
+    manifest = export_onnx(args.model, args.out, int8=args.int8)
+    print(json.dumps({"out": str(args.out), "version": manifest.version().id, "precision": manifest.precision}))
     return 0

@@ -28,7 +28,8 @@ def _gateway_config(args: argparse.Namespace) -> Any:
                                               coalesce=not args.no_coalesce),
                          hedging=HedgingSettings(enabled=not args.no_hedging),
                          encoder=EncoderSettings(load=not args.no_encoder, backend=args.encoder_backend,
-                                                 workers=args.encoder_workers).validated())
+                                                 workers=args.encoder_workers,
+                                                 runtime=args.encoder_runtime).validated())
 
 
 def _access(args: argparse.Namespace) -> tuple[list[str] | None, str]:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from index_shards.layout import DEFAULT_ROOT
-from serving.cli.build import cmd_build
+from serving.cli.build import cmd_build, cmd_export_onnx
 from serving.cli.cluster import cmd_demo, cmd_serve
 from serving.cli.common import DEFAULT_URL
 from serving.cli.operate import add_operate_commands
@@ -56,8 +56,11 @@ def _add_build_args(parser: argparse.ArgumentParser, *, corpus_required: bool) -
                              "rebuilding a collection's version: that version's)")
     parser.add_argument("--metric", choices=("ip", "l2"), default="ip", help="ip = cosine on normalised vectors")
     parser.add_argument("--model", "--encoder", dest="model", default=None,
-                        help="encoder: a sentence-transformers checkpoint dir, e.g. one `shardrag train` exported "
-                             "(default all-MiniLM-L6-v2, offline)")
+                        help="encoder: a sentence-transformers checkpoint dir, e.g. one `shardrag train` exported, "
+                             "or an ONNX export dir (default all-MiniLM-L6-v2, offline)")
+    parser.add_argument("--runtime", choices=("torch", "onnx", "onnx-int8"), default="torch",
+                        help="what runs the encoder: torch (default); onnx (same vectors, same version); "
+                             "onnx-int8 (quantised: a new embedding version)")
     parser.add_argument("--device", default="auto", help="encoder device: auto, cpu, cuda (default auto)")
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default 64)")
     parser.add_argument("--cache-dir", type=Path, default=None,
@@ -83,6 +86,10 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="where the gateway runs its query encoders: worker processes (default; torch never "
                              "enters the gateway and a new version loads without stalling queries) or a thread "
                              "of the gateway process")
+    parser.add_argument("--encoder-runtime", choices=("torch", "onnx", "onnx-int8"), default="torch",
+                        help="what runs the query encoder: torch (default); onnx = ONNX Runtime on the model "
+                             "exported once and cached (the same embedding version: serves a torch-built index); "
+                             "onnx-int8 = quantised, a version of its own (build the index with it)")
     parser.add_argument("--encoder-workers", type=int, default=0,
                         help="encoder worker processes (backend process); 0 = one per core, at most 4, each on "
                              "one thread (one on a GPU) (default 0)")
@@ -144,6 +151,17 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--max-docs", type=int, default=0, help="index only the first N documents (default all)")
     _add_build_args(build, corpus_required=True)
     build.set_defaults(func=cmd_build)
+
+    export = commands.add_parser(
+        "export-onnx", help="export an encoder to ONNX (fp32, or int8 as a new embedding version)",
+        description="Export a sentence-transformers checkpoint to ONNX Runtime. fp32 computes the same vectors "
+                    "(the same embedding version: a gateway with encoder.runtime onnx serves indexes built with "
+                    "torch); --int8 quantises the weights dynamically, a version of its own: build an index "
+                    "with `shardrag build --model DIR`. Needs torch, transformers and onnx.")
+    export.add_argument("--model", default=None, help="checkpoint dir (default all-MiniLM-L6-v2)")
+    export.add_argument("--out", type=Path, required=True, help="a new directory for the export")
+    export.add_argument("--int8", action="store_true", help="dynamic int8 quantisation of the weights")
+    export.set_defaults(func=cmd_export_onnx)
 
     serve = commands.add_parser("serve", help="start shards × replicas + gateway for a built collection")
     serve.add_argument("--collection", required=True, help="collection name")

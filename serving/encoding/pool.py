@@ -80,7 +80,7 @@ class EncoderPool:
         self.settings = settings
         count = settings.worker_count()
         self._argv = [python, "-m", "serving.encoding.worker", "--device", settings.device,
-                      "--threads", str(settings.threads_per_worker())]
+                      "--threads", str(settings.threads_per_worker()), "--runtime", settings.runtime]
         self._models: dict[str, str] = {}  # key (version id) → model ("default" or a checkpoint dir)
         self._workers: list[_Worker | None] = [None] * count
         self._restarts = [0] * count

@@ -27,7 +27,8 @@ def local_loader(settings: EncoderSettings) -> EncoderLoader:
         from retrieval.encoders import load_encoder
 
         # runs on the encoder's own worker thread, which then does every encode: set its pool there
-        return load_encoder(None if model == "default" else model, device=settings.device, threads=settings.threads)
+        return load_encoder(None if model == "default" else model, device=settings.device, threads=settings.threads,
+                            runtime=settings.runtime)
 
     return load
 

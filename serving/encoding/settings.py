@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from retrieval.errors import ConfigError
 
 BACKENDS = ("process", "thread")
+RUNTIMES = ("torch", "onnx", "onnx-int8")  # retrieval.encoders.RUNTIMES (not imported: keeps config light)
 
 
 @dataclass(slots=True, frozen=True)
@@ -18,6 +19,11 @@ class EncoderSettings:
     # "process": encoder worker processes (torch never enters the gateway; a new version loads
     # there without stalling the event loop); "thread": one worker thread of the gateway process.
     backend: str = "process"
+    # What runs the model: "torch"; "onnx" (ONNX Runtime on the checkpoint exported once and
+    # cached — the same embedding version, so it serves indexes built with torch); "onnx-int8"
+    # (quantised: a version of its own, for indexes built with it). A model that is an ONNX export
+    # directory always runs on ONNX Runtime. See docs/encoders.md.
+    runtime: str = "torch"
     # Encoder worker processes per gateway (backend "process"); 0: one per core (at most 4) on
     # CPU, one on a GPU. On CPU, a worker on one thread spends ~30 % less CPU per query than one
     # on two (no OpenMP hand-off) and encodes a lone query as fast: several single-threaded
@@ -57,6 +63,9 @@ class EncoderSettings:
         if self.backend not in BACKENDS:
             raise ConfigError(f"encoder.backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}",
                               field="encoder.backend")
+        if self.runtime not in RUNTIMES:
+            raise ConfigError(f"encoder.runtime must be one of {', '.join(RUNTIMES)}, not {self.runtime!r}",
+                              field="encoder.runtime")
         if not 0 <= self.workers <= 64:
             raise ConfigError("encoder.workers must be between 0 (one per core) and 64", field="encoder.workers")
         if not 1 <= self.max_batch <= 1024:

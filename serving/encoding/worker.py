@@ -23,11 +23,14 @@ logger = logging.getLogger("serving.encoding.worker")
 
 
 class Worker:
-    def __init__(self, output: IO[bytes], *, device: str, batch_size: int) -> None:
+    def __init__(self, output: IO[bytes], *, device: str, batch_size: int, runtime: str = "torch",
+                 threads: int = 0) -> None:
         self._output = output
         self._write_lock = threading.Lock()
         self._device = device
         self._batch_size = batch_size
+        self._runtime = runtime
+        self._threads = threads
         self._encoders: dict[str, Any] = {}
 
     def _send(self, message: tuple[Any, ...]) -> None:
@@ -39,7 +42,8 @@ class Worker:
 
         try:
             encoder = load_encoder(None if model == "default" else model, device=self._device,
-                                   batch_size=self._batch_size)
+                                   batch_size=self._batch_size, runtime=self._runtime,
+                                   threads=self._threads if self._runtime != "torch" else None)
         except Exception as exc:  # noqa: BLE001 - reported to the gateway, which reports it on /healthz
             self._send(("loaded", key, None, str(exc)))
             return
@@ -78,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda[:N]")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: one per core)")
     parser.add_argument("--batch-size", type=int, default=64, help="largest batch one forward pass takes")
+    parser.add_argument("--runtime", default="torch", choices=("torch", "onnx", "onnx-int8"),
+                        help="what runs the model (see encoder.runtime in the gateway config)")
     args = parser.parse_args(argv)
     # The protocol owns the real stdout; whatever torch, tqdm or a model prints goes to stderr.
     output = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
@@ -90,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     import sentence_transformers  # noqa: F401 - imported now for the same reason
 
-    worker = Worker(output, device=args.device, batch_size=args.batch_size)
+    worker = Worker(output, device=args.device, batch_size=args.batch_size, runtime=args.runtime,
+                    threads=args.threads or len(os.sched_getaffinity(0)))
     try:
         worker.serve(sys.stdin.buffer)
     except (BrokenPipeError, KeyboardInterrupt):
