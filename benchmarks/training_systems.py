@@ -72,8 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
     parser.add_argument("--batch-size", type=int, default=16, help="pairs per rank (default 16)")
     parser.add_argument("--straggler-steps", type=int, default=20, help="steps of the slowed-rank run (default 20)")
-    parser.add_argument("--slow-s", type=float, default=0.5, help="seconds rank 1 sleeps per step (default 0.5)")
+    parser.add_argument("--slow-s", type=float, default=1.5,
+                        help="seconds rank 1 sleeps per step (default 1.5: about 1.7× its compute)")
     parser.add_argument("--no-eval", action="store_true", help="skip the nDCG@10 evaluation of each trained model")
+    parser.add_argument("--name", default="training_systems", help="results file name (default training_systems)")
     args = parser.parse_args(argv)
     work, root = two_slices("shardrag-train-systems-")
     common = dict(batch_size=args.batch_size, max_length=128, lr=2e-5, warmup_steps=10, checkpoint_every=1000,
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nstraggler run (rank 1 +{args.slow_s} s/step, {args.straggler_steps} steps): per-rank median local step "
           f"{spread['median_s']} s, slowest/fastest ×{spread['slowest_over_fastest']}, "
           f"{spread['straggler_events']} detection events naming ranks {named}")
-    print(f"\nwrote {write_result('training_systems', result)}")
+    print(f"\nwrote {write_result(args.name, result)}")
 
 
 if __name__ == "__main__":

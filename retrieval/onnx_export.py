@@ -24,6 +24,10 @@ from retrieval.errors import EncoderError
 from retrieval.onnx_encoder import MANIFEST, OnnxManifest, export_cache_dir, is_onnx_export
 from retrieval.types import Preprocessing
 
+# Bumped when the export changes what it writes (opset, quantisation settings), so exports cached
+# by an older release are not served as if they were this recipe's.
+EXPORT_RECIPE = 2
+
 
 def _pooling(model_dir: Path) -> str:
     config_path = model_dir / "1_Pooling" / "config.json"
@@ -90,7 +94,10 @@ def export_onnx(model: str | Path | None, out: str | Path, *, int8: bool = False
         if int8:
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
-            quantize_dynamic(str(temp / "fp32.onnx"), str(temp / "model.onnx"), weight_type=QuantType.QInt8)
+            # per-channel scales: per-tensor int8 left MiniLM's query vectors at cosine 0.966 (mean) to
+            # fp32's on msmarco's queries, per-channel at 0.993, for the same speed
+            quantize_dynamic(str(temp / "fp32.onnx"), str(temp / "model.onnx"), weight_type=QuantType.QInt8,
+                             per_channel=True)
             (temp / "fp32.onnx").unlink()
         else:
             (temp / "fp32.onnx").rename(temp / "model.onnx")
@@ -117,7 +124,7 @@ def cached_export(model: str | Path | None, *, int8: bool = False) -> Path:
     import fcntl
 
     source = default_model_dir() if model in (None, "", "default", DEFAULT_ENCODER_NAME) else Path(model)
-    out = export_cache_dir() / f"{weights_sha256(source)[:16]}-{'int8' if int8 else 'fp32'}"
+    out = export_cache_dir() / f"{weights_sha256(source)[:16]}-{'int8' if int8 else 'fp32'}-e{EXPORT_RECIPE}"
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -1,6 +1,8 @@
 """Straggler detection: each step every rank reports its local compute time (before the first
 collective, so waiting for others does not hide who is slow); a rank whose mean over the last
-``window`` steps is ≥ ``factor`` × the median of all ranks' means is a straggler."""
+``window`` steps is ≥ ``factor`` × the median of the *other* ranks' means is a straggler (the
+median of all ranks would include the slow rank itself: with 2 ranks it is their average, and a
+rank had to be 3× slower than its peer to reach 1.5× of it)."""
 
 from __future__ import annotations
 
@@ -22,8 +24,12 @@ class StragglerDetector:
         if len(self._times) < 2 or len(self._times[0]) < self.window:
             return []
         means = [sum(times) / len(times) for times in self._times]
-        middle = median(means)
-        return [rank for rank, mean in enumerate(means) if middle > 0 and mean >= self.factor * middle]
+        slow = []
+        for rank, mean in enumerate(means):
+            others = median(means[:rank] + means[rank + 1:])
+            if others > 0 and mean >= self.factor * others:
+                slow.append(rank)
+        return slow
 
     def means_s(self) -> list[float]:
         return [sum(t) / len(t) if t else 0.0 for t in self._times]

@@ -290,8 +290,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
             metrics.observe(step + 1, loss_global, rank_times, per_step_samples / (time.perf_counter() - started), slow)
         if slow and master:
             means = stragglers.means_s()
-            logger.warning("straggler ranks %s: mean local step %s s over %d steps (median %.3f s)", slow,
-                           [round(means[r], 3) for r in slow], config.straggler_window, sorted(means)[len(means) // 2])
+            logger.warning("straggler ranks %s: mean local step %s s over %d steps (all ranks: %s s)", slow,
+                           [round(means[r], 3) for r in slow], config.straggler_window, [round(m, 3) for m in means])
             history.setdefault("stragglers", []).append({"step": step, "ranks": slow})
         step_s = time.perf_counter() - started
         history["loss"].append(loss_global)

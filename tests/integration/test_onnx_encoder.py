@@ -61,7 +61,7 @@ def test_int8_is_a_version_of_its_own(msmarco, exports):
     assert int8.version.id != fp32.version.id and int8.version.encoder_name == "all-MiniLM-L6-v2-int8"
     texts = [msmarco.dataset.queries[q] for q in msmarco.query_ids]
     cosines = (int8.encode_queries(texts) * fp32.encode_queries(texts)).sum(axis=1)
-    assert cosines.mean() > 0.9, cosines  # the same model, approximately
+    assert cosines.mean() > 0.98, cosines  # the same model, approximately (per-channel int8: ~0.993)
     assert load_encoder(str(exports["int8"].export_dir)).version.id == int8.version.id  # a dir is an export
 
 
@@ -101,6 +101,6 @@ def test_gateway_workers_export_once_and_serve_torch_vectors(msmarco, tmp_path, 
 
     vectors = asyncio.run(main())
     assert np.abs(vectors - msmarco.query_vectors[:24]).max() < 1e-5
-    exported = list((tmp_path / "cache" / "onnx").glob("*-fp32"))
+    exported = list((tmp_path / "cache" / "onnx").glob("*-fp32-e*"))
     assert len(exported) == 1 and (exported[0] / MANIFEST).is_file()  # one export for both workers
     assert not [p for p in (tmp_path / "cache" / "onnx").iterdir() if p.name.startswith(".") and p.is_dir()]

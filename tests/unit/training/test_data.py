@@ -92,6 +92,10 @@ def test_straggler_detector():
     for _ in range(3):
         flagged = detector.record([1.0, 1.0, 1.2])
     assert flagged == []
+    pair = StragglerDetector(2, factor=1.5, window=2)  # two ranks: judged against the other one
+    pair.record([1.0, 1.6])
+    assert pair.record([1.0, 1.6]) == [1]  # 1.6× its peer (the median of both would need 3×)
+    assert pair.record([1.0, 1.2]) == []  # the window's mean falls to 1.4× its peer
 
 
 def test_config_validation():
