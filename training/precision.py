@@ -2,8 +2,9 @@
 
 ``auto`` (the default) is what a user wants without thinking: bf16 autocast on a GPU that has
 bf16 (no scaler: bf16 has fp32's exponent range), fp16 + GradScaler on an older GPU, fp32 on CPU
-(CPU bf16 autocast is slower than fp32 on most CPUs without AMX). ``bf16`` forces bf16 autocast on
-any device — on CPU it is there to measure, see ``python -m benchmarks.training --systems``;
+(CPU bf16 autocast pays only with bf16 instructions — avx512_bf16 or AMX: ×0.63 of the fp32 step
+on an EPYC that has them, docs/training.md — and is slower without). ``bf16`` forces bf16
+autocast on any device (measure it: ``python -m benchmarks.training --systems``);
 ``fp16`` needs CUDA (the GradScaler does); ``off`` is fp32 everywhere.
 """
 

@@ -64,7 +64,7 @@ class EncoderService:
         return encoder
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.settings.backend, "cache": self.cache.stats(),
+        return {"backend": self.settings.backend, "runtime": self.settings.runtime, "cache": self.cache.stats(),
                 **({"workers": self._pool.describe()} if self._pool is not None else {})}
 
     def close(self) -> None:

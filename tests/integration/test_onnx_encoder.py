@@ -95,12 +95,13 @@ def test_gateway_workers_export_once_and_serve_torch_vectors(msmarco, tmp_path, 
             encoder = service.make(msmarco.version.id, "default")
             await encoder.wait_ready(240)
             assert encoder.state == "ready", encoder.error
+            assert service.describe()["runtime"] == "onnx"  # what /v1/cluster shows
             return np.stack(await asyncio.gather(*(encoder.encode(t) for t in texts)))
         finally:
             service.close()
 
     vectors = asyncio.run(main())
     assert np.abs(vectors - msmarco.query_vectors[:24]).max() < 1e-5
-    exported = list((tmp_path / "cache" / "onnx").glob("*-fp32-e*"))
+    exported = [p for p in (tmp_path / "cache" / "onnx").glob("*-fp32-e*") if p.is_dir()]  # not the lock file
     assert len(exported) == 1 and (exported[0] / MANIFEST).is_file()  # one export for both workers
     assert not [p for p in (tmp_path / "cache" / "onnx").iterdir() if p.name.startswith(".") and p.is_dir()]
