@@ -188,10 +188,12 @@ def test_training_on_synthetic_queries_of_each_slice(setup, tmp_path):
     assert all(diagnostics(again, r)["synthetic"]["generated"] == 0 for r in (0, 1))
 
 
-@pytest.mark.parametrize("hook", ["fp16", "powersgd"])
-def test_compressed_gradients_bf16_autocast_and_a_straggler_reported(setup, tmp_path, hook):
-    """A gradient-compression hook and CPU bf16 autocast still train (both ranks end with the same
-    gradients), and a rank slowed by the fault injection is the one the summary names."""
+def test_compressed_gradients_bf16_autocast_and_a_straggler_reported(setup, tmp_path):
+    """PowerSGD (the hook with callbacks of its own: on gloo it hung with several buckets before
+    it ran one bucket at a time) and CPU bf16 autocast still train, both ranks ending with the
+    same gradients, and a rank slowed by the fault injection is the one the summary names. (The
+    fp16 hook is a single all-reduce per bucket; benchmarks/training_systems.py runs it.)"""
+    hook = "powersgd"
     launch_local(config(setup, tmp_path, max_steps=14, comm_hook=hook, amp="bf16", straggler_window=4,
                         bucket_cap_mb=0.1, export=False), 2, capture=True,  # many buckets, as a real model has
                  env={"SHARDRAG_TRAIN_SLOW_RANK": "1", "SHARDRAG_TRAIN_SLOW_S": "0.15"})
