@@ -11,7 +11,6 @@ written last, so a directory without one is never taken for an export.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 from retrieval.atomic import atomic_write_bytes, fsync_dir, fsync_tree
 from retrieval.encoders import DEFAULT_ENCODER_NAME, default_model_dir, weights_sha256
 from retrieval.errors import EncoderError
+from retrieval.generator_models import sha256_of
 from retrieval.onnx_encoder import MANIFEST, OnnxManifest, export_cache_dir, is_onnx_export
 from retrieval.types import Preprocessing
 
@@ -39,14 +39,6 @@ def _pooling(model_dir: Path) -> str:
     if config.get("pooling_mode_cls_token"):
         return "cls"
     raise EncoderError(f"{config_path}: only mean or CLS pooling export to ONNX", field="model")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def export_onnx(model: str | Path | None, out: str | Path, *, int8: bool = False, name: str | None = None,
@@ -105,7 +97,7 @@ def export_onnx(model: str | Path | None, out: str | Path, *, int8: bool = False
         dim = int(transformer.config.hidden_size)
         manifest = OnnxManifest(encoder_name=name, source_weights_sha256=weights_sha256(source),
                                 precision="int8" if int8 else "fp32", pooling=_pooling(source), dim=dim,
-                                preprocessing=preprocessing, onnx_sha256=_sha256(temp / "model.onnx"), opset=opset)
+                                preprocessing=preprocessing, onnx_sha256=sha256_of(temp / "model.onnx"), opset=opset)
         fsync_tree(temp)
         atomic_write_bytes(temp / MANIFEST, manifest.to_json().encode())  # last: marks the export complete
         if out.exists():
