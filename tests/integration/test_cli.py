@@ -130,5 +130,5 @@ def test_demo_check(tmp_path):
     result = run(["demo", "--check", "--port", "0", "--root", str(tmp_path / "demo")])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "demo check passed" in result.stdout
-    assert len(re.findall(r"^Q: ", result.stdout, flags=re.M)) == 3
+    assert len(re.findall(r"^Q: ", result.stdout, flags=re.M)) == 4
     assert "2/2 shards" in result.stdout and "py/csv" in result.stdout and "py/argparse" in result.stdout

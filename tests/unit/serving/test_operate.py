@@ -42,3 +42,19 @@ def test_the_demo_sample_spreads_over_modules_and_the_full_corpus_keeps_module_d
     first_300 = {str(d.metadata.get("module", "topics")).split(".")[0] for d in everything[:300]}
     assert len(sample) == 300 and len(modules) > 100 and len(first_300) < 10
     assert "py/csv#0" in {d.doc_id for d in sample}  # each module's own docstring comes first
+
+
+def test_the_demo_corpus_reads_packages_skips_methods_and_deprecated_modules_and_titles_sections():
+    everything = {d.doc_id: d for d in python_docs_corpus()}
+    # a package's docstring lives in its __init__.py: these were missing once
+    packages = {"py/re#0", "py/json#0", "py/logging#0", "py/collections#0", "py/sqlite3#0", "py/json.loads#0"}
+    assert packages <= set(everything)
+    assert not any(i.startswith(("py/distutils", "py/cgi.", "py/cgi#", "py/telnetlib")) for i in everything)
+    assert "py/cmd.Cmd#0" in everything and "py/cmd.Cmd.parseline#0" not in everything  # no stdlib methods
+    assert "py/builtins.list.sort#0" in everything  # the built-in types' methods stay
+    assert everything["py/builtins.sorted#0"].text.startswith("sorted(iterable, /, *, key=None, reverse=False): ")
+    assert everything["py/builtins.list.sort#0"].title == "list.sort — method of the built-in list type"
+    sort_passages = [d for i, d in everything.items() if i.startswith("topic/typesseq#") and "sorts the list" in d.text]
+    assert sort_passages and all(d.title.endswith(" › Lists") for d in sort_passages)
+    topic_words = [d.text.split()[0] for i, d in everything.items() if i.startswith("topic/")]
+    assert not any(len(w) >= 3 and set(w) <= set("=-*~^") for w in topic_words)  # underlines are not text
