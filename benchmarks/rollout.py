@@ -1,6 +1,7 @@
 """Latency and memory during an embedding-version rollout under load.
 
     python -m benchmarks.rollout            # ~3 min (plus ~2 min to embed V2 the first time)
+    python -m benchmarks.rollout --encoder-runtime onnx --name rollout_onnx
 
 Local cluster: msmarco (5k passages), 2 shards × 2 replicas, a gateway with real encoders.
 V1 = all-MiniLM-L6-v2; V2 = the same model with perturbed weights (a real second version, the
@@ -68,6 +69,11 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=40.0, help="open-loop text queries per second (default 40)")
     parser.add_argument("--cache", action="store_true", help="keep the query-embedding cache on (default off)")
     parser.add_argument("--baseline", type=float, default=25.0, help="seconds before and after the rollout")
+    parser.add_argument("--encoder-runtime", choices=("torch", "onnx"), default="torch",
+                        help="what runs the gateway's encoders (onnx: fp32 ONNX Runtime, the same embedding "
+                             "versions; both exports are made before the measurement, as `shardrag build "
+                             "--runtime onnx` makes them at build time)")
+    parser.add_argument("--name", default="rollout", help="results file name (default rollout)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="shardrag-rollout-"))
     dataset = load_beir(data_dir() / "msmarco")
@@ -81,13 +87,19 @@ def main() -> None:
         build_collection(root, dataset.corpus, vectors, encoder.version, BuildConfig("msmarco", 2),
                          show_progress=False)
     v1, v2 = v1_encoder.version.id, v2_encoder.version.id
+    if args.encoder_runtime == "onnx":
+        from retrieval.onnx_export import cached_export
+
+        for source in (None, model_dir):  # what the encoder workers will load, exported once per machine
+            cached_export(source)
     queries = [dataset.queries[q] for q in sorted(dataset.queries)]
     bodies = work / "bodies.json"
     bodies.write_text(json.dumps([{"text": q, "k": 10} for q in queries]))
     # The query-embedding cache off unless asked for: the 100 queries repeat, and with it on
     # nearly every query would skip the encoder whose loading this measures.
     config = GatewayConfig.from_dict({"rollout": {"poll_interval_s": 0.5, "drain_s": 2.0}, "gate": {"sample": 50},
-                                      "encoder": {"cache_size": 10_000 if args.cache else 0}})
+                                      "encoder": {"cache_size": 10_000 if args.cache else 0,
+                                                  "runtime": args.encoder_runtime}})
     with LocalCluster(root, "msmarco", version=v1, replicas=2, gateway=config, workdir=work / "logs") as cluster:
         url = cluster.gateway_url
         total_s = 2 * args.baseline + 60.0
@@ -131,7 +143,8 @@ def main() -> None:
         "after": phase_stats(timeline, marks["retired"], end),
     }
     result = {
-        "machine": machine_info(), "rate_qps": args.rate, "embedding_cache": args.cache, "v1": v1, "v2": v2,
+        "machine": machine_info(), "rate_qps": args.rate, "embedding_cache": args.cache,
+        "encoder_runtime": args.encoder_runtime, "v1": v1, "v2": v2,
         "phases": phases,
         "stage_to_ready_s": marks["ready"] - marks["stage"],
         "activate_s": marks["activated"] - marks["ready"],
@@ -139,7 +152,8 @@ def main() -> None:
         "replica_rss_mib": {"one_version": rss_one, "two_versions": rss_two, "after_retire": rss_after},
         "load": summary,
     }
-    print(f"\n== rollout under {args.rate:.0f} QPS of text queries (2 shards x 2 replicas, 5k docs) ==")
+    print(f"\n== rollout under {args.rate:.0f} QPS of text queries (2 shards x 2 replicas, 5k docs, "
+          f"encoders on {args.encoder_runtime}) ==")
     print(f"{'phase':8} {'requests':>8} {'errors':>6} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} "
           f"{'p99 vs before':>13}")
     for name, row in phases.items():
@@ -153,7 +167,7 @@ def main() -> None:
           + ", ".join(f"{a:.0f}→{b:.0f}→{c:.0f}" for a, b, c in zip(rss["one_version"], rss["two_versions"],
                                                                    rss["after_retire"]))
           + f"  (mean ×{np.mean(rss['two_versions']) / np.mean(rss['one_version']):.2f} with two)")
-    print(f"\nwrote {write_result('rollout', result)}")
+    print(f"\nwrote {write_result(args.name, result)}")
 
 
 if __name__ == "__main__":
