@@ -27,7 +27,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from index_shards.faiss_index import SearchableIndex
+from index_shards.faiss_index import REFINE_K_FACTOR, SearchableIndex, refine_of
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class FilteredSearcher:
         self._ivf = faiss.try_extract_index_ivf(index) if not searchable.on_gpu else None
         inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else index
         self._hnsw = isinstance(inner, faiss.IndexHNSW)
+        self._refine = refine_of(index) if isinstance(index, faiss.IndexIDMap2) else None
 
     def search(self, queries: np.ndarray, k: int, allowed: np.ndarray, *, nprobe: int | None = None,
                ef_search: int | None = None) -> tuple[np.ndarray, np.ndarray, FilterPlan]:
@@ -118,8 +119,25 @@ class FilteredSearcher:
             params.nprobe = int(min(self._ivf.nlist, math.ceil(base * breadth)))
         else:
             params = faiss.SearchParameters()
+        if self._refine is not None:
+            return self._refine_search(queries, k, selector, params)
         params.sel = selector
         distances, ids = self.searchable.index.search(queries, k, params=params)
+        return distances, ids
+
+    def _refine_search(self, queries: np.ndarray, k: int, selector: Any,
+                       base_params: Any) -> tuple[np.ndarray, np.ndarray]:
+        """A refine stage under an id map: FAISS's id map translates the selector only on the
+        outer parameters, which ``IndexRefine`` does not pass to its first stage, so the selector
+        is translated here, given to the first stage, and the positions mapped back to ids."""
+        assert self._refine is not None
+        id_map = faiss.vector_to_array(self.searchable.index.id_map)  # type: ignore[attr-defined]
+        base_params.sel = faiss.IDSelectorTranslated(self.searchable.index.id_map, selector)  # type: ignore[attr-defined]
+        params: Any = faiss.IndexRefineSearchParameters()
+        params.k_factor = float(self.searchable.baseline("k_factor", REFINE_K_FACTOR))
+        params.base_index_params = base_params
+        distances, positions = self._refine.search(queries, k, params=params)
+        ids = np.where(positions >= 0, id_map[np.maximum(positions, 0)], NO_RESULT)
         return distances, ids
 
     def exact(self, queries: np.ndarray, k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -148,7 +166,7 @@ class FilteredSearcher:
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         """The stored vectors of these int ids (for PQ/SQ indexes: decoded from their codes)."""
         index = self.searchable.index
-        if self._ivf is not None and not self._direct_map_ready:
+        if self._ivf is not None and self._refine is None and not self._direct_map_ready:
             with self._lock:  # a hash table id → list entry, built once, on the first filtered query
                 if not self._direct_map_ready:
                     self._ivf.set_direct_map_type(faiss.DirectMap.Hashtable)  # type: ignore[attr-defined]

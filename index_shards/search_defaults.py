@@ -1,7 +1,8 @@
 """A version's tuned search parameters: ``<version dir>/search.json``, written by ``shardrag tune``.
 
 A replica reads the file when it loads the version and uses its ``nprobe`` / ``ef_search`` for
-every query that does not set them itself. The file sits next to ``collection.json`` (not in a
+every query that does not set them itself, and its ``k_factor`` (a refine stage's re-ranked
+candidates per result) for every query. The file sits next to ``collection.json`` (not in a
 shard's manifest) so that tuning never rewrites a published, checksummed shard; it is written
 crash-safely (temp file, fsync, rename) and a damaged file is reported, never half-applied.
 """
@@ -18,13 +19,14 @@ from retrieval.atomic import atomic_write_bytes
 from retrieval.errors import IndexIntegrityError
 
 SEARCH_DEFAULTS_FILE = "search.json"
-_PARAMS = ("nprobe", "ef_search")
+_PARAMS = ("nprobe", "ef_search", "k_factor")
 
 
 @dataclass(frozen=True, slots=True)
 class SearchDefaults:
     nprobe: int | None = None
     ef_search: int | None = None
+    k_factor: int | None = None
     # How they were chosen (shown by /v1/info and `shardrag tune`; never used to search).
     recall_target: float | None = None
     recall: float | None = None  # mean recall@k on the tuning queries at this setting

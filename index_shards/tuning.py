@@ -31,7 +31,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from index_shards.faiss_index import SearchableIndex, build_index, native_search_params, read_index
+from index_shards.faiss_index import SearchableIndex, build_index, native_search_params, read_index, refine_of
 from index_shards.layout import INDEX_FILE
 from index_shards.manifest import read_shard_manifest
 from retrieval.errors import ConfigError
@@ -65,7 +65,7 @@ def stored_ids(index: faiss.Index) -> np.ndarray:
 def stored_vectors(index: faiss.Index, ids: np.ndarray) -> np.ndarray:
     """The vectors stored under ``ids`` (decoded for PQ/SQ codes)."""
     ivf = faiss.try_extract_index_ivf(index)
-    if ivf is not None:
+    if ivf is not None and refine_of(index) is None:  # a refine stage reconstructs from its own vectors
         # id → (list, offset) for arbitrary ids
         ivf.set_direct_map_type(faiss.DirectMap.Hashtable)  # type: ignore[attr-defined]
     out = np.empty((len(ids), index.d), dtype=np.float32)
@@ -75,7 +75,10 @@ def stored_vectors(index: faiss.Index, ids: np.ndarray) -> np.ndarray:
 
 
 def is_fast_scan(index: faiss.Index) -> bool:
-    """Fast-scan codes (``...x4fs``) are packed in blocks: FAISS cannot decode them one by one."""
+    """Fast-scan codes (``...x4fs``) are packed in blocks: FAISS cannot decode them one by one
+    (behind a refine stage they need not be: its vectors are decoded instead)."""
+    if refine_of(index) is not None:
+        return False
     ivf = faiss.try_extract_index_ivf(index)
     return isinstance(faiss.downcast_index(ivf if ivf is not None else index),
                       (faiss.IndexIVFFastScan, faiss.IndexFastScan))
@@ -84,6 +87,8 @@ def is_fast_scan(index: faiss.Index) -> bool:
 def is_lossy(factory: str) -> bool:
     """True when the index stores compressed codes (PQ, SQ, LSH...), so decoded vectors are not the originals."""
     tail = factory.replace(" ", "").split(",")[-1].upper()
+    if tail.startswith("REFINE(") and tail.endswith(")"):  # a refine stage's vectors are what is decoded
+        tail = tail[len("REFINE("):-1]
     return not (tail.endswith("FLAT") or tail == "" or (tail.startswith("HNSW") and "_" not in tail))
 
 
