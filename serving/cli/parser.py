@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="build Python's docs and run a local cluster on 127.0.0.1")
     demo.add_argument("--root", help="where the demo collection lives (default ~/.cache/shardrag/demo)")
     demo.add_argument("--max-docs", type=int, default=0,
-                      help="index a sample of N passages spread over every module (default 0: all, about 3,000)")
+                      help="index a sample of N passages spread over every module (default 0: all, about 2,400)")
     demo.add_argument("--rebuild", action="store_true", help="rebuild even if a demo collection exists")
     demo.add_argument("--check", action="store_true",
                       help="ask the example questions, fail unless each finds its module in the top 3, stop")
