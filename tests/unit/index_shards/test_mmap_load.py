@@ -21,7 +21,8 @@ def _anon_bytes() -> int:
     raise AssertionError("no RssAnon in /proc/self/status")
 
 
-@pytest.mark.parametrize("factory", ["Flat", "IVF16,Flat", "HNSW16", "IVF16,PQ8"])
+# 4-bit PQ codes: the same IndexIVFPQ layout as 8-bit, trained in a second instead of ~15
+@pytest.mark.parametrize("factory", ["Flat", "IVF16,Flat", "HNSW16", "IVF16,PQ8x4"])
 def test_mapped_index_answers_like_a_read_one_without_a_private_copy(tmp_path, factory):
     rng = np.random.default_rng(3)
     vectors = rng.standard_normal((40_000, 128)).astype(np.float32)
