@@ -113,7 +113,6 @@ def read_index(path: Path, *, mmap: bool = False) -> faiss.Index:
 # The search knobs a query (or a version's tuned defaults) may set, by their FAISS names
 # (``k_factor`` only from a version's defaults: search.json).
 KNOB_NAMES = {"nprobe": "nprobe", "ef_search": "efSearch", "k_factor": "k_factor_rf"}
-QUERY_KNOBS = ("nprobe", "ef_search")
 
 
 def native_search_params(index: faiss.Index) -> dict[str, int]:
