@@ -19,8 +19,7 @@ import numpy as np
 from benchmarks.common import machine_info, write_result
 from retrieval.embedding_cache import CachingEncoder, EmbeddingCache, default_cache_dir
 from retrieval.encoders import encode_documents, load_encoder
-from retrieval.types import Document
-from serving.cli.cluster import DEMO_QUERIES
+from serving.cli.cluster import DEMO_QUERIES, answers_question
 from serving.local.demo_corpus import python_docs_corpus
 
 # question -> the modules (or built-ins) whose passages answer it
@@ -46,15 +45,6 @@ QUESTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def module_of(document: Document) -> str:
-    """``py/http.client.HTTPConnection#0`` -> ``http.client.HTTPConnection``; topics keep their id."""
-    return document.doc_id.removeprefix("py/").split("#")[0]
-
-
-def answers(name: str, expected: tuple[str, ...]) -> bool:
-    return any(name == e or name.startswith(e + ".") for e in expected)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", default="demo_corpus", help="results file name (default demo_corpus)")
@@ -68,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'rank':>5}  {'question':<38} top hit")
     for (question, expected), query in zip(QUESTIONS.items(), queries, strict=True):
         order = np.argsort(-(vectors @ query))
-        rank = next((r for r, i in enumerate(order, start=1) if answers(module_of(documents[i]), expected)), None)
+        rank = next((r for r, i in enumerate(order, start=1) if answers_question(documents[i].doc_id, expected)),
+                    None)
         top = documents[order[0]]
         rows.append({"question": question, "expected": list(expected), "rank": rank, "top_hit": top.doc_id,
                      "top_title": top.title, "in_demo_check": question in DEMO_QUERIES})

@@ -207,6 +207,13 @@ DEMO_QUERIES: dict[str, tuple[str, ...]] = {
 DEMO_CHECK_RANK = 3
 
 
+def answers_question(doc_id: str, expected: tuple[str, ...]) -> bool:
+    """Whether a demo hit (``py/http.client.HTTPConnection#0``) comes from one of the ``expected``
+    modules or names (``http.client``, ``builtins.sorted``)."""
+    name = doc_id.removeprefix("py/").split("#")[0]
+    return any(name == e or name.startswith(e + ".") for e in expected)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from index_shards.build import BuildConfig, build_collection
     from index_shards.layout import list_versions
@@ -258,11 +265,10 @@ def _demo_queries(cluster: Any) -> list[str]:
             for hit in response["hits"]:
                 snippet = " ".join(hit["text"].split())[:90]
                 print(f"   {hit['score']:.3f} {hit['doc_id']:<40} {snippet}")
-            names = [hit["doc_id"].removeprefix("py/").split("#")[0] for hit in response["hits"]]
-            ranks = [rank for rank, name in enumerate(names, start=1)
-                     if any(name == e or name.startswith(e + ".") for e in expected)]
+            ranks = [rank for rank, hit in enumerate(response["hits"], start=1)
+                     if answers_question(hit["doc_id"], expected)]
             print(f"   → {', '.join(expected)} at rank {ranks[0]}" if ranks else
-                  f"   → none of {', '.join(expected)} in the top {len(names)}")
+                  f"   → none of {', '.join(expected)} in the top {len(response['hits'])}")
             if not ranks or ranks[0] > DEMO_CHECK_RANK:
                 wrong.append(f"{text!r}: none of {', '.join(expected)} in the top {DEMO_CHECK_RANK}")
     return wrong
