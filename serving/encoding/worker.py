@@ -5,7 +5,8 @@ print goes to stderr: fd 1 is moved there before torch is imported). torch and
 sentence-transformers are imported once, when the process starts, so a new version's model later
 loads in a fraction of a second. Loading runs on a side thread and encoding on the main thread:
 queries of the live version keep flowing while the next version's weights are read, and neither
-touches the gateway's interpreter (its event loop never waits on the GIL for them).
+touches the gateway's interpreter (its event loop never waits on the GIL for them); the side
+thread runs niced (:mod:`serving.encoding.priority`), so on a busy host the load yields the CPU.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import threading
 from typing import IO, Any
 
+from serving.encoding.priority import background_priority
 from serving.encoding.protocol import read_frame, write_frame
 
 logger = logging.getLogger("serving.encoding.worker")
@@ -41,9 +43,10 @@ class Worker:
         from retrieval.encoders import load_encoder
 
         try:
-            encoder = load_encoder(None if model == "default" else model, device=self._device,
-                                   batch_size=self._batch_size, runtime=self._runtime,
-                                   threads=self._threads if self._runtime != "torch" else None)
+            with background_priority():  # live encodes on the main thread go first
+                encoder = load_encoder(None if model == "default" else model, device=self._device,
+                                       batch_size=self._batch_size, runtime=self._runtime,
+                                       threads=self._threads if self._runtime != "torch" else None)
         except Exception as exc:  # noqa: BLE001 - reported to the gateway, which reports it on /healthz
             self._send(("loaded", key, None, str(exc)))
             return

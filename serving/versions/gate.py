@@ -8,6 +8,7 @@ nothing of encoders or fan-out.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +26,17 @@ class GateSettings:
     min_overlap: float = 0.5  # mean overlap@10 of old vs new top-10 at least this
     max_ndcg_drop: float = 0.02  # with qrels: nDCG@10 may drop at most this much
     sample: int = 50  # queries the gate runs (recent ones when none are given)
+    # The share of its wall time the gate may spend searching: below 1 it pauses after each query
+    # pair (as long again at 0.5), so live queries on a busy host queue behind gate work less often,
+    # for a longer activation. Off by default: measured, it helps ONNX encoders more than torch ones
+    # and single rollouts are too noisy to call it (docs/benchmarks.md, rollout).
+    busy_share: float = 1.0
 
     def validate(self) -> None:
         if not 0 <= self.min_overlap <= 1:
             raise ConfigError("gate.min_overlap must be in [0, 1]", field="gate.min_overlap")
+        if not 0 < self.busy_share <= 1:
+            raise ConfigError("gate.busy_share must be in (0, 1]", field="gate.busy_share")
         if self.sample <= 0:
             raise ConfigError("gate.sample must be > 0", field="gate.sample")
 
@@ -56,7 +64,10 @@ async def quality_gate(old: str, new: str, queries: Queries | None, qrels: Qrels
     # One gate query at a time: its texts join the live encoder batches one by one instead of
     # queueing a whole sample in front of the live traffic (measured: a 400 ms stall otherwise).
     for query_id, text in sample.items():
+        started = time.monotonic()
         await asyncio.gather(run(query_id, text, old), run(query_id, text, new))
+        if settings.busy_share < 1:
+            await asyncio.sleep((time.monotonic() - started) * (1 / settings.busy_share - 1))
     overlaps = [overlap_at_k(rankings[new][q], rankings[old][q], 10) for q in sample]
     result["overlap_at_10"] = round(sum(overlaps) / len(overlaps), 4)
     reasons = []

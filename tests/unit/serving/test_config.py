@@ -68,6 +68,7 @@ def test_the_nested_form_round_trips_without_warnings():
     ({"ejection": {"after_failures": 0}}, "ejection.after_failures"),
     ({"rollout": {"drain_s": -1}}, "rollout.min_ready_replicas"),
     ({"gate": {"min_overlap": 2}}, "gate.min_overlap"),
+    ({"gate": {"busy_share": 0}}, "gate.busy_share"),
     ({"calls": {"balancer": "fastest"}}, "calls.balancer"),
     ({"calls": {"transport": "aiohttp"}}, "calls.transport"),
     ({"encoder": {"device": "tpu"}}, "encoder.device"),
