@@ -12,14 +12,12 @@ missing nothing is lowered, rather than leaving the new version's encodes behind
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import threading
 from collections.abc import Iterator
 from functools import cache
 
-logger = logging.getLogger(__name__)
 LOAD_NICENESS = 10  # added to the loading thread's nice value (19 is the lowest priority)
 
 
