@@ -169,9 +169,9 @@ def main() -> None:
     # answer, agrees with the fp32 one only so far on a 135M model.
     reference: list[dict[str, Any]] = []
     for precision in ("bfloat16", "float16"):
-        runs = [precision_copy.generate(p.ids(), max_new_tokens=args.tokens, use_cache=False)
-                for precision_copy in [Generator(copy.deepcopy(generator.model).to(getattr(torch, precision)),
-                                                 generator.tokenizer, generator.model_id)] for p in prompts]
+        lower = Generator(copy.deepcopy(generator.model).to(getattr(torch, precision)), generator.tokenizer,
+                          generator.model_id)
+        runs = [lower.generate(p.ids(), max_new_tokens=args.tokens, use_cache=False) for p in prompts]
         reference.append({"precision": precision, **agreement(runs, full_runs, args.tokens)})
         print(f"[full prefill in {precision}] exact {reference[-1]['exact_match']:.2f}, F1 "
               f"{reference[-1]['token_f1']:.3f}, ROUGE-L {reference[-1]['rouge_l']:.3f} (vs fp32)", flush=True)
