@@ -54,7 +54,10 @@ def cluster(tmp_path_factory, versions):
     work = tmp_path_factory.mktemp("work")
     config = GatewayConfig.from_dict({
         "rollout": {"state_path": str(work / "rollout.json"), "poll_interval_s": 0.3, "drain_s": 1.0},
-        "gate": {"min_overlap": 0.5, "sample": 30}})
+        "gate": {"min_overlap": 0.5, "sample": 30,
+                 # no pauses between the gate's query pairs: these tests are about the protocol
+                 # (the pacing is tested in tests/unit/serving/test_gate.py), and CI time counts
+                 "busy_share": 1.0}})
     with LocalCluster(versions["root"], "docs", version=versions["v1"], replicas=2, gateway=config,
                       workdir=work) as running:
         yield running

@@ -55,7 +55,10 @@ def cluster_on(template, work: Path) -> LocalCluster:
     config = GatewayConfig.from_dict({
         "encoder": {"model": str(template["tiny"])},
         "rollout": {"state_path": str(work / "rollout.json"), "poll_interval_s": 0.3, "drain_s": 1.0},
-        "gate": {"min_overlap": 0.3, "sample": 30}})
+        "gate": {"min_overlap": 0.3, "sample": 30,
+                 # no pauses between the gate's query pairs: these tests are about the protocol
+                 # (the pacing is tested in tests/unit/serving/test_gate.py), and CI time counts
+                 "busy_share": 1.0}})
     return LocalCluster(root, "docs", version=template["v"], replicas=1, gateway=config, workdir=work / "cluster")
 
 
