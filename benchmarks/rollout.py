@@ -123,7 +123,7 @@ def main() -> None:
                              "versions; both exports are made before the measurement, as `shardrag build "
                              "--runtime onnx` makes them at build time)")
     parser.add_argument("--gate-busy-share", type=float, default=None,
-                        help="the gateway's gate.busy_share (default: the config default, 1)")
+                        help="the gateway's gate.busy_share (default: the config default, 0.5)")
     parser.add_argument("--cycles", type=int, default=1,
                         help="rollouts in a row, alternating V1 → V2 → V1 ...; their phases are pooled (default 1)")
     parser.add_argument("--quiet", type=float, default=4.0, help="seconds between two rollouts (default 4)")
@@ -191,9 +191,11 @@ def main() -> None:
         timeline = np.load(timeline_path)
     start, end = timeline[0, 0], timeline[-1, 0] + 1e-6
     first = cycles[0]
+    after_start = max(cycles_end, first["retired"])
+    gaps = [(a["retired"] + 1.0, b["stage"]) for a, b in zip(cycles, cycles[1:])]  # between two rollouts
 
     def windows(opened: str, closed: str) -> list[tuple[float, float]]:
-        return [(marks[opened], marks[closed]) for marks in cycles]
+        return [(cycle[opened], cycle[closed]) for cycle in cycles]
 
     # the first rollout alone (as before --cycles), then every rollout's queries pooled
     phases = {
@@ -201,31 +203,27 @@ def main() -> None:
         "during": phase_stats(timeline, first["stage"], first["retired"]),
         "loading": phase_stats(timeline, first["stage"], first["ready"]),  # V2 on replicas + its encoder
         "activating": phase_stats(timeline, first["ready"], first["activated"]),  # readiness + quality gate
-        "after": phase_stats(timeline, max(cycles_end, first["retired"]), end),
+        "after": phase_stats(timeline, after_start, end),
     }
     if args.cycles > 1:
         phases |= {
-            "between": pooled_stats(timeline, [(a["retired"] + 1.0, b["stage"]) for a, b in zip(cycles, cycles[1:])]),
+            "between": pooled_stats(timeline, gaps),
             "during_all": pooled_stats(timeline, windows("stage", "retired")),
             "loading_all": pooled_stats(timeline, windows("stage", "ready")),
             "activating_all": pooled_stats(timeline, windows("ready", "activated")),
             # every query outside the rollouts: a baseline of thousands of queries, where "before"
             # alone (~1,000) moves by a third between runs with one slow burst
-            "quiet": pooled_stats(timeline, [(start, first["stage"]),
-                                             *[(a["retired"] + 1.0, b["stage"]) for a, b in zip(cycles, cycles[1:])],
-                                             (max(cycles_end, first["retired"]), end)]),
+            "quiet": pooled_stats(timeline, [(start, first["stage"]), *gaps, (after_start, end)]),
         }
-    marks = first
-    activated_gate = gates[0]
     result = {
         "machine": machine_info(), "rate_qps": args.rate, "embedding_cache": args.cache,
         "encoder_runtime": args.encoder_runtime, "v1": v1, "v2": v2,
         "phases": phases,
-        "stage_to_ready_s": marks["ready"] - marks["stage"],
-        "activate_s": marks["activated"] - marks["ready"],
-        "gate": activated_gate, "cycles": len(cycles),
+        "stage_to_ready_s": first["ready"] - first["stage"],
+        "activate_s": first["activated"] - first["ready"],
+        "gate": gates[0], "cycles": len(cycles),
         "gates_passed": [bool(g and g.get("passed")) for g in gates],
-        "cycle_marks": [{k: v - cycles[0]["stage"] for k, v in m.items()} for m in cycles],
+        "cycle_marks": [{k: v - first["stage"] for k, v in m.items()} for m in cycles],
         "replica_rss_mib": {"one_version": rss_one, "two_versions": rss_two, "after_retire": rss_after},
         "load": summary,
     }
