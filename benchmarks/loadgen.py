@@ -9,6 +9,11 @@ and latency counts from the *scheduled* send time (no coordinated omission) — 
 see a tail. ``FILE``: JSON list of request bodies (sent round-robin), or a .npy matrix sent as
 float32 rows. Prints one JSON line: p50/p99/p99.9 over the measured window (after --warmup s),
 QPS, errors, partial answers and this process's CPU seconds.
+
+Open loop with ``--url`` given more than once: request i goes to URL i mod n, so the targets (say
+two gateways with different policies over the same shards) are measured in the same instants,
+each at rate/n; the summary adds ``per_url`` (the same figures for each), and the timeline a
+fourth column, the URL's index.
 """
 
 from __future__ import annotations
@@ -68,8 +73,15 @@ async def run(url: str, bodies: list[bytes], concurrency: int, duration_s: float
     }
 
 
-async def run_open_loop(url: str, bodies: list[bytes], rate: float, duration_s: float, warmup_s: float,
-                        content_type: str, timeout_s: float) -> tuple[dict, np.ndarray]:
+def _percentiles(values: np.ndarray) -> dict:
+    return {"p50_ms": float(np.percentile(values, 50)) if len(values) else None,
+            "p99_ms": float(np.percentile(values, 99)) if len(values) else None,
+            "p999_ms": float(np.percentile(values, 99.9)) if len(values) else None,
+            "max_ms": float(values.max()) if len(values) else None}
+
+
+async def run_open_loop(urls: list[str], bodies: list[bytes], rate: float, duration_s: float, warmup_s: float,
+                        content_type: str, timeout_s: float) -> tuple[dict, np.ndarray, np.ndarray]:
     import aiohttp
 
     clock = time.perf_counter  # uvloop's loop.time() ticks in whole milliseconds: too coarse for a tail
@@ -77,8 +89,9 @@ async def run_open_loop(url: str, bodies: list[bytes], rate: float, duration_s: 
     session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s))
     headers = {"content-type": content_type}
     latencies: list[float] = []
-    timeline: list[tuple[float, float, float]] = []  # (scheduled wall time, latency s, ok)
+    timeline: list[tuple[float, float, float, int]] = []  # (scheduled wall time, latency s, ok, url index)
     outcome = {"errors": 0, "partial": 0, "statuses": {}}
+    per_url = [{"errors": 0, "partial": 0} for _ in urls]
     wall_offset = time.time() - clock()
     start = clock() + 0.05
     measure_from = start + warmup_s
@@ -86,9 +99,9 @@ async def run_open_loop(url: str, bodies: list[bytes], rate: float, duration_s: 
     interval = 1.0 / rate
     pending: set[asyncio.Future] = set()
 
-    async def one(body: bytes, scheduled: float) -> None:
+    async def one(body: bytes, scheduled: float, target: int) -> None:
         try:
-            async with session.post(url, data=body, headers=headers) as response:
+            async with session.post(urls[target], data=body, headers=headers) as response:
                 payload = await response.read()
                 status = response.status
         except (TimeoutError, aiohttp.ClientError):
@@ -96,12 +109,14 @@ async def run_open_loop(url: str, bodies: list[bytes], rate: float, duration_s: 
         if scheduled < measure_from:
             return
         latencies.append(clock() - scheduled)
-        timeline.append((scheduled + wall_offset, latencies[-1], 1.0 if status == 200 else 0.0))
+        timeline.append((scheduled + wall_offset, latencies[-1], 1.0 if status == 200 else 0.0, target))
         if status != 200:
             outcome["errors"] += 1
+            per_url[target]["errors"] += 1
             outcome["statuses"][str(status)] = outcome["statuses"].get(str(status), 0) + 1
         elif b'"partial":true' in payload:
             outcome["partial"] += 1
+            per_url[target]["partial"] += 1
 
     cpu_before = time.process_time()
     i = 0
@@ -112,7 +127,7 @@ async def run_open_loop(url: str, bodies: list[bytes], rate: float, duration_s: 
         delay = scheduled - clock()
         if delay > 0:
             await asyncio.sleep(delay)
-        task = asyncio.ensure_future(one(bodies[i % len(bodies)], scheduled))
+        task = asyncio.ensure_future(one(bodies[i % len(bodies)], scheduled, i % len(urls)))
         pending.add(task)
         task.add_done_callback(pending.discard)
         i += 1
@@ -120,23 +135,27 @@ async def run_open_loop(url: str, bodies: list[bytes], rate: float, duration_s: 
         await asyncio.gather(*pending)
     await session.close()
     values = np.asarray(latencies) * 1000.0
+    rows = np.asarray(timeline, dtype=np.float64).reshape(-1, 4)
     summary = {
         "requests": len(latencies),
         "rate": rate,
         "qps": len(latencies) / duration_s,
-        "p50_ms": float(np.percentile(values, 50)) if len(values) else None,
-        "p99_ms": float(np.percentile(values, 99)) if len(values) else None,
-        "p999_ms": float(np.percentile(values, 99.9)) if len(values) else None,
-        "max_ms": float(values.max()) if len(values) else None,
+        **_percentiles(values),
         **outcome,
         "loadgen_cpu_s": time.process_time() - cpu_before,
     }
-    return summary, values, np.asarray(timeline, dtype=np.float64).reshape(-1, 3)
+    if len(urls) > 1:
+        summary["per_url"] = [
+            {"url": url, "requests": int((rows[:, 3] == n).sum()), **_percentiles(rows[rows[:, 3] == n, 1] * 1000.0),
+             **per_url[n]}
+            for n, url in enumerate(urls)]
+    return summary, values, rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", required=True)
+    parser.add_argument("--url", required=True, action="append",
+                        help="target; open loop: may be given more than once (request i goes to URL i mod n)")
     parser.add_argument("--bodies", required=True, help="JSON list of bodies, or a .npy matrix sent as float32 rows")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=10.0)
@@ -160,16 +179,18 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
+    if len(args.url) > 1 and args.rate <= 0:
+        parser.error("several --url need the open loop (--rate)")
     if args.rate > 0:
         summary, values, timeline = asyncio.run(run_open_loop(args.url, bodies, args.rate, args.duration,
                                                               args.warmup, content_type, args.timeout))
         if args.latencies_out:
             np.save(args.latencies_out, values)
         if args.timeline_out:
-            np.save(args.timeline_out, timeline)
+            np.save(args.timeline_out, timeline if len(args.url) > 1 else timeline[:, :3])
         print(json.dumps(summary))
         return
-    print(json.dumps(asyncio.run(run(args.url, bodies, args.concurrency, args.duration, args.warmup, content_type))))
+    print(json.dumps(asyncio.run(run(args.url[0], bodies, args.concurrency, args.duration, args.warmup, content_type))))
 
 
 if __name__ == "__main__":
