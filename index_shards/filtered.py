@@ -27,7 +27,16 @@ from typing import Any
 import faiss
 import numpy as np
 
-from index_shards.faiss_index import REFINE_K_FACTOR, SearchableIndex, refine_of
+from index_shards.faiss_index import (
+    REFINE_K_FACTOR,
+    IdPositions,
+    SearchableIndex,
+    has_id_map,
+    id_positions,
+    inner_index,
+    reconstruct_ids,
+    refine_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +67,11 @@ class FilteredSearcher:
         self._direct_map_ready = False
         index = searchable.index
         self._ivf = faiss.try_extract_index_ivf(index) if not searchable.on_gpu else None
-        inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else index
-        self._hnsw = isinstance(inner, faiss.IndexHNSW)
-        self._refine = refine_of(index) if isinstance(index, faiss.IndexIDMap2) else None
+        self._hnsw = isinstance(inner_index(index), faiss.IndexHNSW)
+        self._refine = refine_of(index) if has_id_map(index) else None
+        # built on the first read by id / filtered refine search, not at load (see faiss_index)
+        self._positions: IdPositions | None = None
+        self._id_map: np.ndarray | None = None
 
     def search(self, queries: np.ndarray, k: int, allowed: np.ndarray, *, nprobe: int | None = None,
                ef_search: int | None = None) -> tuple[np.ndarray, np.ndarray, FilterPlan]:
@@ -131,7 +142,7 @@ class FilteredSearcher:
         outer parameters, which ``IndexRefine`` does not pass to its first stage, so the selector
         is translated here, given to the first stage, and the positions mapped back to ids."""
         assert self._refine is not None
-        id_map = faiss.vector_to_array(self.searchable.index.id_map)  # type: ignore[attr-defined]
+        id_map = self._stored_ids()
         base_params.sel = faiss.IDSelectorTranslated(self.searchable.index.id_map, selector)  # type: ignore[attr-defined]
         params: Any = faiss.IndexRefineSearchParameters()
         params.k_factor = float(self.searchable.baseline("k_factor", REFINE_K_FACTOR))
@@ -163,6 +174,14 @@ class FilteredSearcher:
         out_scores[:, :kk] = -best if self.metric == "l2" else best
         return out_scores, out_ids
 
+    def _stored_ids(self) -> np.ndarray:
+        """The id map's ids by position, copied out of FAISS once."""
+        if self._id_map is None:
+            with self._lock:
+                if self._id_map is None:
+                    self._id_map = faiss.vector_to_array(self.searchable.index.id_map)  # type: ignore[attr-defined]
+        return self._id_map
+
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         """The stored vectors of these int ids (for PQ/SQ indexes: decoded from their codes)."""
         index = self.searchable.index
@@ -171,4 +190,8 @@ class FilteredSearcher:
                 if not self._direct_map_ready:
                     self._ivf.set_direct_map_type(faiss.DirectMap.Hashtable)  # type: ignore[attr-defined]
                     self._direct_map_ready = True
-        return np.ascontiguousarray(index.reconstruct_batch(ids), dtype=np.float32)
+        if self._positions is None and has_id_map(index) and not self.searchable.on_gpu:
+            with self._lock:  # id → position for a plain id map, built once, on the first read by id
+                if self._positions is None:
+                    self._positions = id_positions(index)
+        return np.ascontiguousarray(reconstruct_ids(index, ids, self._positions), dtype=np.float32)

@@ -31,7 +31,16 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from index_shards.faiss_index import SearchableIndex, build_index, native_search_params, read_index, refine_of
+from index_shards.faiss_index import (
+    SearchableIndex,
+    build_index,
+    has_id_map,
+    id_positions,
+    native_search_params,
+    read_index,
+    reconstruct_ids,
+    refine_of,
+)
 from index_shards.layout import INDEX_FILE
 from index_shards.manifest import read_shard_manifest
 from retrieval.errors import ConfigError
@@ -47,8 +56,8 @@ Z_95 = 1.645  # one-sided 95 % normal quantile for the recall lower bound
 
 def stored_ids(index: faiss.Index) -> np.ndarray:
     """The int64 ids an index holds, in storage order."""
-    if isinstance(index, faiss.IndexIDMap2):
-        return faiss.vector_to_array(index.id_map).astype(np.int64)
+    if has_id_map(index):
+        return faiss.vector_to_array(index.id_map).astype(np.int64)  # type: ignore[attr-defined]
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is None:
         return np.arange(index.ntotal, dtype=np.int64)
@@ -68,9 +77,10 @@ def stored_vectors(index: faiss.Index, ids: np.ndarray) -> np.ndarray:
     if ivf is not None and refine_of(index) is None:  # a refine stage reconstructs from its own vectors
         # id → (list, offset) for arbitrary ids
         ivf.set_direct_map_type(faiss.DirectMap.Hashtable)  # type: ignore[attr-defined]
+    positions = id_positions(index)
     out = np.empty((len(ids), index.d), dtype=np.float32)
     for start in range(0, len(ids), 65536):  # bounded temporaries on big shards
-        out[start:start + 65536] = index.reconstruct_batch(ids[start:start + 65536])
+        out[start:start + 65536] = reconstruct_ids(index, ids[start:start + 65536], positions)
     return out
 
 
