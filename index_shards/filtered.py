@@ -190,7 +190,7 @@ class FilteredSearcher:
                 if not self._direct_map_ready:
                     self._ivf.set_direct_map_type(faiss.DirectMap.Hashtable)  # type: ignore[attr-defined]
                     self._direct_map_ready = True
-        if self._positions is None and has_id_map(index) and not self.searchable.on_gpu:
+        if self._positions is None and has_id_map(index):  # (a GPU copy keeps the same id vector)
             with self._lock:  # id → position for a plain id map, built once, on the first read by id
                 if self._positions is None:
                     self._positions = id_positions(index)
