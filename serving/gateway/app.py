@@ -45,7 +45,7 @@ from serving.gateway.api_models import (
 from serving.gateway.factory import Gateway, GatewaySetup
 from serving.gateway.faults_proxy import add_fault_routes
 from serving.gateway.metrics import GatewayMetrics
-from serving.gateway.openapi import filter_schemas, query_request_schema, write_schemas
+from serving.gateway.openapi import build_openapi, filter_schemas, query_request_schema, write_schemas
 from serving.gateway.query import parse_body
 from serving.writes.models import DeleteRequest, UpsertRequest
 
@@ -199,9 +199,8 @@ def create_app(setup: GatewaySetup) -> Any:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            from fastapi.openapi.utils import get_openapi
-
-            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schema = build_openapi(title=app.title, version=app.version, description=app.description,
+                                   routes=app.routes)
             gateway = running._gateway
             topology = None
             if gateway is not None:

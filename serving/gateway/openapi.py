@@ -152,3 +152,40 @@ def write_schemas(limits: Limits, topology: Topology | None, writes: WriteSettin
                                        "would delete everything)"}
     delete["oneOf"] = [_one_of("ids", "array", "filter", "object"), _one_of("filter", "object", "ids", "array")]
     return {"UpsertRequest": upsert, "DocumentIn": document, "DeleteRequest": delete}
+
+
+_HTTP_METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
+
+
+def build_openapi(**kwargs: Any) -> dict[str, Any]:
+    """FastAPI's ``get_openapi`` with an operationId per method. A route serving several methods
+    (``/admin/faults``: GET and DELETE, one route so a 405 there lists both in Allow) gets one id
+    from FastAPI for all of them, which OpenAPI forbids and client generators trip on. Each
+    method's operation is renamed ``<id without its method>_<method>``; a duplicate across
+    different paths is a programming error and raises."""
+    import warnings
+
+    from fastapi.openapi.utils import get_openapi
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Duplicate Operation ID")  # fixed below, or raised
+        schema = get_openapi(**kwargs)
+    seen: dict[str, str] = {}
+    for path, operations in schema.get("paths", {}).items():
+        methods = [m for m in operations if m in _HTTP_METHODS]
+        ids = [operations[m].get("operationId") for m in methods]
+        if len(methods) > 1 and len(set(ids)) == 1 and ids[0]:
+            stem = ids[0]
+            for method in _HTTP_METHODS:
+                stem = stem.removesuffix(f"_{method}")
+            for method in methods:
+                operations[method]["operationId"] = f"{stem}_{method}"
+        for method in methods:
+            operation_id = operations[method].get("operationId")
+            if operation_id is None:
+                continue
+            if operation_id in seen:
+                raise RuntimeError(f"OpenAPI operationId {operation_id!r} is used by {seen[operation_id]} and "
+                                   f"{method.upper()} {path}")
+            seen[operation_id] = f"{method.upper()} {path}"
+    return schema

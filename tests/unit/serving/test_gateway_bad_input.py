@@ -108,6 +108,12 @@ def test_openapi_documents_query_and_errors(client):
     assert {"400", "409", "413", "422", "503", "504"} <= set(operation["responses"])
     assert "QueryRequest" in schema["components"]["schemas"]
     assert client.get("/docs").status_code == 200
+    # one operationId per operation, also where one route serves two methods (/admin/faults)
+    ids = [op["operationId"] for ops in schema["paths"].values() for op in ops.values() if "operationId" in op]
+    assert len(ids) == len(set(ids))
+    faults = schema["paths"]["/admin/faults"]
+    assert faults["get"]["operationId"] == "faults_all_admin_faults_get"
+    assert faults["delete"]["operationId"] == "faults_all_admin_faults_delete"
 
 
 def test_unknown_route_and_method_are_json_4xx(client):
