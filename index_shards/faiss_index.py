@@ -97,12 +97,15 @@ class IdPositions:
         return self._order[slots].astype(np.int64)
 
 
-def id_positions(index: faiss.Index) -> IdPositions | None:
+def id_positions(index: faiss.Index, stored: np.ndarray | None = None) -> IdPositions | None:
     """An :class:`IdPositions` for an index under a plain ``IndexIDMap``; None where the index
-    reconstructs by id itself (``IndexIDMap2``, IVF with a direct map, bare indexes)."""
+    reconstructs by id itself (``IndexIDMap2``, IVF with a direct map, bare indexes). ``stored``:
+    the id vector where the caller already copied it out of FAISS (else it is copied here)."""
     if not has_id_map(index) or isinstance(index, faiss.IndexIDMap2):
         return None
-    return IdPositions(faiss.vector_to_array(index.id_map).astype(np.int64))  # type: ignore[attr-defined]
+    if stored is None:
+        stored = faiss.vector_to_array(index.id_map)  # type: ignore[attr-defined]
+    return IdPositions(np.asarray(stored, dtype=np.int64))
 
 
 def reconstruct_ids(index: faiss.Index, ids: np.ndarray, positions: IdPositions | None) -> np.ndarray:

@@ -192,6 +192,6 @@ class FilteredSearcher:
                     self._direct_map_ready = True
         if self._positions is None and has_id_map(index):  # (a GPU copy keeps the same id vector)
             with self._lock:  # id → position for a plain id map, built once, on the first read by id
-                if self._positions is None:
-                    self._positions = id_positions(index)
+                if self._positions is None:  # a refine stage's id vector, when already copied, is reused
+                    self._positions = id_positions(index, self._id_map)
         return np.ascontiguousarray(reconstruct_ids(index, ids, self._positions), dtype=np.float32)

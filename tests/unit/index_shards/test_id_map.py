@@ -79,6 +79,16 @@ def test_an_id_the_index_does_not_hold_is_an_integrity_error():
         IdPositions(np.zeros(0, dtype=np.int64)).of(np.asarray([1]))
 
 
+def test_positions_from_an_id_vector_already_copied_match_a_fresh_copy():
+    vectors, ids = _vectors(200, 8), _shuffled_ids(200)
+    index = build_index(vectors, ids, "Flat")
+    stored = faiss.vector_to_array(index.id_map)
+    fresh, reused = id_positions(index), id_positions(index, stored)
+    assert fresh is not None and reused is not None
+    assert np.array_equal(fresh.of(ids[::-1]), reused.of(ids[::-1]))
+    assert np.allclose(reconstruct_ids(index, ids[[5, 9]], reused), vectors[[5, 9]], atol=1e-6)
+
+
 # Read in a fresh interpreter: this one's allocator may reuse pages freed by earlier tests.
 _MEASURE = """
 import sys
