@@ -85,8 +85,8 @@ def _topics(max_words: int) -> Iterator[Document]:
                 index += 1
 
 
-def _docstrings(max_words: int, min_chars: int = 160) -> Iterator[Document]:
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
+def stdlib_modules(stdlib: Path) -> Iterator[tuple[str, Path]]:
+    """(dotted name, source file) of every standard-library module the corpus reads, in path order."""
     for path in sorted(stdlib.rglob("*.py")):
         relative = path.relative_to(stdlib)
         parts = relative.with_suffix("").parts
@@ -95,7 +95,11 @@ def _docstrings(max_words: int, min_chars: int = 160) -> Iterator[Document]:
         if (not parts or _SKIP_PARTS & set(relative.parts) or any(part.startswith("_") for part in parts)
                 or parts[0] in _DEPRECATED_MODULES):
             continue
-        module = ".".join(parts)
+        yield ".".join(parts), path
+
+
+def _docstrings(max_words: int, min_chars: int = 160) -> Iterator[Document]:
+    for module, path in stdlib_modules(Path(sysconfig.get_paths()["stdlib"])):
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, OSError):
