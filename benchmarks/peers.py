@@ -8,20 +8,22 @@ the folder holding its ``chroma`` and ``python``), so it never touches shardrag'
 10k real MiniLM passage vectors (msmarco + dbpedia, through the embedding cache) and the 100
 real queries; k = 10.
 
-Vector path: shardrag 4 shards × 1 replica (Flat and HNSW32, vector queries through the gateway)
-against Chroma's server (default HNSW, and HNSW M32 / ef 400), each driven by
+Vector path: shardrag 4 shards × 1 replica (Flat and HNSW32, vector queries through the gateway),
+and the same 4 shards loaded in the gateway's own process (``shardrag serve --backend embedded``:
+one process, no shard hops), against Chroma's server (default HNSW, and HNSW M32 / ef 400), each driven by
 benchmarks/loadgen.py (closed loop, c = 1 and 32) with the engine's own JSON query body; recall@10
 against exact search. Text path, c = 1: shardrag embeds the text in the gateway (its encoder
 service, its query-embedding cache off since every text is sent --text-rounds times); for Chroma
 the client embeds with the same MiniLM (sentence-transformers, in this process) and sends the
 vector — what a Chroma user does. Ratios: shardrag / Chroma default.
-JSON: benchmarks/results/peers.json.
+JSON: benchmarks/results/peers.json (``--name``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +37,7 @@ import numpy as np
 
 from benchmarks.common import data_dir, load_corpus, machine_info, percentiles_ms, write_result
 from benchmarks.query_latency import VECTORS_ONLY, exact_top10, run_load
+from httpkit.serve import parse_ready_line
 from index_shards.build import BuildConfig, build_collection
 from retrieval.datasets import load_beir
 from serving.encoding.settings import EncoderSettings
@@ -112,6 +115,23 @@ def loads(url: str, bodies: list[dict[str, Any]], work: Path, name: str, duratio
     return out
 
 
+def start_embedded(root: Path, collection: str, workdir: Path) -> tuple[subprocess.Popen[str], str]:
+    """``shardrag serve --backend embedded`` as a user runs it (vector queries, no keys): (process, URL)."""
+    serve = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--backend", "embedded", "--collection",
+                              collection, "--root", str(root), "--port", "0", "--no-encoder", "--open",
+                              "--workdir", str(workdir)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = serve.stdout.readline() if serve.stdout else ""
+        ready = parse_ready_line(line)
+        if ready:
+            return serve, str(ready["url"])
+        if not line and serve.poll() is not None:
+            break
+    serve.kill()
+    raise RuntimeError(f"shardrag serve --backend embedded did not start (exit {serve.poll()})")
+
+
 def text_c1(send: Any, texts: list[str], rounds: int) -> dict[str, float]:
     for text in texts[:10]:  # warm-up
         send(text)
@@ -128,6 +148,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chroma", type=Path, required=True, help="folder with chroma's `chroma` and `python`")
     parser.add_argument("--duration", type=float, default=6.0, help="measured seconds per load point (default 6)")
+    parser.add_argument("--name", default="peers", help="results name under benchmarks/results (default peers)")
     parser.add_argument("--text-rounds", type=int, default=2, help="passes over the 100 texts, c=1 (default 2)")
     args = parser.parse_args()
     if not (args.chroma / "chroma").exists():
@@ -183,6 +204,15 @@ def main() -> None:
                 "recall_at_10": recall_of(gateway_answers(cluster.gateway_url, corpus.query_vectors), exact),
                 "load": loads(f"{cluster.gateway_url}/v1/query", bodies, work, f"shardrag-{factory}", args.duration,
                               pids)}
+            embedded, url = start_embedded(work / "root", collection, work / f"{collection}-embedded")
+            try:
+                results["engines"][f"shardrag 4 shards {factory}, embedded"] = {
+                    "recall_at_10": recall_of(gateway_answers(url, corpus.query_vectors), exact),
+                    "load": loads(f"{url}/v1/query", bodies, work, f"shardrag-{factory}-embedded", args.duration,
+                                  {"gateway": embedded.pid})}
+            finally:
+                embedded.send_signal(signal.SIGINT)
+                embedded.wait(60)
             if factory == "Flat":
                 with httpx.Client(timeout=30) as client:
                     def shardrag_text(text: str, url: str = cluster.gateway_url) -> None:
@@ -190,19 +220,19 @@ def main() -> None:
                     print("shardrag text c=1 ...", file=sys.stderr, flush=True)
                     results["text_c1"]["shardrag 4 shards Flat (gateway embeds)"] = text_c1(shardrag_text, texts,
                                                                                            args.text_rounds)
-    written = write_result("peers", results)
+    written = write_result(args.name, results)
     report(results)
     print(f"\nwrote {written}")
 
 
 def report(results: dict[str, Any]) -> None:
     base = results["engines"]["chroma default"]["load"]
-    print(f"\n{'engine':30} {'c=1 QPS':>8} {'p50 ms':>7} {'c=32 QPS':>8} {'p99 ms':>7} {'recall':>6}   "
+    print(f"\n{'engine':38} {'c=1 QPS':>8} {'p50 ms':>7} {'c=32 QPS':>8} {'p99 ms':>7} {'recall':>6}   "
           "vs chroma default: c=1 p50, c=32 QPS")
     for name, row in results["engines"].items():
         one, many = row["load"].get(1) or row["load"]["1"], row["load"].get(32) or row["load"]["32"]
         b1, b32 = base.get(1) or base["1"], base.get(32) or base["32"]
-        print(f"{name:30} {one['qps']:8.0f} {one['p50_ms']:7.2f} {many['qps']:8.0f} {many['p99_ms']:7.1f} "
+        print(f"{name:38} {one['qps']:8.0f} {one['p50_ms']:7.2f} {many['qps']:8.0f} {many['p99_ms']:7.1f} "
               f"{row['recall_at_10']:6.3f}   ×{one['p50_ms'] / b1['p50_ms']:.2f}, ×{many['qps'] / b32['qps']:.2f}")
     print("\ntext queries, c=1:")
     for name, row in results["text_c1"].items():

@@ -61,8 +61,10 @@ def serve_app(
     log_level: str = "warning",
     extra_ready: Callable[[], dict[str, Any]] | None = None,
     fallback_to_any_port: bool = False,
+    on_ready: Callable[[str], None] | None = None,
 ) -> None:
-    """Run ``app`` until SIGINT/SIGTERM. Blocks. HTTPS when SHARDRAG_TLS_CERT/KEY are set."""
+    """Run ``app`` until SIGINT/SIGTERM. Blocks. HTTPS when SHARDRAG_TLS_CERT/KEY are set.
+    ``on_ready(url)``: called once the server listens, after the ready line."""
     import uvicorn
 
     from httpkit.tls import server_tls
@@ -81,6 +83,8 @@ def serve_app(
             atomic_write_bytes(Path(port_file), json.dumps(payload).encode())
         sys.stdout.write(READY_PREFIX + json.dumps(payload) + "\n")
         sys.stdout.flush()
+        if on_ready:
+            on_ready(payload["url"])
 
     class ReportingServer(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:

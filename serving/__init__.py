@@ -6,7 +6,7 @@
     versions/   the version registry and snapshots, topology, query encoders, rollout + quality gate
     answer/     POST /v1/answer: the answer service, prompt, generator and its worker process
     kvcache/    KV-cache blocks, the local pool, the client of the kv-nodes, the kv-node server
-    local/      the local cluster launcher and supervisor, chaos, the demo corpus
+    local/      the local cluster launcher and supervisor, chaos, the one-process embedded cluster, the demo corpus
     cli/        the ``shardrag`` command line
 
 Rooms import downwards only (checked by import-linter, see pyproject.toml):

@@ -1,11 +1,11 @@
-"""``shardrag demo`` and ``shardrag serve``: a local cluster (processes, or Ray actors) for a
-built collection, with fresh API keys, until Ctrl-C."""
+"""``shardrag demo`` and ``shardrag serve``: a local cluster of processes for a built collection
+(Ray actors and the embedded one-process backend: ``serving.cli.backends``), with fresh API keys,
+until Ctrl-C."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import time
@@ -13,78 +13,28 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.embedding_cache import default_cache_dir
-from retrieval.errors import ConfigError, ShardragError
+from retrieval.errors import ShardragError
 from serving.cli.build import make_encoder
 from serving.cli.common import root_of
-
-
-def _gateway_config(args: argparse.Namespace) -> Any:
-    from serving.encoding.settings import EncoderSettings
-    from serving.gateway.config import GatewayConfig
-    from serving.shardcall.call import HedgingSettings
-    from serving.shardcall.fanout import FanOutSettings
-
-    return GatewayConfig(calls=FanOutSettings(transport=args.transport, balancer=args.balancer,
-                                              coalesce=not args.no_coalesce),
-                         hedging=HedgingSettings(enabled=not args.no_hedging),
-                         encoder=EncoderSettings(load=not args.no_encoder, backend=args.encoder_backend,
-                                                 workers=args.encoder_workers,
-                                                 runtime=args.encoder_runtime).validated())
-
-
-def _access(args: argparse.Namespace) -> tuple[list[str] | None, str]:
-    """(API key entries or None when --open, the internal token). Fresh secrets every start."""
-    import secrets
-
-    token = secrets.token_urlsafe(32)
-    if args.open:
-        if args.host not in ("127.0.0.1", "localhost", "::1"):
-            raise ConfigError(f"--open serves without API keys, which is only allowed on a loopback --host "
-                              f"(not {args.host})", field="open")
-        print("WARNING: --open: no API keys; anyone on this machine can query and administer the cluster",
-              file=sys.stderr)
-        return None, token
-    return [f"read:{_cli_safe_key()}", f"admin:{_cli_safe_key()}"], token
-
-
-def _cli_safe_key() -> str:
-    """A fresh API key that does not start with '-' (argparse would take `--api-key -x…` for a
-    missing value: the key could not be passed to `shardrag query --api-key KEY`)."""
-    import secrets
-
-    while True:
-        key = secrets.token_urlsafe(24)
-        if not key.startswith("-"):
-            return key
-
-
-def _tls(args: argparse.Namespace) -> tuple[str, str, str] | None:
-    if not args.tls_cert and not args.tls_key:
-        return None
-    if not (args.tls_cert and args.tls_key):
-        raise ConfigError("--tls-cert and --tls-key go together", field="tls_cert")
-    for path in (args.tls_cert, args.tls_key, args.tls_ca):
-        if path and not Path(path).is_file():
-            raise ConfigError(f"TLS file {path} does not exist", field="tls_cert")
-    return str(Path(args.tls_cert).resolve()), str(Path(args.tls_key).resolve()), \
-        str(Path(args.tls_ca or args.tls_cert).resolve())
+from serving.cli.serve_common import access, gateway_config, key_of, print_banner, replicas_of, tls_files
 
 
 def _start_cluster(args: argparse.Namespace, root: Path, collection: str, version: str | None) -> Any:
     from serving.local.launcher import LocalCluster
 
-    gateway = _gateway_config(args)
-    keys, token = _access(args)
-    cluster = LocalCluster(root, collection, version=version, replicas=args.replicas, host=args.host,
+    gateway = gateway_config(args)
+    keys, token = access(args)
+    replicas = replicas_of(args)
+    cluster = LocalCluster(root, collection, version=version, replicas=replicas, host=args.host,
                            gateway_port=args.port, gateway_port_fallback=True, gateway=gateway, workdir=args.workdir,
                            faiss_threads=args.faiss_threads,
                            generators=args.generators, generator_model=args.generator_model, kv_nodes=args.kv_nodes,
                            kv_node_budget_mb=args.kv_node_budget_mb,
                            generator_args=("--kv-reuse", getattr(args, "kv_reuse", "prefix")), api_keys=keys,
                            internal_token=token,
-                           tls=_tls(args))
+                           tls=tls_files(args))
     extra = f" + {args.generators} generators + {args.kv_nodes} kv-nodes" if args.generators else ""
-    print(f"starting {cluster.manifest.num_shards} shards × {args.replicas} replicas{extra} + gateway "
+    print(f"starting {cluster.manifest.num_shards} shards × {replicas} replicas{extra} + gateway "
           f"({cluster.manifest.embedding_version.id}) ...", file=sys.stderr, flush=True)
     cluster.start()
     if args.port and cluster.gateway is not None and cluster.gateway.port != args.port:
@@ -109,87 +59,13 @@ def _run_until_interrupted(cluster: Any) -> int:
     return 0
 
 
-def _key(cluster: Any, scope: str) -> str | None:
-    entries: list[str] = getattr(cluster, "api_keys", None) or []
-    for entry in entries:
-        if entry.startswith(scope + ":"):
-            return entry.split(":", 1)[1]
-    return None
-
-
-def _print_banner(cluster: Any, example_query: str) -> None:
-    url = cluster.gateway_url
-    body = json.dumps({"text": example_query, "k": 3})
-    read_key, admin_key = _key(cluster, "read"), _key(cluster, "admin")
-    auth = " -H \"authorization: Bearer $SHARDRAG_API_KEY\"" if read_key else ""
-    answer_hint = ""
-    if cluster.generators:
-        answer_body = json.dumps({"question": example_query, "k": 3})
-        answer_hint = f"\n  curl -s {url}/v1/answer{auth} -H 'content-type: application/json' -d '{answer_body}'"
-    keys = (f"""
-  API keys (new each start; also in {cluster.workdir}/api-keys):
-    read  {read_key}
-    admin {admin_key}
-  export SHARDRAG_API_KEY={read_key}""" if read_key else "\n  no API keys (--open)")
-    print(f"""
-shardrag is up: {url}
-  collection {cluster.collection} @ {cluster.manifest.embedding_version.id}
-  {cluster.manifest.num_shards} shards × {cluster.replicas} replicas, logs in {cluster.workdir}{keys}
-
-  status page: {url}/  (paste the read key once)     shardrag status --url {url} [--watch]
-  curl -s {url}/v1/query{auth} -H 'content-type: application/json' -d '{body}'
-  curl -s {url}/v1/cluster{auth}
-  shardrag query --url {url} "{example_query}"{answer_hint}
-  game day: shardrag faults set --url {url} --api-key ADMIN_KEY --shard 0 --replica 0 'latency=fixed:50'
-  API docs: {url}/docs        metrics: {url}/metrics
-
-Ctrl-C stops every process.""", flush=True)
-
-
-def _serve_on_ray(args: argparse.Namespace) -> int:
-    """Shard replicas as Ray actors; the gateway runs here, reaching them through RayShardClient."""
-    from dataclasses import replace
-
-    from httpkit.serve import serve_app
-    from index_shards.layout import collection_dir
-    from serving.gateway.app import create_app
-    from serving.gateway.factory import GatewaySetup
-    from serving.transport.ray import RayShardCluster
-
-    if args.generators or args.kv_nodes:
-        raise ConfigError("--generators/--kv-nodes run with the process backend only (omit --backend ray)",
-                          field="backend")
-    keys, _ = _access(args)  # actors are reached through Ray, not HTTP: no internal token needed
-    if keys:
-        os.environ["SHARDRAG_API_KEYS"] = ",".join(keys)  # read by the gateway's auth guard
-        print("API keys (new each start):\n" + "\n".join(f"  {k.replace(':', '  ', 1)}" for k in keys),
-              file=sys.stderr)
-    root = root_of(args)
-    cluster = RayShardCluster(root, args.collection, version=args.version, replicas=args.replicas,
-                              address=args.ray_address, faiss_threads=args.faiss_threads)
-    print(f"starting {cluster.manifest.num_shards} shards × {args.replicas} replica actors on Ray "
-          f"({args.ray_address or 'local'}) ...", file=sys.stderr, flush=True)
-    cluster.start()
-    config = _gateway_config(args)
-    config = replace(config, rollout=replace(
-        config.rollout, state_path=str(collection_dir(root, args.collection) / "rollout.json")))
-    setup = GatewaySetup(config, cluster.replica_names, shard_client=cluster.client())
-    try:
-        serve_app(create_app(setup), host=args.host, port=args.port, name="gateway", log_level="warning",
-                  fallback_to_any_port=True)
-    except KeyboardInterrupt:  # Ctrl-C reaches Ray's processes too; stop in order all the same
-        pass
-    finally:
-        print("stopping the Ray shard actors ...", file=sys.stderr)
-        cluster.stop()
-    return 0
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
-    if args.backend == "ray":
-        return _serve_on_ray(args)
+    if args.backend in ("ray", "embedded"):
+        from serving.cli.backends import serve_embedded, serve_on_ray
+
+        return serve_on_ray(args) if args.backend == "ray" else serve_embedded(args)
     cluster = _start_cluster(args, root_of(args), args.collection, args.version)
-    _print_banner(cluster, "how do I open a file")
+    print_banner(cluster, "how do I open a file")
     return _run_until_interrupted(cluster)
 
 
@@ -242,7 +118,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if args.check:
             return _demo_check(cluster)
         _demo_queries(cluster)
-        _print_banner(cluster, next(iter(DEMO_QUERIES)))
+        print_banner(cluster, next(iter(DEMO_QUERIES)))
     except BaseException:
         cluster.stop()
         raise
@@ -255,7 +131,7 @@ def _demo_queries(cluster: Any) -> list[str]:
     from retrieval.client import ShardragClient
 
     wrong = []
-    with ShardragClient(cluster.gateway_url, timeout_s=120, api_key=_key(cluster, "read") or "",
+    with ShardragClient(cluster.gateway_url, timeout_s=120, api_key=key_of(cluster, "read") or "",
                         verify=cluster.tls[2] if cluster.tls else None) as client:
         for text, expected in DEMO_QUERIES.items():
             started = time.perf_counter()
@@ -282,7 +158,7 @@ def _demo_check(cluster: Any) -> int:
         wrong = _demo_queries(cluster)
         if wrong:
             raise ShardragError("demo check: " + "; ".join(wrong))
-        with ShardragClient(cluster.gateway_url, timeout_s=120, api_key=_key(cluster, "read") or "",
+        with ShardragClient(cluster.gateway_url, timeout_s=120, api_key=key_of(cluster, "read") or "",
                             verify=cluster.tls[2] if cluster.tls else None) as client:
             if cluster.api_keys:
                 import httpx

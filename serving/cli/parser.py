@@ -70,7 +70,8 @@ def _add_build_args(parser: argparse.ArgumentParser, *, corpus_required: bool) -
 
 
 def _add_serve_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", type=int, default=2, help="replica processes per shard (default 2)")
+    parser.add_argument("--replicas", type=int, default=None,
+                        help="replica processes per shard (default 2; --backend embedded: 1, the only choice)")
     parser.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="gateway port; 0 = any free port (default 8000)")
     parser.add_argument("--transport", choices=("pooled",), default="pooled",
@@ -167,8 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--collection", required=True, help="collection name")
     serve.add_argument("--root", help=f"where collections live [env SHARDRAG_ROOT, default ./{DEFAULT_ROOT}]")
     serve.add_argument("--version", help="embedding version id (default: the newest complete one)")
-    serve.add_argument("--backend", choices=("process", "ray"), default="process",
-                       help="process: one OS process per replica, HTTP (default); ray: replicas as Ray actors")
+    serve.add_argument("--backend", choices=("process", "ray", "embedded"), default="process",
+                       help="process: one OS process per replica, HTTP (default); ray: replicas as Ray actors; "
+                            "embedded: every shard loaded in the gateway's own process — one process, no "
+                            "shard hops, the lowest latency on one machine, but one replica per shard (no "
+                            "hedging, failover or fault injection)")
     serve.add_argument("--ray-address", default=None,
                        help="--backend ray: an existing Ray cluster (e.g. ray://head:10001 or auto); default local")
     _add_serve_args(serve)

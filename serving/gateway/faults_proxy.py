@@ -28,6 +28,11 @@ FAULT_BODY_LIMIT = 64 * 1024
 async def _call(method: str, url: str, body: bytes | None = None) -> dict[str, Any]:
     import httpx
 
+    if not url.startswith(("http://", "https://")):
+        raise NotFound(f"replica {url} is not a shard server process (it runs in the gateway or on Ray): fault "
+                       "injection is a feature of shard server processes (shardrag serve --backend process)",
+                       field="replica")
+
     async with httpx.AsyncClient(timeout=10.0, headers=internal_headers(), verify=client_ssl_context()) as http:
         try:
             response = await http.request(method, f"{url}/admin/faults", content=body,

@@ -21,11 +21,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from index_shards.layout import collection_dir, resolve_version, shard_dir
+from index_shards.layout import resolve_version, shard_dir
 from retrieval.atomic import atomic_write_bytes
 from retrieval.errors import ConfigError
 from serving.gateway.config import ClusterSpec, GatewayConfig
 from serving.local.child import Child, LaunchError
+from serving.local.state import launch_version, replica_data_dir, with_collection_state
 from serving.versions.store import FileRolloutStore
 
 logger = logging.getLogger(__name__)
@@ -71,22 +72,11 @@ class LocalCluster:
             raise ConfigError("kv_nodes and generators must be ≥ 0", field="kv_nodes" if kv_nodes < 0 else "generators")
         if kv_nodes and not generators:
             raise ConfigError("kv-nodes are only used by generators: add generators", field="kv_nodes")
-        gateway = gateway or GatewayConfig()
-        if gateway.rollout.state_path is None:
-            # The rollout state lives with the collection, so a restarted cluster resumes it.
-            gateway = replace(gateway, rollout=replace(
-                gateway.rollout, state_path=str(collection_dir(root, collection) / "rollout.json")))
+        gateway = with_collection_state(gateway or GatewayConfig(), root, collection)
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="shardrag-cluster-"))
         if gateway.supervision_path is None:
             gateway = replace(gateway, supervision_path=str(self.workdir / "supervision.json"))
-        if gateway.writes.state_path is None:  # sequence numbers live with the collection too
-            gateway = replace(gateway, writes=replace(
-                gateway.writes, state_path=str(collection_dir(root, collection) / "writes.sqlite")))
-        assert gateway.rollout.state_path is not None
-        if version is None:
-            state = FileRolloutStore(gateway.rollout.state_path).load()
-            version = state.active if state is not None else None  # else: the newest complete version
-        self.version_dir, self.manifest = resolve_version(root, collection, version)
+        self.version_dir, self.manifest = launch_version(root, collection, version, gateway)
         self.root = Path(root)
         self._shards_launched = False
         self.collection = collection
@@ -172,8 +162,7 @@ class LocalCluster:
         logger.info("%d shard replicas ready", sum(len(g) for g in self.shards))
 
     def replica_data_dir(self, shard_id: int, replica: int) -> Path:
-        """A replica's own state (its write-ahead logs): with the collection, so it outlives the cluster."""
-        return collection_dir(self.root, self.collection) / "replicas" / f"shard-{shard_id}-r{replica}"
+        return replica_data_dir(self.root, self.collection, shard_id, replica)
 
     def _active_version_dir(self) -> Path:
         """The directory of the version the rollout state says is active (the launch version

@@ -1,0 +1,81 @@
+"""One process for one box: the gateway holds every shard of the collection itself.
+
+``shardrag serve --backend embedded`` runs no shard server processes: each shard's version store
+(:class:`~index_shards.versions.ShardVersions`) is loaded into the gateway, and the fan-out calls
+it through :class:`~serving.transport.inprocess.InProcessShardClient` — no gateway→shard HTTP
+hop, no process wake-ups. On a small host that is where a query's time went (a 4-shard query is
+five processes and five HTTP requests otherwise; ``docs/benchmarks.md``, "Where a single query's
+time goes"), so this is the low-latency choice for a single machine.
+
+What it gives up: one replica per shard (no balancing, hedging, ejection or failover — a crash
+takes the whole process down), no fault injection (a feature of shard server processes), and a
+search runs on the gateway's event loop (it is short: microseconds to a few milliseconds per
+shard call; concurrent queries are still batched per shard). Handing batched calls to a thread
+pool (FAISS releases the GIL) was measured and did not pay on 2 cores: HNSW32 × 4 at c=32 1,355
+QPS against 1,626 inline, Flat 1,370 against 1,393 — the records and the reply are Python work
+that holds the GIL either way. Everything else is the same code:
+text queries, rollouts (versions staged into the same stores), writes (each shard's write-ahead
+log where replica 0 of the process backend keeps it, so either backend can serve the collection
+later), the status page and the metrics.
+
+This module is one of the places ``serving`` imports ``index_shards`` (to embed shards).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from index_shards.layout import shard_dir
+from index_shards.shard import Shard
+from index_shards.versions import ShardVersions
+from serving.gateway.config import GatewayConfig
+from serving.local.state import launch_version, replica_data_dir, with_collection_state
+from serving.transport.inprocess import SCHEME, InProcessShardClient
+
+logger = logging.getLogger(__name__)
+
+
+class EmbeddedCluster:
+    """Every shard of one version of ``collection``, loaded in this process, behind one client.
+
+        cluster = EmbeddedCluster(root, "docs").start()
+        setup = GatewaySetup(cluster.gateway_config, cluster.replica_names, shard_client=cluster.client())
+    """
+
+    def __init__(self, root: str | Path, collection: str, *, version: str | None = None,
+                 gateway: GatewayConfig | None = None, device: str = "auto", writable: bool = True) -> None:
+        """``version``: None starts on the version the rollout state says is active, else the
+        newest complete one (as the process backend does). ``writable``: give each shard its
+        write-ahead log (else the collection is served read-only)."""
+        self.root = Path(root)
+        self.collection = collection
+        self.gateway_config = with_collection_state(gateway or GatewayConfig(), root, collection)
+        self.version_dir, self.manifest = launch_version(root, collection, version, self.gateway_config)
+        self.device = device
+        self.writable = writable
+        self.replicas = 1
+        self._client: InProcessShardClient | None = None
+
+    @property
+    def replica_names(self) -> tuple[tuple[str, ...], ...]:
+        return tuple((f"{SCHEME}shard-{i}",) for i in range(self.manifest.num_shards))
+
+    def start(self, *, progress: bool = True) -> EmbeddedCluster:
+        """Load (checksums verified) every shard; raises the first shard's load error, naming it."""
+        stores: dict[str, ShardVersions] = {}
+        for shard_id, (name,) in enumerate(self.replica_names):
+            if progress:
+                print(f"loading shard {shard_id + 1}/{self.manifest.num_shards} ...", file=sys.stderr, flush=True)
+            shard = Shard.load(shard_dir(self.version_dir, shard_id), device=self.device)
+            data_dir = replica_data_dir(self.root, self.collection, shard_id, 0) if self.writable else None
+            stores[name] = ShardVersions(shard, device=self.device, data_dir=data_dir)
+        self._client = InProcessShardClient(stores)
+        logger.info("%d shards of %s loaded in process", len(stores), self.manifest.embedding_version.id)
+        return self
+
+    def client(self) -> InProcessShardClient:
+        if self._client is None:
+            raise RuntimeError("EmbeddedCluster.start() first")
+        return self._client
