@@ -69,6 +69,16 @@ def agreement(runs: list[Any], references: list[Any], tokens: int) -> dict[str, 
             "rouge_l": float(np.mean([rouge_l(a, b) for a, b in pairs]))}
 
 
+def forced_agreement(logits: Any, reference_logits: Any, reference: list[int]) -> tuple[float, float]:
+    """Teacher-forced: next-token agreement with ``reference`` and mean KL(full prefill ‖ this)."""
+    import torch
+
+    kl = torch.nn.functional.kl_div(torch.log_softmax(logits, -1), torch.log_softmax(reference_logits, -1),
+                                    log_target=True, reduction="none").sum(-1)
+    agree = (logits.argmax(-1) == torch.tensor(reference, device=logits.device)).float()
+    return float(agree.mean()), float(kl.mean())
+
+
 def make_trace(groups: int, variants: int, seed: int) -> list[tuple[str, list[dict[str, str]]]]:
     from benchmarks.common import data_dir
     from retrieval.datasets import load_beir
@@ -108,8 +118,9 @@ def main() -> None:
     import torch
 
     from serving.answer.generator import Generator, load_generator
-    from serving.answer.passages import segment_chat
+    from serving.answer.passages import cache_passages, passage_prefill, segment_chat
     from serving.answer.prompt import build_messages, passage_texts
+    from serving.answer.result import GenerationResult
     from serving.kvcache.client import KVClient
 
     trace = make_trace(args.groups, args.variants, args.seed)
@@ -136,19 +147,34 @@ def main() -> None:
               f"{in_order[mode]['ttft']['p50_ms']:.0f} ms p99 {in_order[mode]['ttft']['p99_ms']:.0f} ms", flush=True)
         del runner
 
-    for prompt in prompts:  # every passage cached before the curve
-        generator.generate(prompt, max_new_tokens=1, kv_reuse="passage")
+    for prompt in prompts:  # every passage cached before the curve, no prompt run: each one is new
+        cache_passages(generator, prompt)
     full_runs = [generator.generate(p.ids(), max_new_tokens=args.tokens, use_cache=False) for p in prompts]
-    curve: list[dict[str, Any]] = [{"fraction": "full prefill", "exact_match": 1.0, "token_f1": 1.0, "rouge_l": 1.0}]
+    with torch.inference_mode():
+        full_forced = [generator.model(input_ids=torch.tensor([p.ids() + r.token_ids[:-1]])).logits[
+            0, len(p.ids()) - 1:].float() for p, r in zip(prompts, full_runs, strict=True)]
+    curve: list[dict[str, Any]] = [{"fraction": "full prefill", "exact_match": 1.0, "token_f1": 1.0, "rouge_l": 1.0,
+                                    "forced_agreement": 1.0, "forced_kl": 0.0}]
     for fraction in FRACTIONS:
         runs = [generator.generate(p, max_new_tokens=args.tokens, kv_reuse="passage", recompute_fraction=fraction)
                 for p in prompts]
+        forced = []
+        for prompt, full, reference_logits in zip(prompts, full_runs, full_forced, strict=True):
+            with torch.inference_mode():
+                prefilled = passage_prefill(generator, prompt, fraction, GenerationResult([], "", 0))
+                rest = generator.model(input_ids=torch.tensor([full.token_ids[:-1]]), use_cache=True,
+                                       **{generator.cache_arg: prefilled.cache}).logits[0].float()
+            forced.append(forced_agreement(torch.cat([prefilled.logits[None], rest]), reference_logits,
+                                           full.token_ids))
         curve.append({"fraction": fraction,
                       "hit_rate": float(np.mean([r.hit_tokens / r.prompt_tokens for r in runs])),
                       "recomputed_share": float(np.mean([r.recomputed_tokens / r.prompt_tokens for r in runs])),
-                      **agreement(runs, full_runs, args.tokens)})
+                      **agreement(runs, full_runs, args.tokens),
+                      "forced_agreement": float(np.mean([f[0] for f in forced])),
+                      "forced_kl": float(np.mean([f[1] for f in forced]))})
         print(f"[fraction {fraction:.2f}] exact {curve[-1]['exact_match']:.2f}, F1 {curve[-1]['token_f1']:.3f}, "
-              f"ROUGE-L {curve[-1]['rouge_l']:.3f}", flush=True)
+              f"ROUGE-L {curve[-1]['rouge_l']:.3f}, teacher-forced agreement {curve[-1]['forced_agreement']:.3f}, "
+              f"KL {curve[-1]['forced_kl']:.4f}", flush=True)
     # TTFT is timed apart, paired: each round times every prompt under every setting back to back,
     # so drift on a shared machine (the full prefill alone varied 0.76-1.05 s p50 between sittings)
     # falls on all settings alike instead of on whichever phase it hit.
@@ -172,21 +198,31 @@ def main() -> None:
         lower = Generator(copy.deepcopy(generator.model).to(getattr(torch, precision)), generator.tokenizer,
                           generator.model_id)
         runs = [lower.generate(p.ids(), max_new_tokens=args.tokens, use_cache=False) for p in prompts]
-        reference.append({"precision": precision, **agreement(runs, full_runs, args.tokens)})
+        with torch.inference_mode():
+            forced = [forced_agreement(lower.model(input_ids=torch.tensor([p.ids() + r.token_ids[:-1]])).logits[
+                0, len(p.ids()) - 1:].float(), reference_logits, r.token_ids)
+                for p, r, reference_logits in zip(prompts, full_runs, full_forced, strict=True)]
+        reference.append({"precision": precision, **agreement(runs, full_runs, args.tokens),
+                          "forced_agreement": float(np.mean([f[0] for f in forced])),
+                          "forced_kl": float(np.mean([f[1] for f in forced]))})
         print(f"[full prefill in {precision}] exact {reference[-1]['exact_match']:.2f}, F1 "
-              f"{reference[-1]['token_f1']:.3f}, ROUGE-L {reference[-1]['rouge_l']:.3f} (vs fp32)", flush=True)
+              f"{reference[-1]['token_f1']:.3f}, ROUGE-L {reference[-1]['rouge_l']:.3f}, teacher-forced agreement "
+              f"{reference[-1]['forced_agreement']:.3f}, KL {reference[-1]['forced_kl']:.4f} (vs fp32)", flush=True)
 
     print(f"\n{'fraction':<14} {'TTFT p50':>9} {'p99':>8} {'×full':>7} {'recomputed':>11} {'exact':>6} {'F1':>6} "
-          f"{'ROUGE-L':>8}")
+          f"{'ROUGE-L':>8} {'forced':>7} {'KL':>7}")
     for row in curve:
         name = row["fraction"] if isinstance(row["fraction"], str) else f"{row['fraction']:.0%}"
         speed = row.get("ttft_speedup_p50", 1.0)
         print(f"{name:<14} {row['ttft']['p50_ms']:>7.0f}ms {row['ttft']['p99_ms']:>6.0f}ms {speed:>6.2f}× "
               f"{row.get('recomputed_share', 1.0):>10.1%} {row['exact_match']:>6.2f} {row['token_f1']:>6.3f} "
-              f"{row['rouge_l']:>8.3f}")
+              f"{row['rouge_l']:>8.3f} {row['forced_agreement']:>7.3f} {row['forced_kl']:>7.4f}")
     for row in reference:
         print(f"{'fp32 → ' + row['precision']:<14} {'':>9} {'':>8} {'':>7} {'':>11} {row['exact_match']:>6.2f} "
-              f"{row['token_f1']:>6.3f} {row['rouge_l']:>8.3f}   (full prefill at a lower precision, for scale)")
+              f"{row['token_f1']:>6.3f} {row['rouge_l']:>8.3f} {row['forced_agreement']:>7.3f} "
+              f"{row['forced_kl']:>7.4f}   (full prefill at a lower precision, for scale)")
+    print("forced: teacher-forced next-token agreement with the full prefill's answer; KL: mean KL divergence "
+          "of the next-token distribution from the full prefill's (nats)")
     print(f"\nin trace order from an empty cache: prefix reuse hit rate {in_order['prefix']['hit_rate']:.1%} "
           f"(TTFT p50 {in_order['prefix']['ttft']['p50_ms']:.0f} ms) vs passage reuse "
           f"{in_order['passage']['hit_rate']:.1%} (TTFT p50 {in_order['passage']['ttft']['p50_ms']:.0f} ms)")

@@ -19,7 +19,6 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,43 +28,12 @@ import torch
 from retrieval.errors import ConfigError
 from retrieval.generator_models import sha256_of, smollm2_dir
 from serving.answer.blend import SegmentedPrompt
+from serving.answer.result import GenerationResult
 from serving.kvcache.blocks import BlockKey, block_keys, decode_payload, encode_payload
-from serving.kvcache.client import KVClient
+from serving.kvcache.client import FetchResult, KVClient
 
 logger = logging.getLogger(__name__)
 
-
-
-@dataclass(slots=True)
-class GenerationResult:
-    token_ids: list[int]
-    text: str
-    prompt_tokens: int
-    hit_tokens: int = 0
-    local_hit_tokens: int = 0
-    remote_hit_tokens: int = 0
-    bytes_fetched: int = 0
-    kv_reuse: str = "prefix"
-    recomputed_tokens: int = 0  # prompt tokens run through the model (the rest came from the cache)
-    ttft_s: float = 0.0
-    prefill_s: float = 0.0
-    total_s: float = 0.0
-    first_logits: torch.Tensor | None = field(default=None, repr=False)
-
-    @property
-    def tier(self) -> str:
-        return "remote" if self.remote_hit_tokens else "local" if self.local_hit_tokens else "none"
-
-    def stats(self) -> dict[str, Any]:
-        decode_s = max(self.total_s - self.ttft_s, 1e-9)
-        return {"prompt_tokens": self.prompt_tokens, "hit_tokens": self.hit_tokens,
-                "local_hit_tokens": self.local_hit_tokens, "remote_hit_tokens": self.remote_hit_tokens,
-                "hit_rate": self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0, "tier": self.tier,
-                "bytes_fetched": self.bytes_fetched, "kv_reuse": self.kv_reuse,
-                "recomputed_tokens": self.recomputed_tokens, "ttft_ms": self.ttft_s * 1000.0,
-                "prefill_ms": self.prefill_s * 1000.0, "total_ms": self.total_s * 1000.0,
-                "new_tokens": len(self.token_ids),
-                "tokens_per_s": (len(self.token_ids) - 1) / decode_s if len(self.token_ids) > 1 else 0.0}
 
 
 class Generator:
@@ -104,20 +72,27 @@ class Generator:
     def cache_arg(self) -> str:
         return self._cache_arg
 
-    def load_prefix(self, usable: Sequence[BlockKey], cache: Any, result: GenerationResult) -> int:
-        """Load the longest cached run of ``usable`` blocks into ``cache``; returns its token count."""
+    def fetch_chain(self, usable: Sequence[BlockKey]) -> tuple[torch.Tensor | None, FetchResult]:
+        """The longest cached run of ``usable`` blocks (local pool, then kv-nodes) as one tensor
+        (layers, 2, kv_heads, tokens, head_dim), or None; a damaged block ends the run there."""
         if not usable or self.kv is None:
-            return 0
+            return None, FetchResult([], 0, 0)
         fetched = self.kv.fetch_prefix(usable)
         arrays = self._valid_blocks(fetched.payloads)
-        if len(arrays) < len(fetched.payloads):  # a damaged block ends the usable prefix there
+        if len(arrays) < len(fetched.payloads):
             fetched.local_blocks = min(fetched.local_blocks, len(arrays))
             fetched.remote_blocks = len(arrays) - fetched.local_blocks
             fetched.payloads = fetched.payloads[: len(arrays)]
-        if not fetched.payloads:
-            return 0
+        if not arrays:
+            return None, fetched
         blocks = np.concatenate(arrays, axis=3)
-        tensor = torch.from_numpy(np.ascontiguousarray(blocks)).to(self.device)
+        return torch.from_numpy(np.ascontiguousarray(blocks)).to(self.device), fetched
+
+    def load_prefix(self, usable: Sequence[BlockKey], cache: Any, result: GenerationResult) -> int:
+        """Load the longest cached run of ``usable`` blocks into ``cache``; returns its token count."""
+        tensor, fetched = self.fetch_chain(usable)
+        if tensor is None:
+            return 0
         for layer in range(tensor.shape[0]):
             cache.update(tensor[layer, 0].unsqueeze(0), tensor[layer, 1].unsqueeze(0), layer)
         cached_tokens = len(fetched.payloads) * self.block_size

@@ -115,7 +115,8 @@ class AnswerService:
                         "generation_ms": cache["total_ms"], "tokens_per_s": cache["tokens_per_s"],
                         "total_ms": (time.perf_counter() - started) * 1000.0},
             "cache": {k: cache[k] for k in ("prompt_tokens", "hit_tokens", "local_hit_tokens", "remote_hit_tokens",
-                                            "hit_rate", "tier", "bytes_fetched", "kv_reuse", "recomputed_tokens")
+                                            "hit_rate", "tier", "bytes_fetched", "kv_reuse", "recomputed_tokens",
+                                            "blended_tokens")
                       if k in cache},
             "generator": url,
         }

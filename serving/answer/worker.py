@@ -27,9 +27,10 @@ from httpkit.metrics import add_metrics_route
 from httpkit.responses import EVENT_STREAM, json_response, sse_event
 from retrieval.errors import InvalidRequest
 from serving.answer.blend import SegmentedPrompt
-from serving.answer.generator import GenerationResult, Generator
+from serving.answer.generator import Generator
 from serving.answer.metrics import GeneratorMetrics
 from serving.answer.passages import segment_chat
+from serving.answer.result import GenerationResult
 
 
 class Message(BaseModel):

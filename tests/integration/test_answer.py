@@ -91,7 +91,8 @@ def test_bad_answer_requests_are_4xx_naming_the_field(cluster, body, field):
 
 
 def test_passage_reuse_through_the_gateway(cluster):
-    """Passages one answer computed are reused by the next, and 100 % recompute is exact."""
+    """The same question again in passage mode hits the first answer's exact blocks (passages the
+    first computed in place), and its answer is the full prefill's."""
     with httpx.Client(base_url=cluster.gateway_url, timeout=300) as client:
         body = {"question": PASSAGE_QUESTION, "k": 3, "max_new_tokens": 4}
         first = client.post("/v1/answer", json={**body, "kv_reuse": "passage"}).json()
@@ -99,6 +100,7 @@ def test_passage_reuse_through_the_gateway(cluster):
         again = client.post("/v1/answer", json={**body, "kv_reuse": "passage", "recompute_fraction": 1.0}).json()
         exact = client.post("/v1/answer", json={**body, "use_cache": False}).json()
         assert again["cache"]["hit_tokens"] > 0.8 * again["cache"]["prompt_tokens"], again["cache"]
+        assert again["cache"]["blended_tokens"] == 0  # an exact repeat is exact, not a blend
         assert again["answer"] == exact["answer"]  # 100 % recompute is the full prefill
 
 

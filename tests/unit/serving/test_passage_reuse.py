@@ -1,5 +1,6 @@
 """Passage-level KV reuse on a tiny Llama (real model code, random weights): RoPE re-rotation,
-blending at 100 % recompute equals full prefill, reuse across orders, damaged passage KV."""
+blending at 100 % recompute equals full prefill, reuse across orders, an exact prefix taken
+first, damaged passage KV."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from serving.answer.blend import Segment, SegmentedPrompt, rerotate
-from serving.kvcache.blocks import encode_payload, passage_key
+from serving.answer.passages import cache_passages
+from serving.kvcache.blocks import decode_payload, encode_payload, passage_key
 from serving.kvcache.client import KVClient
 
 
@@ -66,10 +68,11 @@ def test_full_recompute_is_token_for_token_the_full_prefill(tiny):
     for seed in range(4):
         prompt = rag_prompt(passages_of(seed), [60 + seed, 61, 62, 63, 64])
         full = tiny.generate(prompt.ids(), max_new_tokens=32, use_cache=False, keep_logits=True)
-        tiny.generate(prompt, max_new_tokens=1, kv_reuse="passage")  # fills the passage cache
+        assert cache_passages(tiny, prompt) == 4  # the passages cached, this prompt never run
         blended = tiny.generate(prompt, max_new_tokens=32, kv_reuse="passage", recompute_fraction=1.0,
                                 keep_logits=True)
         assert blended.kv_reuse == "passage" and blended.hit_tokens >= 4 * 30
+        assert blended.blended_tokens == len(prompt.ids()) - 42  # from the first passage on
         assert blended.token_ids == full.token_ids
         assert torch.allclose(blended.first_logits, full.first_logits, atol=1e-4)
 
@@ -89,7 +92,7 @@ def test_passages_are_reused_in_any_order_and_combination(tiny):
 def test_partial_recompute_stays_close_to_the_full_prefill(tiny):
     prompt = rag_prompt(passages_of(11), [50, 51, 52])
     full = tiny.generate(prompt.ids(), max_new_tokens=1, use_cache=False, keep_logits=True)
-    tiny.generate(prompt, max_new_tokens=1, kv_reuse="passage")
+    cache_passages(tiny, prompt)
     errors = []
     for fraction in (0.0, 0.15, 0.5, 1.0):
         blended = tiny.generate(prompt, max_new_tokens=1, kv_reuse="passage", recompute_fraction=fraction,
@@ -99,21 +102,60 @@ def test_partial_recompute_stays_close_to_the_full_prefill(tiny):
     assert errors[0] >= errors[2] >= errors[-1]  # more recompute, closer to the full prefill
 
 
+def test_an_exact_repeat_is_an_exact_hit_not_a_blend(tiny):
+    prompt = rag_prompt(passages_of(21), [33, 34])
+    full = tiny.generate(prompt.ids(), max_new_tokens=16, use_cache=False, keep_logits=True)
+    first = tiny.generate(prompt, max_new_tokens=16, kv_reuse="passage", recompute_fraction=0.0)
+    assert first.hit_tokens == 0 and first.blended_tokens == 0  # every passage computed in place: exact
+    assert first.token_ids == full.token_ids
+    again = tiny.generate(prompt, max_new_tokens=16, kv_reuse="passage", recompute_fraction=0.0, keep_logits=True)
+    usable = (len(prompt.ids()) - 1) // 16 * 16
+    assert again.hit_tokens == usable and again.blended_tokens == 0  # the whole prompt's blocks, exact
+    assert again.recomputed_tokens == len(prompt.ids()) - usable
+    assert again.token_ids == full.token_ids
+    assert torch.allclose(again.first_logits, full.first_logits, atol=1e-4)
+
+
+def test_a_shared_opening_comes_exact_and_only_the_rest_is_blended(tiny):
+    from serving.answer.passages import passage_prefill
+    from serving.answer.result import GenerationResult
+
+    p0, p1, p2 = passages_of(23, 3)
+    tiny.generate(rag_prompt([p0, p1], [33]), max_new_tokens=1, kv_reuse="passage")  # exact blocks, p0 and p1 stored
+    assert cache_passages(tiny, rag_prompt([p2], [1])) == 1
+    later = rag_prompt([p0, p2], [35, 36])  # the same first 74 tokens (prefix, [1], p0, [2]): 4 whole blocks
+    result = GenerationResult([], "", len(later.ids()))
+    prefilled = passage_prefill(tiny, later, 0.0, result)
+    assert result.hit_tokens == 64 + 30  # p0's last 8 tokens are computed in place, after the exact blocks
+    assert result.blended_tokens == len(later.ids()) - 74  # p2 is the first reused passage
+    p2_kv = torch.from_numpy(np.array(decode_payload(tiny.kv.local.prefix(
+        [passage_key(p2, anchor_ids=later.prefix, model_id=tiny.model_id, dtype=tiny.dtype)])[0])))
+    last = len(tiny.model.model.layers) - 1  # past the select layer, unrecomputed tokens keep the cached KV
+    moved = rerotate(p2_kv[last, 0], 74 - 40, tiny.model.model.rotary_emb.inv_freq)
+    assert torch.allclose(prefilled.cache.layers[last].keys[0, :, 74:104], moved, atol=1e-6)
+    full = tiny.generate(later.ids(), max_new_tokens=1, use_cache=False, keep_logits=True)
+    exact_part = tiny.generate(later, max_new_tokens=1, kv_reuse="passage", recompute_fraction=1.0, keep_logits=True)
+    assert torch.allclose(exact_part.first_logits, full.first_logits, atol=1e-4)
+
+
 def test_damaged_passage_kv_is_recomputed_never_an_error(tiny):
     passages = passages_of(5, 2)
-    prompt = rag_prompt(passages, [44, 45])
-    reference = tiny.generate(prompt, max_new_tokens=8, kv_reuse="passage", recompute_fraction=1.0)
-    warm = tiny.generate(prompt, max_new_tokens=8, kv_reuse="passage", recompute_fraction=1.0)
-    key = passage_key(passages[0], anchor_ids=prompt.prefix, model_id=tiny.model_id, dtype=tiny.dtype)
+    forward, backward = rag_prompt(passages, [44, 45]), rag_prompt(passages[::-1], [44, 45])
+    reference = {name: tiny.generate(p.ids(), max_new_tokens=8, use_cache=False).token_ids
+                 for name, p in (("forward", forward), ("backward", backward))}
+    cache_passages(tiny, forward)
+    warm = tiny.generate(backward, max_new_tokens=8, kv_reuse="passage", recompute_fraction=1.0)
+    assert warm.hit_tokens == 40 + 2 * 30 and warm.token_ids == reference["backward"]
+    key = passage_key(passages[0], anchor_ids=forward.prefix, model_id=tiny.model_id, dtype=tiny.dtype)
     assert key in tiny.kv.local
     tiny.kv.local.put(key, encode_payload(np.zeros((2, 2, 2, 3, 16), np.float32)), None)  # wrong shape
-    damaged = tiny.generate(prompt, max_new_tokens=8, kv_reuse="passage", recompute_fraction=1.0)
-    assert damaged.token_ids == reference.token_ids
+    damaged = tiny.generate(forward, max_new_tokens=8, kv_reuse="passage", recompute_fraction=1.0)
+    assert damaged.token_ids == reference["forward"]
     assert damaged.hit_tokens == warm.hit_tokens - 30  # the damaged passage was not counted as a hit
     tiny.kv.local.put(key, b"garbage", None)
-    garbled = tiny.generate(prompt, max_new_tokens=8, kv_reuse="passage", recompute_fraction=1.0)
-    assert garbled.token_ids == reference.token_ids
-    healed = tiny.generate(prompt, max_new_tokens=8, kv_reuse="passage", recompute_fraction=1.0)
+    garbled = tiny.generate(backward, max_new_tokens=8, kv_reuse="passage", recompute_fraction=1.0)
+    assert garbled.token_ids == reference["backward"] and garbled.hit_tokens == warm.hit_tokens - 30
+    healed = tiny.generate(backward, max_new_tokens=8, kv_reuse="passage", recompute_fraction=1.0)
     assert healed.hit_tokens == warm.hit_tokens  # the recomputed KV replaced the damaged entry
 
 
