@@ -59,10 +59,10 @@ def serve_embedded(args: argparse.Namespace) -> int:
     from types import SimpleNamespace
 
     from httpkit.serve import serve_app
-    from retrieval.atomic import atomic_write_bytes
     from serving.gateway.app import create_app
     from serving.gateway.factory import GatewaySetup
     from serving.local.embedded import EmbeddedCluster
+    from serving.local.state import write_api_keys
 
     if args.replicas not in (None, 1):
         raise ConfigError("--backend embedded serves one replica per shard, in the gateway's process; "
@@ -78,9 +78,7 @@ def serve_embedded(args: argparse.Namespace) -> int:
     for name in ("SHARDRAG_API_KEYS", "SHARDRAG_API_KEYS_FILE"):  # only this start's keys, never ambient ones
         os.environ.pop(name, None)
     if keys:
-        keys_path = workdir / "api-keys"
-        atomic_write_bytes(keys_path, ("\n".join(keys) + "\n").encode())
-        keys_path.chmod(0o600)
+        keys_path = write_api_keys(workdir, keys)
         os.environ["SHARDRAG_API_KEYS_FILE"] = str(keys_path)  # read by the gateway's auth guard
     if tls:
         os.environ.update(SHARDRAG_TLS_CERT=tls[0], SHARDRAG_TLS_KEY=tls[1], SHARDRAG_TLS_CA=tls[2])

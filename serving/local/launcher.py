@@ -26,7 +26,7 @@ from retrieval.atomic import atomic_write_bytes
 from retrieval.errors import ConfigError
 from serving.gateway.config import ClusterSpec, GatewayConfig
 from serving.local.child import Child, LaunchError
-from serving.local.state import launch_version, replica_data_dir, with_collection_state
+from serving.local.state import launch_version, replica_data_dir, with_collection_state, write_api_keys
 from serving.versions.store import FileRolloutStore
 
 logger = logging.getLogger(__name__)
@@ -115,9 +115,7 @@ class LocalCluster:
             self.env.update(SHARDRAG_TLS_CERT=tls[0], SHARDRAG_TLS_KEY=tls[1], SHARDRAG_TLS_CA=tls[2])
         self.gateway_env = dict(self.env)
         if api_keys:
-            keys_path = self.workdir / "api-keys"
-            atomic_write_bytes(keys_path, ("\n".join(api_keys) + "\n").encode())
-            keys_path.chmod(0o600)
+            keys_path = write_api_keys(self.workdir, api_keys)
             self.gateway_env["SHARDRAG_API_KEYS_FILE"] = str(keys_path)  # a file: keys stay out of `ps`
 
     # -- start -------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from index_shards.layout import collection_dir, resolve_version
 from index_shards.manifest import CollectionManifest
+from retrieval.atomic import atomic_write_bytes
 from serving.gateway.config import GatewayConfig
 from serving.versions.store import FileRolloutStore
 
@@ -38,3 +39,12 @@ def launch_version(root: str | Path, collection: str, version: str | None,
 def replica_data_dir(root: str | Path, collection: str, shard_id: int, replica: int) -> Path:
     """A replica's own state (its write-ahead logs): with the collection, so it outlives the cluster."""
     return collection_dir(root, collection) / "replicas" / f"shard-{shard_id}-r{replica}"
+
+
+def write_api_keys(workdir: Path, keys: list[str]) -> Path:
+    """The gateway's API keys in a file only the owner can read (keys passed as a file stay out of
+    ``ps`` and the environment); crash-safe like every write. Returns its path."""
+    path = workdir / "api-keys"
+    atomic_write_bytes(path, ("\n".join(keys) + "\n").encode())
+    path.chmod(0o600)
+    return path
