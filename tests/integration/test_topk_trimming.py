@@ -16,6 +16,9 @@ from serving.shardcall.fanout import trimmed_k
 from tests.conftest import REPORT
 
 pytestmark = pytest.mark.slow
+# every query here is a vector: the gateway needs no query encoder (loading one costs each cluster
+# start seconds of CPU on 2 cores)
+VECTORS_ONLY = {"encoder": {"load": False}}
 
 
 def test_trimmed_k_follows_the_binomial_tail():
@@ -49,7 +52,8 @@ def hits(answer: dict) -> list[tuple[str, float]]:
 def test_trimmed_answers_equal_the_full_k_fan_out(tmp_path, corpus, shards):
     documents, vectors, queries, version = corpus
     build_collection(tmp_path / "root", documents, vectors, version, BuildConfig("trim", shards), show_progress=False)
-    with LocalCluster(tmp_path / "root", "trim", replicas=1, workdir=tmp_path / "run") as cluster, \
+    with LocalCluster(tmp_path / "root", "trim", replicas=1, gateway=GatewayConfig.from_dict(VECTORS_ONLY),
+                      workdir=tmp_path / "run") as cluster, \
             httpx.Client(base_url=cluster.gateway_url, timeout=30) as client:
         for k in (10, 100):
             trimmed, full = answers(client, queries, k), answers(client, queries, k, exact=True)
@@ -67,7 +71,7 @@ def test_second_rounds_restore_what_trimming_held_back(tmp_path, corpus):
     of the top k than that: they are asked again, and every answer is still the full-k one."""
     documents, vectors, queries, version = corpus
     build_collection(tmp_path / "root", documents, vectors, version, BuildConfig("half", 4), show_progress=False)
-    config = GatewayConfig.from_dict({"calls": {"topk_probability": 0.5}})
+    config = GatewayConfig.from_dict({"calls": {"topk_probability": 0.5}, **VECTORS_ONLY})
     with LocalCluster(tmp_path / "root", "half", replicas=1, gateway=config, workdir=tmp_path / "run") as cluster, \
             httpx.Client(base_url=cluster.gateway_url, timeout=30) as client:
         trimmed, full = answers(client, queries, 100), answers(client, queries, 100, exact=True)
@@ -81,7 +85,8 @@ def test_hnsw_is_trimmed_only_with_an_explicit_ef_search(tmp_path, corpus):
     documents, vectors, queries, version = corpus
     build_collection(tmp_path / "root", documents, vectors, version, BuildConfig("hnsw", 4, factory="HNSW32"),
                      show_progress=False)
-    with LocalCluster(tmp_path / "root", "hnsw", replicas=1, workdir=tmp_path / "run") as cluster, \
+    with LocalCluster(tmp_path / "root", "hnsw", replicas=1, gateway=GatewayConfig.from_dict(VECTORS_ONLY),
+                      workdir=tmp_path / "run") as cluster, \
             httpx.Client(base_url=cluster.gateway_url, timeout=30) as client:
         plain = answers(client, queries[:10], 50)
         assert {a["diagnostics"]["shard_k"] for a in plain} == {50}
