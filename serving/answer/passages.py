@@ -221,9 +221,7 @@ def passage_prefill(generator: Generator, prompt: SegmentedPrompt, fraction: flo
     anchor_kv = prefix_kv
 
     def store_missing() -> None:
-        computed = _compute_passages(generator, anchor_kv, [wanted[key].ids for key in missing])
-        kv.store([(key, None, encode_payload(tensor.cpu().numpy())) for key, tensor in zip(missing, computed,
-                                                                                           strict=True)])
+        _store_passages(generator, anchor_kv, {key: wanted[key] for key in missing})
 
     known = exact // bs if exact > anchor else (anchor // bs if anchor_stored else cached // bs)
     return PassagePrefill(filled, logits, keys[: exact_end // bs], known, store_missing if missing else None)
@@ -248,6 +246,14 @@ def cache_passages(generator: Generator, prompt: SegmentedPrompt) -> int:
     missing = [key for key in wanted if key not in found or _decoded(generator, found[key],
                                                                       len(wanted[key].ids)) is None]
     if missing:
-        computed = _compute_passages(generator, prefix_kv, [wanted[key].ids for key in missing])
-        kv.store([(key, None, encode_payload(t.cpu().numpy())) for key, t in zip(missing, computed, strict=True)])
+        _store_passages(generator, prefix_kv, {key: wanted[key] for key in missing})
     return len(missing)
+
+
+def _store_passages(generator: Generator, anchor_kv: list[tuple[torch.Tensor, torch.Tensor]],
+                    passages: dict[BlockKey, Segment]) -> None:
+    """Compute each passage's standalone KV behind the anchor and store it in every tier."""
+    assert generator.kv is not None
+    computed = _compute_passages(generator, anchor_kv, [segment.ids for segment in passages.values()])
+    generator.kv.store([(key, None, encode_payload(tensor.cpu().numpy()))
+                        for key, tensor in zip(passages, computed, strict=True)])
