@@ -1,6 +1,6 @@
 """A replica's write-ahead log: every write to a shard, in sequence order, on disk (fsynced)
 before it is acknowledged. Records are ``retrieval.records.WalRecord`` in their own framing
-(length, CRC32, body), the same bytes replication sends.
+(magic, length, CRC32 over length and body, body), the same bytes replication sends.
 
 Files are ``wal-<first seq>.log`` in the replica's own WAL directory (never inside the verified
 shard directory); a new file starts when the current one passes ``segment_bytes``, and
@@ -12,18 +12,18 @@ documents it holds.
 
 **Recovery** (:meth:`open`): files are read in order. A record that does not check out — a short
 header, a length past the end of the file, a CRC mismatch, a sequence number that does not follow
-the previous one — at the very end of the last file is a torn tail (a crash mid-append): the file
-is truncated to the last good record, with a warning naming file and offset; nothing it held was
-acknowledged. The same anywhere else means the log itself is damaged: :class:`WalCorrupted`
-stops the replica, naming the file and the offset.
+the previous one — with no good record after it in the last file is a torn tail (a crash
+mid-append): the file is truncated to the last good record, with a warning naming file and
+offset; nothing it held was acknowledged. The same with a good frame anywhere after it (found by
+its magic and checksum, so a damaged *length* cannot hide the records behind it), or in any file
+but the last, means the log itself is damaged: :class:`WalCorrupted` stops the replica, naming the
+file and the offset.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import struct
-import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,13 +32,15 @@ from retrieval.atomic import fsync_dir
 from retrieval.errors import IndexIntegrityError
 from retrieval.records import (
     DELETE,
-    HEADER,
-    MAX_RECORD_BYTES,
+    MAGIC,
     NOOP,
     UPSERT,
+    FrameError,
     WalRecord,
+    decode_frame,
     decode_records,
     encode_records,
+    next_frame_after,
 )
 
 SEGMENT_BYTES = 64 << 20  # a new WAL file past this size
@@ -108,35 +110,19 @@ class WriteAheadLog:
         data = path.read_bytes()
         offset = 0
         while offset < len(data):
-            problem = None
-            record = None
-            if len(data) - offset < HEADER.size:
-                problem = "a short record header"
-            else:
-                length, crc = HEADER.unpack_from(data, offset)
-                end = offset + HEADER.size + length
-                if length > MAX_RECORD_BYTES or end > len(data):
-                    problem = f"a record of {length} bytes past the end of the file"
-                else:
-                    body = data[offset + HEADER.size:end]
-                    if zlib.crc32(body) != crc:
-                        problem = "a CRC mismatch"
-                    else:
-                        try:
-                            record = WalRecord.decode(body)
-                        except (ValueError, KeyError, UnicodeDecodeError, struct.error) as exc:
-                            problem = f"an undecodable record ({exc})"
-                        else:
-                            if previous_seq is not None and record.seq != previous_seq + 1:
-                                problem = f"seq {record.seq} after {previous_seq}"
-            if problem is None and record is not None:
+            try:
+                record, end = decode_frame(data, offset)
+                reason = None
+                if previous_seq is not None and record.seq != previous_seq + 1:
+                    reason = f"seq {record.seq} after {previous_seq}"
+            except FrameError as exc:
+                reason = str(exc).split(" at byte")[0]
+            if reason is None:
                 previous_seq = record.seq
                 offset = end
                 yield record
                 continue
-            reason = problem or "an unreadable record"
-            at_tail = reason.startswith(("a short", "a record of")) or self._nothing_after(data, offset)
-            if truncate_torn_tail and at_tail:
+            if truncate_torn_tail and self._nothing_after(data, offset):
                 logger.warning("WAL %s: torn tail at offset %d (%s): truncated to the last good record",
                                path, offset, reason)
                 with open(path, "r+b") as handle:
@@ -149,11 +135,15 @@ class WriteAheadLog:
 
     @staticmethod
     def _nothing_after(data: bytes, offset: int) -> bool:
-        """A bad record is the last one in the file (a torn write), not one with records after it."""
-        if len(data) - offset < HEADER.size:
+        """A bad record is the last one in the file (a torn write), not one with records after it.
+        Current frames are found by their magic and checksum; a log of the framing before terms
+        (no magic) by the bad record's own length."""
+        if data.find(MAGIC) != -1 or data[offset:offset + 4] == MAGIC:
+            return next_frame_after(data, offset) is None
+        if len(data) - offset < 8:
             return True
-        length, _ = HEADER.unpack_from(data, offset)
-        return bool(offset + HEADER.size + length >= len(data))
+        length = int.from_bytes(data[offset:offset + 4], "little")
+        return bool(offset + 8 + length >= len(data))
 
     # -- appends ---------------------------------------------------------------------------------
     def append(self, records: Sequence[WalRecord]) -> None:

@@ -1,13 +1,24 @@
-"""The write record: one upsert or delete of one document at one sequence number, and its binary
-framing — the same bytes in a replica's write-ahead log (``index_shards.wal``) and on the wire
-between the gateway and the replicas (and between replicas catching up).
+"""The write record: one upsert or delete of one document at one sequence number under one primary
+term, and its binary framing — the same bytes in a replica's write-ahead log (``index_shards.wal``)
+and on the wire between a shard's primary and its replicas (and between replicas catching up).
 
-    record   = u32 length | u32 crc32(body) | body                      (little endian)
-    body     = u64 seq | u8 op | u32 meta length | meta (JSON, UTF-8) | vector (float32 LE)
+    frame    = "SRW2" | u32 length | u32 crc32(length bytes + body) | body        (little endian)
+    body     = u64 seq | u64 term | u8 op | u32 meta length | meta (JSON, UTF-8) | vector (float32 LE)
     op       = 1 upsert (meta: id, title, text, metadata, dim) | 2 delete (meta: id) | 3 no-op
 
-A no-op fills a sequence number that was handed out but never written (a gateway that crashed
-between taking a number and sending its write), so replicas never wait on a hole.
+The checksum covers the length as well as the body, and every frame starts with the magic: a
+flipped bit in a length can neither pass as a record nor hide the records after it (the WAL finds
+the next frame and calls the log damaged instead of truncating it as a torn tail).
+
+``term`` is the primary term the record was sequenced under (Elasticsearch's primary term, Raft's
+log term): one (seq, term) names one record everywhere, and a replica that holds a seq under
+another term has diverged. ``key`` is the idempotency key of the request the record belongs to
+(meta ``k``, with ``f`` the request's fingerprint), so every replica — and a promoted primary —
+knows which requests it has applied.
+
+Frames written before terms existed (``u32 length | u32 crc32(body)``, body without the term) are
+still read: their term is 0. A no-op fills a sequence number (a newly promoted primary writes one
+to establish its term on every replica).
 """
 
 from __future__ import annotations
@@ -22,9 +33,21 @@ import numpy as np
 import orjson
 
 UPSERT, DELETE, NOOP = 1, 2, 3
-HEADER = struct.Struct("<II")  # length, crc32
-BODY = struct.Struct("<QBI")  # seq, op, meta length
+MAGIC = b"SRW2"
+FRAME = struct.Struct("<4sII")  # magic, body length, crc32(length bytes + body)
+BODY = struct.Struct("<QQBI")  # seq, term, op, meta length
+LEGACY_FRAME = struct.Struct("<II")  # length, crc32(body): WAL files written before primary terms
+LEGACY_BODY = struct.Struct("<QBI")  # seq, op, meta length
 MAX_RECORD_BYTES = 64 << 20
+_LENGTH = struct.Struct("<I")
+
+
+class FrameError(ValueError):
+    """A frame that does not check out; ``kind`` says how (short, past_end, crc, undecodable)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(slots=True, frozen=True)
@@ -36,6 +59,9 @@ class WalRecord:
     text: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     vector: np.ndarray | None = None  # float32, for upserts
+    term: int = 0  # the primary term it was sequenced under (0: before terms, or not yet sequenced)
+    key: str = ""  # idempotency key of its request ("" when none)
+    fingerprint: str = ""  # of that request: the same key with other content is another request
     # the record's framed bytes when it was decoded from them: re-sent and logged as they are
     # (a replica writes what it received to its WAL without encoding it again)
     frame: bytes | None = field(default=None, compare=False, repr=False)
@@ -44,6 +70,8 @@ class WalRecord:
         if self.frame is not None:
             return self.frame
         meta: dict[str, Any] = {"id": self.doc_id}
+        if self.key:
+            meta.update(k=self.key, f=self.fingerprint)
         vector = b""
         if self.op == UPSERT:
             if self.vector is None:
@@ -52,21 +80,86 @@ class WalRecord:
             meta.update(title=self.title, text=self.text, metadata=self.metadata, dim=int(array.size))
             vector = array.tobytes()
         meta_bytes = _dump_meta(meta)
-        body = BODY.pack(self.seq, self.op, len(meta_bytes)) + meta_bytes + vector
-        return HEADER.pack(len(body), zlib.crc32(body)) + body
+        body = BODY.pack(self.seq, self.term, self.op, len(meta_bytes)) + meta_bytes + vector
+        length = _LENGTH.pack(len(body))
+        return MAGIC + length + _LENGTH.pack(zlib.crc32(body, zlib.crc32(length))) + body
 
-    @classmethod
-    def decode(cls, body: bytes | memoryview, frame: bytes | None = None) -> WalRecord:
-        """The record in ``body``; ``frame`` (header + body) is kept to be written again as is."""
-        seq, op, meta_length = BODY.unpack_from(body)
-        meta = _load_meta(bytes(body[BODY.size:BODY.size + meta_length]))
-        if op in (DELETE, NOOP):
-            return cls(seq, op, str(meta.get("id", "")), frame=frame)
-        if op != UPSERT:
-            raise ValueError(f"unknown op {op}")
-        vector = np.frombuffer(body, dtype="<f4", offset=BODY.size + meta_length, count=int(meta["dim"]))
-        return cls(seq, op, str(meta["id"]), str(meta.get("title", "")), str(meta.get("text", "")),
-                   dict(meta.get("metadata", {})), vector.astype(np.float32), frame)
+    @property
+    def checksum(self) -> int:
+        """The frame's CRC (over seq, term, op and content): two records at one seq are the same
+        record when their checksums are equal."""
+        frame = self.encode()
+        if frame[:4] == MAGIC:
+            return int(_LENGTH.unpack_from(frame, 8)[0])
+        return int(_LENGTH.unpack_from(frame, 4)[0])
+
+    def sequenced(self, seq: int, term: int) -> WalRecord:
+        """This record at ``seq`` under ``term`` (a primary numbering what a gateway sent)."""
+        return WalRecord(seq, self.op, self.doc_id, self.title, self.text, self.metadata, self.vector, term,
+                         self.key, self.fingerprint)
+
+
+def _record(seq: int, term: int, op: int, meta: dict[str, Any], body: memoryview, vector_at: int,
+            frame: bytes) -> WalRecord:
+    key, fingerprint = str(meta.get("k", "")), str(meta.get("f", ""))
+    if op in (DELETE, NOOP):
+        return WalRecord(seq, op, str(meta.get("id", "")), term=term, key=key, fingerprint=fingerprint, frame=frame)
+    if op != UPSERT:
+        raise ValueError(f"unknown op {op}")
+    vector = np.frombuffer(body, dtype="<f4", offset=vector_at, count=int(meta["dim"]))
+    return WalRecord(seq, op, str(meta["id"]), str(meta.get("title", "")), str(meta.get("text", "")),
+                     dict(meta.get("metadata", {})), vector.astype(np.float32), term, key, fingerprint, frame)
+
+
+def decode_frame(data: bytes, offset: int = 0) -> tuple[WalRecord, int]:
+    """The record framed at ``offset`` and the offset after it; FrameError when it does not check
+    out. Reads both the current framing and the one of logs written before primary terms."""
+    if data[offset:offset + 4] == MAGIC:
+        if len(data) - offset < FRAME.size:
+            raise FrameError(f"a short record header at byte {offset}", "short")
+        _, length, crc = FRAME.unpack_from(data, offset)
+        end = offset + FRAME.size + length
+        if length > MAX_RECORD_BYTES or end > len(data):
+            raise FrameError(f"a record of {length} bytes past the end at byte {offset}", "past_end")
+        frame = data[offset:end]
+        body = memoryview(frame)[FRAME.size:]
+        if zlib.crc32(body, zlib.crc32(frame[4:8])) != crc:
+            raise FrameError(f"a CRC mismatch at byte {offset}", "crc")
+        try:
+            seq, term, op, meta_length = BODY.unpack_from(body)
+            meta = _load_meta(bytes(body[BODY.size:BODY.size + meta_length]))
+            return _record(seq, term, op, meta, body, BODY.size + meta_length, frame), end
+        except (KeyError, ValueError, UnicodeDecodeError, struct.error) as exc:
+            raise FrameError(f"an undecodable record at byte {offset}: {exc}", "undecodable") from exc
+    if len(data) - offset < LEGACY_FRAME.size:
+        raise FrameError(f"a short record header at byte {offset}", "short")
+    length, crc = LEGACY_FRAME.unpack_from(data, offset)
+    end = offset + LEGACY_FRAME.size + length
+    if length > MAX_RECORD_BYTES or end > len(data):
+        raise FrameError(f"a record of {length} bytes past the end at byte {offset}", "past_end")
+    frame = data[offset:end]
+    body = memoryview(frame)[LEGACY_FRAME.size:]
+    if zlib.crc32(body) != crc:
+        raise FrameError(f"a CRC mismatch at byte {offset}", "crc")
+    try:
+        seq, op, meta_length = LEGACY_BODY.unpack_from(body)
+        meta = _load_meta(bytes(body[LEGACY_BODY.size:LEGACY_BODY.size + meta_length]))
+        return _record(seq, 0, op, meta, body, LEGACY_BODY.size + meta_length, frame), end
+    except (KeyError, ValueError, UnicodeDecodeError, struct.error) as exc:
+        raise FrameError(f"an undecodable record at byte {offset}: {exc}", "undecodable") from exc
+
+
+def next_frame_after(data: bytes, offset: int) -> int | None:
+    """The offset of the first frame past ``offset`` that checks out completely (None if there is
+    none): a damaged record with a good one after it is damage, not a torn tail."""
+    at = data.find(MAGIC, offset + 1)
+    while at != -1:
+        try:
+            decode_frame(data, at)
+            return at
+        except FrameError:
+            at = data.find(MAGIC, at + 1)
+    return None
 
 
 def _dump_meta(meta: dict[str, Any]) -> bytes:
@@ -85,28 +178,14 @@ def encode_records(records: Sequence[WalRecord]) -> bytes:
 
 
 def decode_records(data: bytes) -> list[WalRecord]:
-    """Records framed by :func:`encode_records`; ValueError at the first that does not check out."""
+    """Records framed by :func:`encode_records`; ValueError (a FrameError) at the first that does
+    not check out."""
     records: list[WalRecord] = []
     offset = 0
     while offset < len(data):
-        if len(data) - offset < HEADER.size:
-            raise ValueError(f"a short record header at byte {offset}")
-        length, crc = HEADER.unpack_from(data, offset)
-        end = offset + HEADER.size + length
-        if length > MAX_RECORD_BYTES or end > len(data):
-            raise ValueError(f"a record of {length} bytes past the end at byte {offset}")
-        frame = data[offset:end]
-        body = memoryview(frame)[HEADER.size:]
-        if zlib.crc32(body) != crc:
-            raise ValueError(f"a CRC mismatch at byte {offset}")
-        try:
-            records.append(WalRecord.decode(body, frame))
-        except (KeyError, UnicodeDecodeError, struct.error) as exc:
-            raise ValueError(f"an undecodable record at byte {offset}: {exc}") from exc
-        offset = end
+        record, offset = decode_frame(data, offset)
+        records.append(record)
     return records
-
-
 
 
 def encode_snapshot(seq: int, records: Sequence[WalRecord]) -> bytes:

@@ -143,3 +143,64 @@ def test_a_snapshot_carries_its_seq_and_records():
     assert seq == 77 and all(map(same, records, batch(1, 6)))
     with pytest.raises(ValueError, match="8 bytes"):
         decode_snapshot(b"\x01\x02")
+
+
+def test_a_flipped_bit_in_a_length_is_damage_not_a_torn_tail(tmp_path):
+    """Issue 33, item 5: the checksum covered only the body, so a length bit flipped to point past
+    the end of the file read as a torn tail and silently truncated every record after it. The
+    header is checksummed now and the records after a bad one are found by their magic."""
+    wal = WriteAheadLog(tmp_path)
+    wal.open()
+    records = batch(1, 10)
+    wal.append(records)
+    wal.close()
+    [path] = wal.files()
+    offset = sum(len(r.encode()) for r in records[:4])
+    length_at = 4 if records[4].encode()[:4] == b"SRW2" else 0  # after the magic
+    for byte, bit in ((length_at + 2, 0x10), (length_at, 0x01), (0, 0x01)):  # length +1 MiB, +1; the first byte
+        data = bytearray(path.read_bytes())
+        data[offset + byte] ^= bit
+        path.write_bytes(bytes(data))
+        with pytest.raises(WalCorrupted) as caught:
+            WriteAheadLog(tmp_path).open()
+        assert f"offset {offset}" in caught.value.message
+        assert path.stat().st_size == len(data)  # nothing truncated
+        data[offset + byte] ^= bit
+        path.write_bytes(bytes(data))
+    assert [r.seq for r in WriteAheadLog(tmp_path).open()] == list(range(1, 11))
+
+
+def test_terms_and_idempotency_keys_travel_in_the_record(tmp_path):
+    record = WalRecord(7, UPSERT, "a", "t", "x", {"n": 1}, np.ones(4, dtype=np.float32), term=3, key="k-1",
+                       fingerprint="f" * 64)
+    [back] = decode_records(record.encode())
+    assert (back.seq, back.term, back.key, back.fingerprint) == (7, 3, "k-1", "f" * 64) and same(back, record)
+    assert back.checksum == record.checksum
+    assert record.sequenced(7, 4).checksum != record.checksum  # another term: another record at that seq
+    assert WalRecord(8, DELETE, "a", term=3).checksum != WalRecord(8, DELETE, "b", term=3).checksum
+
+
+def _legacy_frame(seq: int, op: int, meta: dict, vector: bytes = b"") -> bytes:
+    """The framing of logs written before primary terms: u32 length | u32 crc32(body) | body."""
+    import struct
+    import zlib
+
+    import orjson
+
+    meta_bytes = orjson.dumps(meta)
+    body = struct.pack("<QBI", seq, op, len(meta_bytes)) + meta_bytes + vector
+    return struct.pack("<II", len(body), zlib.crc32(body)) + body
+
+
+def test_a_log_written_before_terms_is_still_read(tmp_path):
+    vector = np.arange(4, dtype="<f4")
+    old = (_legacy_frame(1, UPSERT, {"id": "a", "title": "t", "text": "x", "metadata": {}, "dim": 4},
+                         vector.tobytes()) + _legacy_frame(2, DELETE, {"id": "b"}))
+    (tmp_path / "wal-00000000000000000001.log").write_bytes(old + b"\x05\x00")  # and a torn tail
+    wal = WriteAheadLog(tmp_path)
+    replayed = wal.open()
+    assert [(r.seq, r.op, r.doc_id, r.term) for r in replayed] == [(1, UPSERT, "a", 0), (2, DELETE, "b", 0)]
+    assert replayed[0].vector is not None and replayed[0].vector.tolist() == [0, 1, 2, 3]
+    wal.append([upsert(3)])  # new records follow in the new framing, in the same file
+    wal.close()
+    assert [r.seq for r in WriteAheadLog(tmp_path).open()] == [1, 2, 3]
