@@ -18,14 +18,21 @@ body ``{"error": {"code", "message", "field"?, "shard"?}}`` using ``status_code`
     ├── VersionConflict             409      embedding version not held / not mergeable
     │   └── RolloutRefused          409      a rollout command that makes no sense now (reason given)
     ├── ReplicaBehind               409      a replica has not applied the writes a request needs yet
+    ├── WriteRefused                409      a write that cannot be taken as sent: re-route or retry it
+    │   ├── NotPrimary              409      this replica does not order the shard's writes (now)
+    │   ├── StaleTerm               409      a record from a primary term this replica knows has ended
+    │   ├── Diverged                409      a seq this replica holds with other content
+    │   └── StaleView               409      the writer's cluster view (rollout generation) is out of date
     ├── ResourceExhausted           507      not enough memory to hold another version
     ├── ConfigError                 --       bad configuration or command-line value
+    │   └── HeldElsewhere                    a data dir or collection already held by another process
     ├── BuildError                  --       building or publishing a collection failed
     ├── IndexIntegrityError         --       a shard on disk is damaged or incomplete
     │   ├── ManifestMissing                  no manifest: the directory is never served
     │   └── ChecksumMismatch                 a file's sha256 differs from the manifest
     ├── EncoderError                503      the embedding model cannot be loaded / used
     ├── ShardUnavailable            503      no replica of a shard answered
+    │   ├── CoordinatorUnavailable  503      the cluster state (etcd, the local coordinator) did not answer
     │   └── GeneratorUnavailable    503      no answer generator is configured, or none answered
     └── DeadlineExceeded            504      the request's deadline passed
 """
@@ -119,6 +126,30 @@ class ReplicaBehind(ShardragError):
     code = "replica_behind"
 
 
+class WriteRefused(ShardragError):
+    """A write that cannot be taken as sent; the sender re-routes it (another primary), refreshes
+    its view, or repairs the replica — it is never silently accepted."""
+
+    status_code = 409
+    code = "write_refused"
+
+
+class NotPrimary(WriteRefused):
+    code = "not_primary"
+
+
+class StaleTerm(WriteRefused):
+    code = "stale_term"
+
+
+class Diverged(WriteRefused):
+    code = "diverged"
+
+
+class StaleView(WriteRefused):
+    code = "stale_view"
+
+
 class ResourceExhausted(ShardragError):
     status_code = 507
     code = "resource_exhausted"
@@ -127,6 +158,10 @@ class ResourceExhausted(ShardragError):
 class ConfigError(ShardragError):
     status_code = 500
     code = "config_error"
+
+
+class HeldElsewhere(ConfigError):
+    code = "held_elsewhere"
 
 
 class BuildError(ShardragError):
@@ -155,6 +190,10 @@ class EncoderError(ShardragError):
 class ShardUnavailable(ShardragError):
     status_code = 503
     code = "shard_unavailable"
+
+
+class CoordinatorUnavailable(ShardUnavailable):
+    code = "coordinator_unavailable"
 
 
 class GeneratorUnavailable(ShardUnavailable):

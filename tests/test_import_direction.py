@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("retrieval", "httpkit", "index_shards", "serving", "training")
+PACKAGES = ("retrieval", "httpkit", "clusterstate", "index_shards", "serving", "training")
 HEAVY = ("torch", "faiss", "fastapi", "uvicorn", "httpx", "aiohttp", "starlette", "sentence_transformers",
          "transformers")
 WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn")
@@ -20,8 +20,9 @@ WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn")
 ALLOWED = {
     "retrieval": set(),
     "httpkit": {"retrieval"},
-    "index_shards": {"retrieval", "httpkit"},
-    "serving": {"retrieval", "httpkit", "index_shards"},
+    "clusterstate": {"retrieval"},
+    "index_shards": {"retrieval", "httpkit", "clusterstate"},
+    "serving": {"retrieval", "httpkit", "clusterstate", "index_shards"},
     "training": {"retrieval", "index_shards"},
 }
 # serving may touch index_shards only to embed shards in-process, launch or build them

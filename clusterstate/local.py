@@ -1,0 +1,175 @@
+"""The local coordinator: the cluster state of one machine in one file, behind the same
+:class:`~clusterstate.kv.KV` seam as etcd.
+
+Every process of a local cluster (the gateway, each shard server) opens the same file. Each call
+takes an exclusive ``flock`` on ``<file>.lock``, reads the file, and — for a change — writes it
+back crash-safely (temp file, fsync, rename, directory fsync), so a put is durable when it
+returns and two processes never interleave a read-modify-write. Leases expire by the wall clock,
+which every process on the machine shares; a lapsed lease's keys are dropped at the next change
+and hidden from reads before that.
+
+The file is small (the collection's layout, rollout state, per shard its primary and in-sync set,
+the live processes) and changes only on control-plane events; writes never touch it.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from clusterstate.kv import KV, Entry, LeaseExpired
+from retrieval.atomic import atomic_write_bytes
+from retrieval.errors import CoordinatorUnavailable
+
+T = TypeVar("T")
+
+
+class LocalKV(KV):
+    def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_path = self.path.with_name(self.path.name + ".lock")
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"LocalKV({str(self.path)!r})"
+
+    # -- the file ----------------------------------------------------------------------------
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            handle = open(self._lock_path, "a+")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise CoordinatorUnavailable(f"the local coordinator {self.path} cannot be opened: {exc}") from exc
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        finally:
+            handle.close()  # releases the lock
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return {"revision": 0, "leases": {}, "keys": {}}
+        except (OSError, ValueError) as exc:
+            raise CoordinatorUnavailable(f"the local coordinator {self.path} is unreadable: {exc}") from exc
+        return dict(data)
+
+    def _write(self, state: dict[str, Any]) -> None:
+        atomic_write_bytes(self.path, json.dumps(state, separators=(",", ":")).encode())
+
+    def _live(self, state: dict[str, Any], item: dict[str, Any]) -> bool:
+        lease = int(item.get("lease", 0))
+        if not lease:
+            return True
+        expires = state["leases"].get(str(lease))
+        return expires is not None and float(expires) > self._clock()
+
+    def _change(self, change: Callable[[dict[str, Any]], T]) -> T:
+        """Run ``change`` on the state under the lock; written back (lapsed leases dropped) when it
+        bumped the revision or touched a lease."""
+        with self._locked():
+            state = self._read()
+            before = json.dumps(state, sort_keys=True)
+            result = change(state)
+            now = self._clock()
+            lapsed = {lease for lease, expires in state["leases"].items() if float(expires) <= now}
+            if lapsed:
+                for lease in lapsed:
+                    del state["leases"][lease]
+                    state.get("ttls", {}).pop(lease, None)
+                gone = [key for key, item in state["keys"].items() if str(item.get("lease", 0)) in lapsed]
+                if gone:
+                    state["revision"] += 1
+                    for key in gone:
+                        del state["keys"][key]
+            if json.dumps(state, sort_keys=True) != before:
+                self._write(state)
+            return result
+
+    def _entry(self, key: str, item: dict[str, Any]) -> Entry:
+        return Entry(key, base64.b64decode(item["v"]), int(item["rev"]), int(item.get("lease", 0)))
+
+    # -- the seam ----------------------------------------------------------------------------
+    def get(self, key: str) -> Entry | None:
+        with self._locked():
+            state = self._read()
+        item = state["keys"].get(key)
+        return self._entry(key, item) if item is not None and self._live(state, item) else None
+
+    def prefix(self, prefix: str) -> list[Entry]:
+        with self._locked():
+            state = self._read()
+        return [self._entry(key, item) for key, item in sorted(state["keys"].items())
+                if key.startswith(prefix) and self._live(state, item)]
+
+    def put(self, key: str, value: bytes, *, expect_revision: int | None = None, lease: int = 0) -> int | None:
+        def change(state: dict[str, Any]) -> int | None:
+            item = state["keys"].get(key)
+            current = int(item["rev"]) if item is not None and self._live(state, item) else 0
+            if expect_revision is not None and current != expect_revision:
+                return None
+            if lease and str(lease) not in state["leases"]:
+                raise LeaseExpired(f"lease {lease} has expired", field="lease")
+            state["revision"] += 1
+            state["keys"][key] = {"v": base64.b64encode(value).decode(), "rev": state["revision"], "lease": lease}
+            return int(state["revision"])
+
+        return self._change(change)
+
+    def delete(self, key: str, *, expect_revision: int | None = None) -> bool:
+        def change(state: dict[str, Any]) -> bool:
+            item = state["keys"].get(key)
+            if item is None or not self._live(state, item):
+                return False
+            if expect_revision is not None and int(item["rev"]) != expect_revision:
+                return False
+            del state["keys"][key]
+            state["revision"] += 1
+            return True
+
+        return self._change(change)
+
+    def grant(self, ttl_s: float) -> int:
+        lease = secrets.randbelow(2**62) + 1
+
+        def change(state: dict[str, Any]) -> int:
+            state["leases"][str(lease)] = self._clock() + ttl_s
+            state.setdefault("ttls", {})[str(lease)] = ttl_s
+            return lease
+
+        return self._change(change)
+
+    def keepalive(self, lease: int) -> float:
+        def change(state: dict[str, Any]) -> float:
+            expires = state["leases"].get(str(lease))
+            if expires is None or float(expires) <= self._clock():
+                raise LeaseExpired(f"lease {lease} has expired", field="lease")
+            ttl = float(state.get("ttls", {}).get(str(lease), 0.0))
+            state["leases"][str(lease)] = self._clock() + ttl
+            return ttl
+
+        return self._change(change)
+
+    def revoke(self, lease: int) -> None:
+        def change(state: dict[str, Any]) -> None:
+            state["leases"][str(lease)] = 0.0  # lapsed: dropped with its keys by _change
+            state.get("ttls", {}).pop(str(lease), None)
+
+        self._change(change)
+
+    def revision(self) -> int:
+        with self._locked():
+            state = self._read()
+        now = self._clock()
+        # a lease that lapsed since the last change hides its keys: a change readers must see
+        lapsed = sum(1 for expires in state["leases"].values() if float(expires) <= now)
+        return int(state["revision"]) + lapsed

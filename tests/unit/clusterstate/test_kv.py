@@ -1,0 +1,100 @@
+"""The KV seam on both stores it has — a real etcd server and the local coordinator's file — with
+the same tests: compare-and-swap, prefixes, leases that lapse and take their keys along."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from clusterstate import open_coordinator
+from clusterstate.etcd import EtcdKV
+from clusterstate.kv import KV, LeaseExpired
+from clusterstate.local import LocalKV
+from retrieval.errors import ConfigError, CoordinatorUnavailable
+from tests.helpers.etcd import EtcdCluster, free_port
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    with EtcdCluster(tmp_path_factory.mktemp("etcd")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["etcd", "local"])
+def kv(request, tmp_path) -> KV:
+    if request.param == "etcd":
+        store: KV = EtcdKV(request.getfixturevalue("etcd").client_urls)
+    else:
+        store = LocalKV(tmp_path / "state.json")
+    yield store
+    store.close()
+
+
+def test_compare_and_swap_on_revisions(kv: KV):
+    key = f"/t/{uuid.uuid4().hex}/a"
+    assert kv.get(key) is None
+    first = kv.put(key, b"one", expect_revision=0)
+    assert first is not None and kv.get(key).value == b"one" and kv.get(key).mod_revision == first
+    assert kv.put(key, b"again", expect_revision=0) is None  # not absent any more
+    assert kv.put(key, b"stale", expect_revision=first - 1) is None
+    second = kv.put(key, b"two", expect_revision=first)
+    assert second is not None and second > first and kv.get(key).value == b"two"
+    assert not kv.delete(key, expect_revision=first)
+    assert kv.delete(key, expect_revision=second) and kv.get(key) is None
+    assert kv.revision() >= second
+
+
+def test_prefixes_are_ordered_and_bounded(kv: KV):
+    root = f"/t/{uuid.uuid4().hex}/"
+    for name in ("b", "a", "c/d"):
+        kv.put(root + name, name.encode())
+    kv.put(root[:-1] + "x", b"outside")  # shares the prefix without the slash
+    assert [e.key[len(root):] for e in kv.prefix(root)] == ["a", "b", "c/d"]
+
+
+def test_a_lapsed_lease_takes_its_keys_and_cannot_be_renewed(kv: KV):
+    key = f"/t/{uuid.uuid4().hex}/leased"
+    lease = kv.grant(1)
+    kv.put(key, b"alive", lease=lease)
+    assert kv.get(key).lease == lease and kv.keepalive(lease) >= 1
+    revision = kv.revision()
+    deadline = time.monotonic() + 10
+    while kv.get(key) is not None:
+        assert time.monotonic() < deadline, "the lease never lapsed"
+        time.sleep(0.2)
+    assert kv.revision() > revision  # a watcher polling the revision sees the key go
+    with pytest.raises(LeaseExpired):
+        kv.keepalive(lease)
+    revoked = kv.grant(5)
+    kv.put(key, b"again", lease=revoked)
+    kv.revoke(revoked)
+    assert kv.get(key) is None
+    kv.revoke(revoked)  # twice is no error
+
+
+def test_an_unreachable_etcd_is_a_coordinator_error_naming_it():
+    kv = EtcdKV([f"http://127.0.0.1:{free_port()}"], timeout_s=0.5, retry_s=0.5)
+    with pytest.raises(CoordinatorUnavailable, match="no etcd member answered"):
+        kv.get("/x")
+
+
+def test_one_dead_member_of_three_is_passed_over(tmp_path):
+    with EtcdCluster(tmp_path, members=3) as cluster:
+        kv = EtcdKV(cluster.client_urls, timeout_s=1.0)
+        assert kv.put("/t/k", b"v") is not None
+        cluster.members[0].kill()
+        assert kv.get("/t/k").value == b"v" and kv.put("/t/k", b"w") is not None
+
+
+def test_coordinator_specs(tmp_path):
+    assert isinstance(open_coordinator(None, local_path=tmp_path / "s.json"), LocalKV)
+    assert isinstance(open_coordinator(f"file://{tmp_path}/s.json"), LocalKV)
+    etcd = open_coordinator("etcd://10.0.0.1:2379,10.0.0.2:2379")
+    assert isinstance(etcd, EtcdKV) and etcd.endpoints == ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+    for bad in ("etcd://", "etcd://nohost", "zk://a:1"):
+        with pytest.raises(ConfigError, match="coordinator"):
+            open_coordinator(bad)
+    with pytest.raises(ConfigError):
+        open_coordinator(None)
