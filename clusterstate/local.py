@@ -29,6 +29,7 @@ from retrieval.atomic import atomic_write_bytes
 from retrieval.errors import CoordinatorUnavailable
 
 T = TypeVar("T")
+LOCAL_STATE_FILE = "cluster-state.json"  # the local coordinator's file, in a collection's folder
 
 
 class LocalKV(KV):

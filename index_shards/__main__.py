@@ -54,6 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--wal-file-mb", type=float, default=64.0,
                        help="size at which a WAL file is closed and the next begun; whole files are what "
                             "compaction removes (default 64)")
+    serve.add_argument("--coordinator", default=env.read("SHARDRAG_COORDINATOR"),
+                       help="the cluster state this replica coordinates its shard's writes through: "
+                            "etcd://HOST:PORT[,HOST:PORT...] or file:///PATH (the local coordinator of one machine); "
+                            "without it the replica is its shard's only replica and its own primary "
+                            "[env SHARDRAG_COORDINATOR]")
+    serve.add_argument("--advertise-url", default=env.read("SHARDRAG_ADVERTISE_URL"),
+                       help="the URL the gateways and the shard's other replicas reach this replica at (default: "
+                            "the address it binds, e.g. http://127.0.0.1:PORT) [env SHARDRAG_ADVERTISE_URL]")
+    serve.add_argument("--lease-s", type=float, default=3.0,
+                       help="the primary's lease in the cluster state: how long after a primary stops renewing it a "
+                            "replica takes over (default 3; etcd rounds up to whole seconds, at least 2)")
     serve.add_argument("--filter-exact-max", type=int, default=4096,
                        help="filtered searches matching at most this many documents are scored exactly; more "
                             "take the index's own filtered search (default 4096)")
@@ -97,7 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from httpkit.serve import serve_app
     from index_shards.faults import FaultConfig
-    from index_shards.server import ShardServerConfig, create_app
+    from index_shards.server import ShardServerConfig, create_server
     from index_shards.shard import Shard
 
     faiss.omp_set_num_threads(max(1, args.faiss_threads))
@@ -118,16 +129,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError("--wal-retain must be ≥ 0", field="wal_retain")
     if args.filter_exact_max < 0:
         raise ConfigError("--filter-exact-max must be ≥ 0", field="filter_exact_max")
+    if args.lease_s <= 0:
+        raise ConfigError("--lease-s must be > 0", field="lease_s")
+    if args.coordinator and not args.data_dir:
+        raise ConfigError("--coordinator orders writes between replicas: give --data-dir too", field="coordinator")
+    state = None
+    if args.coordinator:
+        from clusterstate import open_coordinator
+        from clusterstate.state import ClusterState
+
+        state = ClusterState(open_coordinator(args.coordinator), shard.manifest.collection)
     config = ShardServerConfig(max_k=args.max_k, max_batch=args.max_batch, faiss_threads=args.faiss_threads,
                                faults=faults, max_versions=args.max_versions, device=args.device,
                                mmap=not args.no_mmap,
                                filter_exact_max=args.filter_exact_max, data_dir=args.data_dir,
                                compact_after=args.compact_after, wal_retain=args.wal_retain,
-                               wal_file_bytes=int(args.wal_file_mb * 2**20))
+                               wal_file_bytes=int(args.wal_file_mb * 2**20), lease_s=args.lease_s)
+    server = create_server(shard, config, state=state)  # takes the data dir's lock: a second server is refused
+
+    def start_role(url: str) -> None:
+        server.role.start(args.advertise_url or url)
+
     serve_app(
-        create_app(shard, config), host=args.host, port=args.port, port_file=args.port_file,
+        server.app, host=args.host, port=args.port, port_file=args.port_file,
         name=f"shard-{shard.manifest.shard_id}", log_level=args.log_level,
         extra_ready=lambda: {"shard_id": shard.manifest.shard_id, "version": shard.version_id},
+        on_ready=start_role,
     )
     return 0
 

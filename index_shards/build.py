@@ -31,7 +31,7 @@ from index_shards.manifest import (
 from index_shards.partition import make_partitioner
 from retrieval.atomic import fsync_dir, fsync_tree
 from retrieval.encoders import Encoder, encode_documents
-from retrieval.errors import BuildError, ConfigError
+from retrieval.errors import BuildError, ConfigError, IndexIntegrityError
 from retrieval.types import DocId, Document, EmbeddingVersion
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ class BuildConfig:
     factory: str = "Flat"  # any FAISS index-factory string: "Flat", "HNSW32", "IVF256,Flat", ...
     metric: str = "ip"  # "ip" (cosine on normalised vectors) or "l2"
     overwrite: bool = False  # replace an existing version directory of the same id
+    source_version: str | None = None  # built from a live collection: the version read ...
+    source_seqs: tuple[int, ...] | None = None  # ... and the seq each of its shards was read at
 
     def validate(self) -> None:
         if not self.collection or "/" in self.collection or self.collection.startswith("."):
@@ -146,6 +148,7 @@ def _build_shard(
         partitioner=config.partitioner,
         centroid=tuple(float(x) for x in centroid) if centroid is not None else None,
         files={name: FileEntry.of(directory / name) for name in (INDEX_FILE, DOCSTORE_FILE)},
+        source_version=config.source_version, source_seqs=config.source_seqs,
     )
     manifest.write(directory)
     return manifest
@@ -187,6 +190,54 @@ def encode_and_build(
     config.validate()
     vectors = encode_documents(encoder, documents, show_progress=show_progress)
     return build_collection(root, documents, vectors, encoder.version, config, show_progress=show_progress)
+
+
+def live_documents_of_version(root: str | Path, collection: str,
+                              version_id: str | None = None) -> tuple[list[Document], tuple[int, ...], str]:
+    """Every live document of a collection version — the build's documents with every write its
+    replicas applied since (read from the most up-to-date replica's data dir of each shard, as the
+    files stand: a running cluster keeps running) — the seq each shard was read at, and the
+    version's id. A new version built from these records that cut, so its rollout replays only
+    the writes after it (``serving.writes.staging``). Documents written as vectors only have no
+    text to embed: they are left out, with a warning."""
+    from index_shards.layout import collection_dir, resolve_version
+    from index_shards.segment import LiveShard
+    from index_shards.shard import Shard
+    from index_shards.slot import read_live
+
+    directory, manifest = resolve_version(root, collection, version_id)
+    version = manifest.embedding_version.id
+    replicas_dir = collection_dir(root, collection) / "replicas"
+    documents: list[Document] = []
+    seqs: list[int] = []
+    vector_only = 0
+    for shard_id in range(manifest.num_shards):
+        build = Shard.load(shard_dir(directory, shard_id), device="cpu")
+        best: LiveShard | None = None
+        for replica in sorted(replicas_dir.glob(f"shard-{shard_id}-r*")):
+            if not (replica / version).is_dir():
+                continue
+            for attempt in range(3):  # a compaction may replace the base while it is read
+                try:
+                    live = read_live(build, replica / version)
+                    break
+                except (FileNotFoundError, IndexIntegrityError):
+                    if attempt == 2:
+                        raise
+            if best is None or live.applied_seq > best.applied_seq:
+                best = live
+        live = best or LiveShard(build)
+        seqs.append(live.applied_seq)
+        for doc in live.documents():
+            if not doc.text.strip() and not doc.title.strip():
+                vector_only += 1
+                continue
+            documents.append(Document(DocId(doc.doc_id), doc.text, doc.title, dict(doc.metadata)))
+    if vector_only:
+        logger.warning("%d documents of %s were written as vectors only: there is no text to embed them from, so "
+                       "the new version lacks them", vector_only, version)
+    documents.sort(key=lambda d: d.doc_id)
+    return documents, tuple(seqs), version
 
 
 def documents_of_version(root: str | Path, collection: str, version_id: str | None = None) -> list[Document]:

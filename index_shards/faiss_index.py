@@ -145,6 +145,33 @@ def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, metric: str 
     return index
 
 
+_LOSSY_MARKERS = ("PQ", "SQ", "LSH", "RQ", "LSQ", "RFLAT", "REFINE")
+
+
+def is_lossy(factory: str) -> bool:
+    """Whether the factory stores codes rather than the vectors themselves (PQ, SQ, refine stages):
+    what it decodes is an approximation, and encoding that again adds error."""
+    name = factory.replace(" ", "").upper()
+    return any(marker in name for marker in _LOSSY_MARKERS)
+
+
+def derive_index(source: Path, drop_ids: np.ndarray, vectors: np.ndarray, ids: np.ndarray) -> faiss.Index | None:
+    """The index in ``source`` (a build's file) without ``drop_ids`` and with ``vectors`` added under
+    ``ids``, encoded by its already-trained quantizers: the codes it keeps are not decoded and
+    re-encoded, and nothing is retrained. None when the index type cannot remove ids (HNSW, a
+    refine stage): the caller rebuilds instead."""
+    index = read_index(source, mmap=False)
+    try:
+        if len(drop_ids):
+            index.remove_ids(faiss.IDSelectorBatch(np.asarray(drop_ids, dtype=np.int64)))
+        if len(ids):
+            index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), np.asarray(ids, dtype=np.int64))
+    except RuntimeError as exc:
+        logger.info("%s cannot be derived (%s); rebuilding", type(index).__name__, str(exc).strip()[:120])
+        return None
+    return index
+
+
 def write_index(index: faiss.Index, path: Path) -> None:
     faiss.write_index(index, str(path))
 

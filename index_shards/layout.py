@@ -65,3 +65,16 @@ def resolve_version(root: str | Path, collection: str,
     if not (directory / COLLECTION_MANIFEST).is_file():
         raise ManifestMissing(f"{directory} has no {COLLECTION_MANIFEST}: the version is incomplete and is not served")
     return directory, read_collection_manifest(directory)
+
+
+def replica_data_dir(root: str | Path, collection: str, shard_id: int, replica: int) -> Path:
+    """A replica's own state (its write-ahead logs, compacted bases, term): with the collection, so
+    it outlives the process, and the same place whichever backend runs the replica."""
+    return collection_dir(root, collection) / "replicas" / f"shard-{shard_id}-r{replica}"
+
+
+def local_cluster_state(root: str | Path, collection: str) -> Path:
+    """The local coordinator's file (the cluster state of one machine) of a collection."""
+    from clusterstate.local import LOCAL_STATE_FILE
+
+    return collection_dir(root, collection) / LOCAL_STATE_FILE

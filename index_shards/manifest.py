@@ -55,6 +55,10 @@ class ShardManifest:
     files: dict[str, FileEntry]
     created_at: float = field(default_factory=time.time)
     format: int = FORMAT
+    # built from a live collection: the version its documents came from and, per shard of that
+    # version, the seq they were read at (a rollout gives this version every write after those)
+    source_version: str | None = None
+    source_seqs: tuple[int, ...] | None = None
 
     @property
     def dim(self) -> int:
@@ -75,6 +79,8 @@ class ShardManifest:
             "centroid": list(self.centroid) if self.centroid is not None else None,
             "files": {name: {"sha256": e.sha256, "size_bytes": e.size_bytes} for name, e in sorted(self.files.items())},
             "created_at": self.created_at,
+            **({"source": {"version": self.source_version, "seqs": list(self.source_seqs or ())}}
+               if self.source_version is not None else {}),
         }
 
     @classmethod
@@ -97,6 +103,9 @@ class ShardManifest:
             centroid=tuple(float(x) for x in centroid) if centroid is not None else None,
             files={name: FileEntry(str(e["sha256"]), int(e["size_bytes"])) for name, e in data["files"].items()},
             created_at=float(data.get("created_at", 0.0)),
+            source_version=str(data["source"]["version"]) if isinstance(data.get("source"), dict) else None,
+            source_seqs=tuple(int(x) for x in data["source"]["seqs"]) if isinstance(data.get("source"), dict)
+            else None,
         )
 
     def write(self, directory: Path) -> None:

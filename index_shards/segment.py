@@ -42,6 +42,24 @@ class SegmentDoc:
     seq: int
 
 
+class WrittenVectors:
+    """The original vectors of the written documents (seq > 0) a compacted base holds, by int id:
+    for a compressed index (PQ, SQ) its codes are approximations, and a compaction or a snapshot
+    that re-encoded decoded vectors would add quantization error every time."""
+
+    def __init__(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+        order = np.argsort(ids, kind="stable")
+        self._ids = np.asarray(ids, dtype=np.int64)[order]
+        self._order = order
+        self._vectors = vectors
+
+    def get(self, int_id: int) -> np.ndarray | None:
+        slot = int(np.searchsorted(self._ids, int_id))
+        if slot < len(self._ids) and self._ids[slot] == int_id:
+            return np.asarray(self._vectors[self._order[slot]], dtype=np.float32)
+        return None
+
+
 @dataclass(slots=True, frozen=True)
 class StoredDocument:
     """What ``GET /v1/documents/{id}`` returns."""
@@ -55,10 +73,12 @@ class StoredDocument:
 
 
 class LiveShard:
-    def __init__(self, base: Shard, *, base_seq: int = 0, base_seqs: dict[int, int] | None = None) -> None:
+    def __init__(self, base: Shard, *, base_seq: int = 0, base_seqs: dict[int, int] | None = None,
+                 written: WrittenVectors | None = None) -> None:
         self.base = base
         self.base_seq = base_seq  # writes up to this seq are inside the base already
         self._base_seqs = base_seqs or {}  # int id → seq of a base document (a compacted base)
+        self._written = written  # original vectors of the base's written documents
         self.applied_seq = base_seq
         self.dim = base.manifest.dim
         self.metric = base.manifest.metric
@@ -136,7 +156,7 @@ class LiveShard:
         stored = self.base.docstore.get_many([int_id], with_metadata=True).get(int_id)
         if stored is None:
             return None
-        vector = self.base.filtered.vectors(np.asarray([int_id], dtype=np.int64))[0] if with_vector else None
+        vector = self._base_vectors(np.asarray([int_id], dtype=np.int64))[0] if with_vector else None
         return StoredDocument(stored.doc_id, stored.title, stored.text, stored.metadata or {},
                               self._base_seqs.get(int_id, 0), vector)
 
@@ -184,7 +204,7 @@ class LiveShard:
         base_ids = np.asarray([i for i in self.base.payload.int_ids.tolist() if i not in hidden], dtype=np.int64)
         for start in range(0, base_ids.size, 1024):
             chunk = base_ids[start:start + 1024]
-            vectors = self.base.filtered.vectors(chunk)
+            vectors = self._base_vectors(chunk)
             stored = self.base.docstore.get_many(chunk.tolist(), with_metadata=True)
             for int_id, vector in zip(chunk.tolist(), vectors, strict=True):
                 base_doc = stored[int_id]
@@ -193,6 +213,24 @@ class LiveShard:
         for written in segment:
             yield StoredDocument(written.doc_id, written.title, written.text, written.metadata, written.seq,
                                  written.vector)
+
+    def _base_vectors(self, int_ids: np.ndarray) -> np.ndarray:
+        """Base documents' vectors: a written one's original where the base kept it, else the
+        index's (exact for Flat and HNSW; decoded from the build's own codes for PQ/SQ)."""
+        vectors = np.array(self.base.filtered.vectors(int_ids), dtype=np.float32)
+        if self._written is not None:
+            for row, int_id in enumerate(int_ids.tolist()):
+                original = self._written.get(int_id)
+                if original is not None:
+                    vectors[row] = original
+        return vectors
+
+    def frozen_state(self) -> tuple[int, list[SegmentDoc], set[int]]:
+        """The applied seq, the segment's documents and the base ids hidden (tombstoned or
+        rewritten), as of that seq."""
+        with self._lock:
+            segment = list(self._docs.values())
+            return self.applied_seq, segment, set(self._tombstones) | {d.int_id for d in segment}
 
     def search(self, queries: np.ndarray, k: int, *, nprobe: int | None = None, ef_search: int | None = None,
                with_text: bool = True, with_metadata: bool = False,

@@ -1,13 +1,19 @@
-"""The shard server: one FastAPI app serving one shard directory.
+"""The shard server: one FastAPI app serving one replica of one shard.
 
-    POST /v1/search     body: n × dim little-endian float32; query: k, version, nprobe, ef_search, with_text,
-                        with_metadata, filter (canonical JSON, see retrieval.filters)
+    POST /v1/search     body: n × dim little-endian float32; query: SearchParams (retrieval.contract)
                         header x-shardrag-timeout-ms: the caller's remaining budget (expired work is dropped)
-    GET  /v1/info       versions held, count, dim, factory, centroid
+    GET  /v1/info       versions held (applied seq, last record's term and checksum), the role
     GET  /healthz       liveness + the version served
     GET  /metrics       Prometheus
     GET|PUT /admin/faults   fault injection settings (see index_shards.faults)
     GET|POST /admin/versions, DELETE /admin/versions/{id}   versions held: stage (load) and unload
+
+    POST /v1/primary/writes?version=&ack=&generation=   a gateway's batch (records without seqs): the
+                        primary numbers, logs, replicates and acknowledges it (index_shards.primary)
+    POST /v1/writes?version=   header x-shardrag-term, x-shardrag-prev: a batch from the primary
+                        (or a catch-up), checked and applied (index_shards.writes)
+    GET  /v1/writes?version=&after=N, GET /v1/snapshot, POST /admin/restore   catch-up and restore
+    POST /admin/fence?generation=   refuse writes sent under an older rollout generation
 
 Searches run inline on the event loop: FAISS uses one OpenMP thread per server by default, and
 on a small machine several shard processes share the cores, so a thread hop buys nothing.
@@ -16,9 +22,12 @@ on a small machine several shard processes share the cores, so a thread hop buys
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
@@ -31,16 +40,20 @@ from httpkit.auth import guard_from_env, internal_policy
 from httpkit.errors import install_error_handlers
 from httpkit.metrics import add_metrics_route, status_counter
 from httpkit.responses import json_response
+from index_shards import compaction, snapshots
 from index_shards.faults import FaultConfig, FaultInjector, wait_unless_gone
 from index_shards.metrics import ShardMetrics
+from index_shards.peers import PREV_HEADER, TERM_HEADER, HttpPeers, PeerClient, parse_prev
+from index_shards.primary import decode_unsequenced
+from index_shards.role import ShardRole
 from index_shards.segment import LiveShard
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from index_shards.wal import decode_records, encode_records
-from retrieval.contract import TIMEOUT_HEADER, SearchParams
+from index_shards.writes import accept, writes_after
+from retrieval.contract import TIMEOUT_HEADER, WRITE_ACKS, SearchParams
 from retrieval.errors import DeadlineExceeded, InvalidRequest, MalformedBody, NotFound, ReplicaBehind
-from retrieval.filters import filter_from_canonical
-from retrieval.records import decode_snapshot, encode_snapshot
+from retrieval.records import Snapshot
 from retrieval.wire import decode_vectors
 
 logger = logging.getLogger(__name__)
@@ -66,10 +79,9 @@ class ShardServerConfig:
     wal_file_bytes: int = 64 * 1024 * 1024  # a WAL file past this size is closed and the next begun
     max_write_bytes: int = 64 * 1024 * 1024  # largest replicated write batch
     max_snapshot_bytes: int = 4 * 1024 * 1024 * 1024  # largest snapshot a replica restores from (held in memory)
+    lease_s: float = 3.0  # the primary's lease: how long after it stops renewing a replica takes over
 
 
-_INT_PARAMS = {"k": (1, None), "nprobe": (1, 65536), "ef_search": (1, 65536), "min_seq": (0, None)}
-_KNOWN_PARAMS = {"k", "version", "nprobe", "ef_search", "with_text", "with_metadata", "filter", "min_seq"}
 CATCH_UP_WAIT_S = 0.5  # how long a session read waits for this replica to apply the write it needs
 _BOOL_PARAMS = ("with_text", "with_metadata")
 
@@ -87,43 +99,30 @@ async def _wait_for_seq(served: LiveShard, min_seq: int, deadline: float | None)
         await asyncio.sleep(0.005)
 
 
-def parse_search_params(query_string: bytes, max_k: int) -> SearchParams:
-    """The search's query parameters, validated; errors name the parameter."""
-    params: dict[str, Any] = {"k": 10, "version": None, "nprobe": None, "ef_search": None, "with_text": True,
-                              "with_metadata": False, "filter": None, "min_seq": None}
-    for name, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
-        if name not in _KNOWN_PARAMS:
-            raise InvalidRequest(f"unknown query parameter {name!r}", field=name)
-        if name in _INT_PARAMS:
-            try:
-                number = int(value)
-            except ValueError:
-                raise InvalidRequest(f"{name} must be an integer, got {value!r}", field=name) from None
-            low, high = _INT_PARAMS[name]
-            high = max_k if name == "k" else high
-            if number < low or (high is not None and number > high):
-                raise InvalidRequest(f"{name} must be between {low} and {high}, got {number}", field=name)
-            params[name] = number
-        elif name in _BOOL_PARAMS:
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise InvalidRequest(f"{name} must be true or false, got {value!r}", field=name)
-            params[name] = value.lower() in ("true", "1")
-        elif name == "filter":
-            filter_from_canonical(value)  # refused here, naming the clause, if it does not parse
-            params[name] = value
-        else:
-            params[name] = value
-    return SearchParams(**params)
+@dataclass(slots=True)
+class ShardServer:
+    """What :func:`create_app` made: the ASGI app, the replica's store and its role. Start the role
+    (:meth:`ShardRole.start`) once the server's own URL is known."""
+
+    app: Any
+    versions: ShardVersions
+    role: ShardRole
 
 
-def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = None) -> Any:
-    """The shard server's ASGI app: a fast path for POST /v1/search around a FastAPI app."""
+def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None = None, *,
+                  state: Any = None, peers: PeerClient | None = None, replica: str = "local") -> ShardServer:
+    """The shard server's ASGI app (a fast path for search and writes around a FastAPI app), over a
+    version store and the replica's role in its shard. ``state``: the cluster state
+    (clusterstate.state.ClusterState) the role coordinates through; None: this replica is the only
+    one, the primary of its shard on its own. ``replica``: its name (the URL peers reach it at;
+    with a cluster state it is given to :meth:`ShardRole.start` instead)."""
     config = config or ShardServerConfig()
     faults = FaultInjector(config.faults)
     versions = shard if isinstance(shard, ShardVersions) else ShardVersions(
         shard, max_versions=config.max_versions, device=config.device, filter_exact_max=config.filter_exact_max,
         data_dir=config.data_dir, compact_after=config.compact_after, wal_retain=config.wal_retain,
         wal_file_bytes=config.wal_file_bytes, crash_point=faults.crash_point, mmap=config.mmap)
+    role = ShardRole(versions, replica, state, peers or HttpPeers(), lease_s=config.lease_s)
     shard_id = versions.shard_id
     metrics = ShardMetrics.create(shard_id)
     metrics.documents.labels(shard=str(shard_id)).set(versions.get(versions.ready_ids()[0]).manifest.count)
@@ -131,7 +130,7 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
 
     async def handle_search(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
         arrived = time.monotonic()
-        params = parse_search_params(scope.get("query_string", b""), config.max_k)
+        params = SearchParams.from_query_string(scope.get("query_string", b""), config.max_k)
         timeout_ms = None
         for name, value in scope.get("headers", ()):
             if name == VERSION_HEADER and params.version is None:
@@ -157,9 +156,7 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
             metrics.expired.inc()
             raise DeadlineExceeded(f"request expired after {timeout_ms:.0f} ms before the search ran", field="deadline")
         started = time.perf_counter()
-        results = served.search(queries, params.k, nprobe=params.nprobe, ef_search=params.ef_search,
-                                with_text=params.with_text, with_metadata=params.with_metadata,
-                                filter_=filter_from_canonical(params.filter) if params.filter else None)
+        results = versions.search(queries, replace(params, version=served.version_id)).results
         took_s = time.perf_counter() - started
         if faults.active and faults.config.slowdown > 1.0:
             await wait_unless_gone(receive, faults.extra_service_s(took_s), deadline)
@@ -172,7 +169,14 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
             "results": results,
         })
 
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, role.stop)  # drops a primary claim at once
+        versions.close()
+
     app = FastAPI(
+        lifespan=lifespan,
         title=f"shardrag shard {shard_id} of {versions.collection}",
         description="One slice of a shardrag collection. Query vectors travel as little-endian float32.",
         version="1",
@@ -237,18 +241,60 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
 
     add_metrics_route(app, metrics.registry)
 
-    async def handle_writes(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
-        version = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"))).get("version")
-        if not version:
-            raise InvalidRequest("the query parameter 'version' is required", field="version")
+    def header(scope: Scope, name: bytes) -> str | None:
+        for key, value in scope.get("headers", ()):
+            if key == name:
+                return str(value.decode("latin-1"))
+        return None
+
+    def query_params(scope: Scope) -> dict[str, str]:
+        return dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+
+    def required(params: dict[str, str], name: str) -> str:
+        value = params.get(name)
+        if not value:
+            raise InvalidRequest(f"the query parameter {name!r} is required", field=name)
+        return value
+
+    def int_header(scope: Scope, name: bytes, default: int) -> int:
+        value = header(scope, name)
         try:
+            return int(value) if value else default
+        except ValueError:
+            raise InvalidRequest(f"header {name.decode()} must be an integer", field=name.decode()) from None
+
+    async def in_thread(function: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, function, *args)
+
+    async def handle_writes(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
+        """A batch from the shard's primary (or a peer catching this replica up)."""
+        version = required(query_params(scope), "version")
+        term = int_header(scope, TERM_HEADER.encode(), 0)
+        try:
+            prev = parse_prev(header(scope, PREV_HEADER.encode()))
             records = decode_records(body)
         except ValueError as exc:
             raise MalformedBody(f"write records do not parse: {exc}", field="body") from exc
-        applied = await asyncio.get_running_loop().run_in_executor(None, versions.write, version, records)
-        return 200, orjson.dumps({"shard_id": shard_id, "version": version, "applied_seq": applied})
+        applied = await in_thread(accept, versions, version, term, prev, records)
+        return 200, orjson.dumps({"shard_id": shard_id, "version": version, "applied_seq": applied,
+                                  "term": versions.term})
 
-    @app.post("/v1/writes", summary="Append writes (WAL framing) to a version: fsynced, then applied",
+    async def handle_primary_writes(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
+        """A gateway's batch: this replica, as the primary, numbers and replicates it."""
+        params = query_params(scope)
+        version = required(params, "version")
+        ack = params.get("ack", "majority")
+        if ack not in WRITE_ACKS:
+            raise InvalidRequest(f"ack must be one of {', '.join(WRITE_ACKS)}, got {ack!r}", field="ack")
+        try:
+            generation = int(params.get("generation", "0"))
+            records = decode_unsequenced(body)
+        except ValueError as exc:
+            raise MalformedBody(f"write records do not parse: {exc}", field="body") from exc
+        reply = await in_thread(role.writer.write, version, records, ack, generation)
+        return 200, orjson.dumps(reply.to_dict())
+
+    @app.post("/v1/writes", summary="Take a batch from the shard's primary (WAL framing): checked, fsynced, applied",
               openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
                   "schema": {"type": "string", "format": "binary"}}}, "description": "retrieval.records framing"}})
     async def post_writes(request: Request,
@@ -258,55 +304,80 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
                                               request.receive)
         return Response(payload, status_code=status, media_type="application/json")
 
+    @app.post("/v1/primary/writes", summary="A gateway's write to the shard's primary: numbered, replicated, "
+              "acknowledged per ack", openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                  "description": "retrieval.records framing, seq and term 0"}})
+    async def post_primary_writes(request: Request, version: Annotated[str, Query()],
+                                  ack: Annotated[str, Query()] = "majority",
+                                  generation: Annotated[int, Query(ge=0)] = 0) -> Response:
+        # Served by the fast path below; this route documents it.
+        status, payload = await handle_primary_writes(
+            request.scope, await read_request_body(request, config.max_write_bytes), request.receive)
+        return Response(payload, status_code=status, media_type="application/json")
+
     @app.get("/v1/writes", summary="The writes after a seq (WAL framing): a lagging peer catches up from these")
     async def get_writes(version: Annotated[str, Query()], after: Annotated[int, Query(ge=0)] = 0) -> Response:
-        records = versions.writes_after(version, after)
+        records = await in_thread(writes_after, versions, version, after)
         return Response(encode_records(records), media_type="application/octet-stream")
+
+    @app.get("/v1/role", summary="This replica's place in its shard's write ordering: term, primary, in-sync set")
+    async def get_role() -> Response:
+        return json_response(role.info().to_dict())
+
+    @app.post("/admin/fence", summary="Refuse writes sent under a rollout generation older than this one, "
+              "for hold_s seconds")
+    async def post_fence(generation: Annotated[int, Query(ge=0)],
+                         hold_s: Annotated[float, Query(gt=0, le=600)] = 10.0) -> Response:
+        fence = role.writer.fence(generation, hold_s)
+        held = {s.version_id: s.live.applied_seq for s in versions.slots() if s.live is not None}
+        return json_response({"shard_id": shard_id, "generation": fence, "applied_seq": held,
+                              "is_primary": role.view().is_primary})
 
     @app.get("/v1/documents/{doc_id:path}", summary="One document as this replica holds it (404 if absent or deleted)")
     async def get_document(doc_id: str, version: Annotated[str | None, Query()] = None) -> Response:
-        live = versions.get(version)
-        stored = live.get(doc_id)
-        if stored is None:
+        found = versions.document(version, doc_id)
+        if found is None:
             raise NotFound(f"no document {doc_id!r} in shard {shard_id}", field="id", shard=shard_id)
-        return json_response({"id": stored.doc_id, "title": stored.title, "text": stored.text,
-                              "metadata": stored.metadata, "seq": stored.seq, "shard": shard_id,
-                              "version": live.version_id, "applied_seq": live.applied_seq})
+        return json_response(found)
 
     @app.get("/v1/ids", summary="Ids of the live documents a filter selects (delete by filter reads these)")
     async def get_ids(version: Annotated[str, Query()], filter: Annotated[str, Query()],
                       limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000) -> Response:
-        ids = await asyncio.get_running_loop().run_in_executor(None, versions.matching_ids, version, filter, limit)
+        ids = await in_thread(versions.matching_ids, version, filter, limit)
         return json_response({"shard_id": shard_id, "version": version, "ids": ids})
 
-    @app.get("/v1/snapshot", summary="Every live document of a version (seq u64 LE + WAL framing): a peer behind "
-             "the WAL's retention restores from it")
+    @app.get("/v1/snapshot", summary="Every live document of a version (retrieval.records.Snapshot): a peer "
+             "behind the WAL's retention, or diverged, restores from it")
     async def get_snapshot(version: Annotated[str, Query(description="embedding version")]) -> Response:
-        seq, records = await asyncio.get_running_loop().run_in_executor(None, versions.snapshot, version)
-        return Response(encode_snapshot(seq, records), media_type="application/octet-stream")
+        snapshot = await in_thread(snapshots.take, versions, version)
+        return Response(snapshot.encode(), media_type="application/octet-stream")
 
-    @app.post("/admin/restore", summary="Replace a version's state with a peer's snapshot (GET /v1/snapshot bytes)",
+    @app.post("/admin/restore", summary="Replace a version's state with the primary's snapshot (GET /v1/snapshot)",
               openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
                   "schema": {"type": "string", "format": "binary"}}}, "description": "GET /v1/snapshot's reply"}})
     async def post_restore(request: Request,
-                           version: Annotated[str, Query(description="embedding version")]) -> Response:
+                           version: Annotated[str, Query(description="embedding version")],
+                           force: Annotated[bool, Query(description="replace the state even when this replica "
+                                                                    "is ahead (it diverged)")] = False) -> Response:
         try:
-            seq, records = decode_snapshot(await read_request_body(request, config.max_snapshot_bytes))
+            snapshot = Snapshot.decode(await read_request_body(request, config.max_snapshot_bytes))
         except ValueError as exc:
             raise MalformedBody(f"the snapshot does not parse: {exc}", field="body") from exc
-        applied = await asyncio.get_running_loop().run_in_executor(None, versions.restore, version, seq, records)
+        term = int_header(request.scope, TERM_HEADER.encode(), 0)
+        applied = await in_thread(functools.partial(snapshots.restore_from, force=force), versions, version, term,
+                                  snapshot)
         return json_response({"shard_id": shard_id, "version": version, "applied_seq": applied})
 
     @app.get("/admin/digest", summary="Count and sha256 of every live document (replica consistency checks)")
     async def get_digest(version: Annotated[str | None, Query()] = None) -> Response:
         live = versions.get(version)
-        return json_response(await asyncio.get_running_loop().run_in_executor(None, live.digest))
+        return json_response(await in_thread(live.digest))
 
     @app.post("/admin/compact", summary="Fold the write segment and tombstones into a new sealed base now")
     async def post_compact(version: Annotated[str | None, Query(description="embedding version")] = None) -> Response:
         version_id = versions.get(version).version_id
-        done = await asyncio.get_running_loop().run_in_executor(None, versions.compact, version_id)
-        return json_response(done)
+        return json_response(await in_thread(compaction.compact, versions, version_id))
 
     @app.get("/admin/faults", summary="Current fault injection settings and counts")
     async def get_faults() -> Response:
@@ -330,9 +401,20 @@ def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = 
         logger.warning("fault injection set to %s", faults.config)
         return json_response({"faults": faults.config.to_dict(), "active": faults.active})
 
-    fast = FastPathApp(app, {("POST", "/v1/search"): handle_search, ("POST", "/v1/writes"): handle_writes},
+    fast = FastPathApp(app, {("POST", "/v1/search"): handle_search, ("POST", "/v1/writes"): handle_writes,
+                             ("POST", "/v1/primary/writes"): handle_primary_writes},
                        max_body_bytes=config.max_body_bytes, body_limits={"/v1/writes": config.max_write_bytes,
+                                                                      "/v1/primary/writes": config.max_write_bytes,
                                                                       "/admin/restore": config.max_snapshot_bytes},
-                       on_result=status_counter(metrics.requests, "search", {"/v1/writes": "writes"}))
-    return guard_from_env(fast, internal_policy)  # SHARDRAG_INTERNAL_TOKEN: only the gateway may call
+                       on_result=status_counter(metrics.requests, "search", {"/v1/writes": "writes",
+                                                                             "/v1/primary/writes": "primary_writes"}))
+    # SHARDRAG_INTERNAL_TOKEN: only the gateway and the shard's other replicas may call
+    return ShardServer(guard_from_env(fast, internal_policy), versions, role)
+
+
+def create_app(shard: Shard | ShardVersions, config: ShardServerConfig | None = None) -> Any:
+    """A shard server on its own (no cluster state): the only replica, primary of its shard."""
+    server = create_server(shard, config)
+    server.role.start()
+    return server.app
 

@@ -106,7 +106,11 @@ class WriteAheadLog:
         if files:
             fsync_dir(self.directory)
 
-    def _read_file(self, path: Path, *, truncate_torn_tail: bool, previous_seq: int | None) -> Iterator[WalRecord]:
+    def _read_file(self, path: Path, *, truncate_torn_tail: bool, previous_seq: int | None,
+                   stop_at_tail: bool = False) -> Iterator[WalRecord]:
+        """The file's records. A bad record with nothing good after it is truncated
+        (``truncate_torn_tail``: recovery), or ends the reading quietly (``stop_at_tail``: a reader
+        while a batch is being appended sees its partial tail); anything else is WalCorrupted."""
         data = path.read_bytes()
         offset = 0
         while offset < len(data):
@@ -122,6 +126,8 @@ class WriteAheadLog:
                 offset = end
                 yield record
                 continue
+            if stop_at_tail and self._nothing_after(data, offset):
+                return
             if truncate_torn_tail and self._nothing_after(data, offset):
                 logger.warning("WAL %s: torn tail at offset %d (%s): truncated to the last good record",
                                path, offset, reason)
@@ -172,10 +178,17 @@ class WriteAheadLog:
 
     def read_after(self, seq: int) -> Iterator[WalRecord]:
         """The records after ``seq`` (a peer catching up reads these); they must still be on disk."""
-        for path in self.files():
-            for record in self._read_file(path, truncate_torn_tail=False, previous_seq=None):
-                if record.seq > seq:
-                    yield record
+        files = self.files()
+        for number, path in enumerate(files):
+            if number + 1 < len(files) and int(files[number + 1].name[4:-4]) - 1 <= seq:
+                continue  # every record of this file is at or before seq
+            try:
+                for record in self._read_file(path, truncate_torn_tail=False, previous_seq=None,
+                                              stop_at_tail=number == len(files) - 1):
+                    if record.seq > seq:
+                        yield record
+            except FileNotFoundError:  # dropped by a compaction meanwhile: what it held is behind seq
+                continue
 
     @property
     def first_seq(self) -> int | None:

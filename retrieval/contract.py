@@ -18,11 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
+from retrieval.errors import InvalidRequest
+from retrieval.filters import filter_from_canonical
 from retrieval.types import EmbeddingVersion
 
 LOADING, READY, FAILED = "loading", "ready", "failed"
+WRITE_ACKS = ("one", "majority", "all")  # how many of a shard's replicas must hold a write before it is acknowledged
 TIMEOUT_HEADER = "x-shardrag-timeout-ms"  # the caller's remaining budget; shards drop expired work
 
 
@@ -66,6 +69,41 @@ class SearchParams:
         if self.min_seq is not None:
             params["min_seq"] = self.min_seq
         return urlencode(params)
+
+    @classmethod
+    def from_query_string(cls, query_string: bytes | str, max_k: int) -> SearchParams:
+        """The parameters :meth:`query_string` encodes, validated; an error names the parameter.
+        (The shard server decodes with this, so encoder and decoder are one piece of code.)"""
+        text = query_string.decode("latin-1") if isinstance(query_string, bytes) else query_string
+        params: dict[str, Any] = {"k": 10, "version": None}
+        for name, value in parse_qsl(text, keep_blank_values=True):
+            if name not in _SEARCH_PARAMS:
+                raise InvalidRequest(f"unknown query parameter {name!r}", field=name)
+            if name in _INT_PARAMS:
+                try:
+                    number = int(value)
+                except ValueError:
+                    raise InvalidRequest(f"{name} must be an integer, got {value!r}", field=name) from None
+                low, high = _INT_PARAMS[name]
+                high = max_k if name == "k" else high
+                if number < low or (high is not None and number > high):
+                    raise InvalidRequest(f"{name} must be between {low} and {high}, got {number}", field=name)
+                params[name] = number
+            elif name in ("with_text", "with_metadata"):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise InvalidRequest(f"{name} must be true or false, got {value!r}", field=name)
+                params[name] = value.lower() in ("true", "1")
+            elif name == "filter":
+                filter_from_canonical(value)  # refused here, naming the clause, if it does not parse
+                params[name] = value
+            else:
+                params[name] = value
+        return cls(**params)
+
+
+_SEARCH_PARAMS = ("k", "version", "nprobe", "ef_search", "with_text", "with_metadata", "filter", "min_seq")
+_INT_PARAMS: dict[str, tuple[int, int | None]] = {"k": (1, None), "nprobe": (1, 65536), "ef_search": (1, 65536),
+                                                  "min_seq": (0, None)}
 
 
 @dataclass(slots=True, frozen=True)
@@ -111,6 +149,10 @@ class VersionInfo:
     segment: int | None = None  # documents written since the base was sealed
     tombstones: int | None = None  # base documents hidden by later writes
     search_defaults: dict[str, int] | None = None  # nprobe / ef_search a query without them runs with
+    last_term: int | None = None  # term and checksum of the record at applied_seq (a primary compares
+    last_checksum: int | None = None  # them with its own to tell a lagging replica from a diverged one)
+    source_version: str | None = None  # built from a live collection: that version, and per shard of it
+    source_seqs: tuple[int, ...] | None = None  # the seq the build read (a rollout replays what came after)
 
     @property
     def ready(self) -> bool:
@@ -128,9 +170,12 @@ class VersionInfo:
                         "on_gpu": self.on_gpu})
         if self.load_s is not None:
             out["load_s"] = self.load_s
-        for name in ("applied_seq", "segment", "tombstones", "search_defaults"):
+        for name in ("applied_seq", "segment", "tombstones", "search_defaults", "last_term", "last_checksum",
+                     "source_version"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
+        if self.source_seqs is not None:
+            out["source_seqs"] = list(self.source_seqs)
         return out
 
     @classmethod
@@ -148,7 +193,64 @@ class VersionInfo:
             segment=_int_or_none(data.get("segment")), tombstones=_int_or_none(data.get("tombstones")),
             search_defaults={str(k): int(v) for k, v in data["search_defaults"].items()}
             if isinstance(data.get("search_defaults"), dict) else None,
+            last_term=_int_or_none(data.get("last_term")), last_checksum=_int_or_none(data.get("last_checksum")),
+            source_version=data.get("source_version"),
+            source_seqs=tuple(int(x) for x in data["source_seqs"]) if data.get("source_seqs") is not None else None,
         )
+
+
+@dataclass(slots=True, frozen=True)
+class RoleInfo:
+    """A replica's place in its shard's write ordering, as it sees it."""
+
+    replica: str  # its own name (the URL peers and gateways reach it at)
+    term: int  # the highest primary term it knows
+    primary: str | None  # who orders the shard's writes in that term (None: nobody yet)
+    is_primary: bool
+    in_sync: tuple[str, ...] = ()  # the replicas that hold every acknowledged write (as last read)
+    lease_valid_s: float | None = None  # a primary: how long its claim is still safe to act on
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"replica": self.replica, "term": self.term, "primary": self.primary, "is_primary": self.is_primary,
+                "in_sync": list(self.in_sync), "lease_valid_s": self.lease_valid_s}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RoleInfo:
+        return cls(str(data["replica"]), int(data["term"]), data.get("primary"), bool(data["is_primary"]),
+                   tuple(str(r) for r in data.get("in_sync", ())), data.get("lease_valid_s"))
+
+
+def needed_copies(ack: str, replicas: int) -> int:
+    """Durable copies a write needs before it is acknowledged: ``one``, ``majority`` or ``all`` of a
+    shard's ``replicas``."""
+    return {"one": 1, "majority": replicas // 2 + 1, "all": replicas}[ack]
+
+
+@dataclass(slots=True, frozen=True)
+class WriteReply:
+    """A primary's answer to a write: the seqs it gave the batch under its term, and on how many
+    replicas (itself included) the batch is durable. ``duplicate``: the request's idempotency key
+    was applied before — nothing was written, and the seqs are the first time's."""
+
+    shard_id: int
+    version: str
+    first_seq: int
+    last_seq: int
+    term: int
+    copies: int
+    duplicate: bool = False
+    doc_ids: tuple[str, ...] = ()  # duplicate: the ids the first request wrote on this shard
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shard_id": self.shard_id, "version": self.version, "first_seq": self.first_seq,
+                "last_seq": self.last_seq, "term": self.term, "copies": self.copies, "duplicate": self.duplicate,
+                "doc_ids": list(self.doc_ids)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WriteReply:
+        return cls(int(data["shard_id"]), str(data["version"]), int(data["first_seq"]), int(data["last_seq"]),
+                   int(data["term"]), int(data["copies"]), bool(data.get("duplicate", False)),
+                   tuple(str(i) for i in data.get("doc_ids", ())))
 
 
 @dataclass(slots=True, frozen=True)
@@ -163,6 +265,7 @@ class ReplicaInfo:
     pid: int | None = None
     started_at: float | None = None
     uptime_s: float | None = None
+    role: RoleInfo | None = None  # None: the replica takes part in no write ordering (read-only)
 
     @property
     def primary(self) -> VersionInfo | None:
@@ -185,6 +288,8 @@ class ReplicaInfo:
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
+        if self.role is not None:
+            out["role"] = self.role.to_dict()
         return out
 
     @classmethod
@@ -192,7 +297,8 @@ class ReplicaInfo:
         return cls(collection=str(data["collection"]), shard_id=int(data["shard_id"]),
                    num_shards=int(data["num_shards"]),
                    versions=tuple(VersionInfo.from_dict(v) for v in data.get("versions", [])),
-                   pid=data.get("pid"), started_at=data.get("started_at"), uptime_s=data.get("uptime_s"))
+                   pid=data.get("pid"), started_at=data.get("started_at"), uptime_s=data.get("uptime_s"),
+                   role=RoleInfo.from_dict(data["role"]) if isinstance(data.get("role"), Mapping) else None)
 
 
 @dataclass(slots=True, frozen=True)

@@ -38,6 +38,8 @@ VARIABLES: dict[str, str] = {
     "SHARDRAG_PORT": "port the shard server binds (0 = any free port)",
     "SHARDRAG_DEVICE": "where FAISS searches: auto, cpu, gpu",
     "SHARDRAG_FAULTS": "fault injection spec of the shard server (index_shards.faults)",
+    "SHARDRAG_COORDINATOR": "the cluster state of shard servers and gateways: etcd://HOST:PORT[,...] or file:///PATH",
+    "SHARDRAG_ADVERTISE_URL": "the URL a shard server is reached at by gateways and its shard's other replicas",
     # training (test hooks for restarts)
     "SHARDRAG_TRAIN_KILL_RANK": "rank that SIGKILLs itself once (restart tests)",
     "SHARDRAG_TRAIN_KILL_AT_STEP": "step at which that rank kills itself",

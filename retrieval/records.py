@@ -62,6 +62,7 @@ class WalRecord:
     term: int = 0  # the primary term it was sequenced under (0: before terms, or not yet sequenced)
     key: str = ""  # idempotency key of its request ("" when none)
     fingerprint: str = ""  # of that request: the same key with other content is another request
+    moved: bool = False  # a delete because the document's new home is another shard (kmeans), not a delete of it
     # the record's framed bytes when it was decoded from them: re-sent and logged as they are
     # (a replica writes what it received to its WAL without encoding it again)
     frame: bytes | None = field(default=None, compare=False, repr=False)
@@ -72,6 +73,8 @@ class WalRecord:
         meta: dict[str, Any] = {"id": self.doc_id}
         if self.key:
             meta.update(k=self.key, f=self.fingerprint)
+        if self.moved:
+            meta["m"] = 1
         vector = b""
         if self.op == UPSERT:
             if self.vector is None:
@@ -96,19 +99,20 @@ class WalRecord:
     def sequenced(self, seq: int, term: int) -> WalRecord:
         """This record at ``seq`` under ``term`` (a primary numbering what a gateway sent)."""
         return WalRecord(seq, self.op, self.doc_id, self.title, self.text, self.metadata, self.vector, term,
-                         self.key, self.fingerprint)
+                         self.key, self.fingerprint, self.moved)
 
 
 def _record(seq: int, term: int, op: int, meta: dict[str, Any], body: memoryview, vector_at: int,
             frame: bytes) -> WalRecord:
     key, fingerprint = str(meta.get("k", "")), str(meta.get("f", ""))
     if op in (DELETE, NOOP):
-        return WalRecord(seq, op, str(meta.get("id", "")), term=term, key=key, fingerprint=fingerprint, frame=frame)
+        return WalRecord(seq, op, str(meta.get("id", "")), term=term, key=key, fingerprint=fingerprint,
+                         moved=bool(meta.get("m", 0)), frame=frame)
     if op != UPSERT:
         raise ValueError(f"unknown op {op}")
     vector = np.frombuffer(body, dtype="<f4", offset=vector_at, count=int(meta["dim"]))
     return WalRecord(seq, op, str(meta["id"]), str(meta.get("title", "")), str(meta.get("text", "")),
-                     dict(meta.get("metadata", {})), vector.astype(np.float32), term, key, fingerprint, frame)
+                     dict(meta.get("metadata", {})), vector.astype(np.float32), term, key, fingerprint, False, frame)
 
 
 def decode_frame(data: bytes, offset: int = 0) -> tuple[WalRecord, int]:
@@ -188,13 +192,30 @@ def decode_records(data: bytes) -> list[WalRecord]:
     return records
 
 
-def encode_snapshot(seq: int, records: Sequence[WalRecord]) -> bytes:
-    """A replica's state at ``seq`` for a peer to restore from: u64 LE seq, then the records."""
-    return seq.to_bytes(8, "little") + encode_records(records)
+_SNAPSHOT_HEAD = struct.Struct("<QQI")  # seq, term and checksum of the record at seq
 
 
-def decode_snapshot(data: bytes) -> tuple[int, list[WalRecord]]:
-    """:func:`encode_snapshot`'s seq and records; ValueError when they do not check out."""
-    if len(data) < 8:
-        raise ValueError("a snapshot starts with its seq (8 bytes)")
-    return int.from_bytes(data[:8], "little"), decode_records(data[8:])
+@dataclass(slots=True, frozen=True)
+class Snapshot:
+    """A replica's state of one version at ``seq`` for a peer to restore from: every live document
+    as an upsert record carrying its own seq (0: from the build), and the term and checksum of the
+    record at ``seq`` (the restored replica's log must match its primary's there).
+
+        snapshot = u64 seq | u64 term | u32 checksum | records      (little endian)
+    """
+
+    seq: int
+    term: int
+    checksum: int
+    records: Sequence[WalRecord]
+
+    def encode(self) -> bytes:
+        return _SNAPSHOT_HEAD.pack(self.seq, self.term, self.checksum) + encode_records(self.records)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Snapshot:
+        """ValueError when it does not check out."""
+        if len(data) < _SNAPSHOT_HEAD.size:
+            raise ValueError(f"a snapshot starts with its seq, term and checksum ({_SNAPSHOT_HEAD.size} bytes)")
+        seq, term, checksum = _SNAPSHOT_HEAD.unpack_from(data)
+        return cls(seq, term, checksum, decode_records(data[_SNAPSHOT_HEAD.size:]))

@@ -1,12 +1,15 @@
 """The embedding-version rollout protocol as a pure state machine (no I/O, no clock of its own).
 
-    stage V+1 ──► activate V+1 ──► retire V        (V+1 active, V drained and unloaded)
-        │              │
-      abort V+1     rollback V  (while V is still loaded: V active again, V+1 becomes previous)
+    stage V+1 ──► sync V+1 ──► activate V+1 ──► retire V     (V+1 active, V drained and unloaded)
+        │                          │
+      abort V+1                 rollback V  (while V is still loaded: V active again, V+1 becomes previous)
 
 ``active`` is the version every new query goes to; ``staged`` is loading or loaded next to it
-on every replica; ``previous`` stays loaded after an activation (for in-flight queries and for
-rollback) until it is retired. So replicas hold at most two versions at a time.
+on every replica; ``synced`` says the staged version has been brought up to date with every write
+the active one took since its build, and takes its own copy of every write from then on
+(dual-write); ``previous`` stays loaded after an activation (for in-flight queries and for
+rollback, and keeps taking writes) until it is retired. So replicas hold at most two versions at a
+time.
 
 Every command is idempotent: repeating it with the same arguments — a client retrying after a
 timeout — returns a :class:`Transition` with ``event = None`` and the current state, never a
@@ -31,7 +34,7 @@ class RolloutRefused(VersionConflict):
 
 @dataclass(slots=True, frozen=True)
 class RolloutEvent:
-    kind: str  # VersionStaged, VersionActivated, VersionRetired, VersionAborted, VersionRolledBack
+    kind: str  # VersionStaged, VersionSynced, VersionActivated, VersionRetired, VersionAborted, VersionRolledBack
     version: str
     at: float
     detail: str = ""
@@ -49,15 +52,21 @@ class RolloutState:
     generation: int = 0  # +1 on every transition; stores compare-and-set on it
     models: Mapping[str, str] = field(default_factory=dict)  # version → encoder checkpoint ("default" = MiniLM)
     events: tuple[RolloutEvent, ...] = ()
+    synced: bool = False  # the staged version is up to date and takes writes
 
     def loaded(self) -> tuple[str, ...]:
         """Versions the replicas should hold, active first."""
         return tuple(v for v in (self.active, self.staged, self.previous) if v is not None)
 
+    def write_targets(self) -> tuple[str, ...]:
+        """Versions every write goes to, active first: a staged version only once it is synced."""
+        staged = self.staged if self.synced else None
+        return tuple(v for v in (self.active, staged, self.previous) if v is not None)
+
     def to_dict(self) -> dict[str, Any]:
         return {"active": self.active, "staged": self.staged, "previous": self.previous,
                 "activated_at": self.activated_at, "generation": self.generation, "models": dict(self.models),
-                "events": [e.to_dict() for e in self.events]}
+                "events": [e.to_dict() for e in self.events], "synced": self.synced}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RolloutState:
@@ -70,6 +79,7 @@ class RolloutState:
             models={str(k): str(v) for k, v in dict(data.get("models", {})).items()},
             events=tuple(RolloutEvent(e["kind"], e["version"], float(e["at"]), e.get("detail", ""))
                          for e in data.get("events", [])),
+            synced=bool(data.get("synced", False)),
         )
 
 
@@ -102,7 +112,17 @@ def stage(state: RolloutState, version: str, model: str, now: float) -> Transiti
         raise RolloutRefused(f"the previous version {state.previous} is still loaded; retire it first "
                              "(replicas hold at most two versions)", field="version")
     return _advance(state, RolloutEvent("VersionStaged", version, now, f"encoder {model}"),
-                    staged=version, models={**state.models, version: model})
+                    staged=version, synced=False, models={**state.models, version: model})
+
+
+def sync(state: RolloutState, version: str, now: float, detail: str = "") -> Transition:
+    """Record that the staged ``version`` has every write and takes its own copy of the next ones.
+    The caller brought it up to date, with the active version's writes fenced, first."""
+    if version == state.staged and state.synced or version == state.active:
+        return _same(state)
+    if version != state.staged:
+        raise RolloutRefused(f"{version} is not staged (staged: {state.staged or 'none'})", field="version")
+    return _advance(state, RolloutEvent("VersionSynced", version, now, detail), synced=True)
 
 
 def activate(state: RolloutState, version: str, now: float, detail: str = "") -> Transition:
@@ -111,8 +131,11 @@ def activate(state: RolloutState, version: str, now: float, detail: str = "") ->
         return _same(state)
     if version != state.staged:
         raise RolloutRefused(f"{version} is not staged (staged: {state.staged or 'none'})", field="version")
+    if not state.synced:
+        raise RolloutRefused(f"{version} is not synced: it has not been given the writes {state.active} took since "
+                             "its build", field="version")
     return _advance(state, RolloutEvent("VersionActivated", version, now, detail),
-                    active=version, staged=None, previous=state.active, activated_at=now)
+                    active=version, staged=None, synced=False, previous=state.active, activated_at=now)
 
 
 def retire(state: RolloutState, version: str, now: float, *, drain_s: float, force: bool = False) -> Transition:
@@ -136,7 +159,7 @@ def abort(state: RolloutState, version: str, now: float) -> Transition:
     if version != state.staged:
         return _same(state)  # already aborted (or never staged)
     models = {k: v for k, v in state.models.items() if k != version}
-    return _advance(state, RolloutEvent("VersionAborted", version, now), staged=None, models=models)
+    return _advance(state, RolloutEvent("VersionAborted", version, now), staged=None, synced=False, models=models)
 
 
 def rollback(state: RolloutState, version: str, now: float) -> Transition:

@@ -26,7 +26,8 @@ ALLOWED = {
     "training": {"retrieval", "index_shards"},
 }
 # serving may touch index_shards only to embed shards in-process, launch or build them
-SERVING_USING_INDEX_SHARDS = ("serving/transport/inprocess.py", "serving/transport/ray.py", "serving/local/",
+SERVING_USING_INDEX_SHARDS = ("serving/transport/inprocess.py", "serving/transport/ray.py",
+                              "serving/transport/ray_replica.py", "serving/local/",
                               "serving/cli/")
 MAX_SERVING_MODULE_LINES = 350
 

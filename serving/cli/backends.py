@@ -15,12 +15,11 @@ from serving.cli.serve_common import access, gateway_config, print_banner, repli
 
 def serve_on_ray(args: argparse.Namespace) -> int:
     """Shard replicas as Ray actors; the gateway runs here, reaching them through RayShardClient."""
-    from dataclasses import replace
 
     from httpkit.serve import serve_app
-    from index_shards.layout import collection_dir
     from serving.gateway.app import create_app
     from serving.gateway.factory import GatewaySetup
+    from serving.local.state import lock_collection, with_collection_state
     from serving.transport.ray import RayShardCluster
 
     if args.generators or args.kv_nodes:
@@ -32,14 +31,15 @@ def serve_on_ray(args: argparse.Namespace) -> int:
         print("API keys (new each start):\n" + "\n".join(f"  {k.replace(':', '  ', 1)}" for k in keys),
               file=sys.stderr)
     root = root_of(args)
+    config = with_collection_state(gateway_config(args), root, args.collection)
+    # Ray on one machine shares the collection's local coordinator file; across hosts give etcd
+    lock = lock_collection(root, args.collection) if args.ray_address is None else None
     cluster = RayShardCluster(root, args.collection, version=args.version, replicas=replicas_of(args),
-                              address=args.ray_address, faiss_threads=args.faiss_threads)
+                              address=args.ray_address, faiss_threads=args.faiss_threads,
+                              coordinator=config.cluster.coordinator)
     print(f"starting {cluster.manifest.num_shards} shards × {replicas_of(args)} replica actors on Ray "
           f"({args.ray_address or 'local'}) ...", file=sys.stderr, flush=True)
     cluster.start()
-    config = gateway_config(args)
-    config = replace(config, rollout=replace(
-        config.rollout, state_path=str(collection_dir(root, args.collection) / "rollout.json")))
     setup = GatewaySetup(config, cluster.replica_names, shard_client=cluster.client())
     try:
         serve_app(create_app(setup), host=args.host, port=args.port, name="gateway", log_level="warning",
@@ -49,6 +49,8 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     finally:
         print("stopping the Ray shard actors ...", file=sys.stderr)
         cluster.stop()
+        if lock is not None:
+            lock.release()
     return 0
 
 
@@ -101,4 +103,6 @@ def serve_embedded(args: argparse.Namespace) -> int:
                   fallback_to_any_port=True, on_ready=on_ready)
     except KeyboardInterrupt:
         pass
+    finally:
+        cluster.stop()
     return 0

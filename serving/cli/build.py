@@ -26,11 +26,12 @@ def make_encoder(args: argparse.Namespace) -> Any:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from index_shards.build import BuildConfig, documents_of_version, encode_and_build
+    from index_shards.build import BuildConfig, encode_and_build, live_documents_of_version
     from index_shards.layout import resolve_version
     from retrieval.datasets import load_documents
 
     shards, partitioner, factory, metric = args.shards, args.partitioner, args.factory or "Flat", args.metric
+    built_from: tuple[str | None, tuple[int, ...] | None] = (None, None)
     if args.corpus:
         corpus = Path(args.corpus)
         documents = load_documents(corpus)
@@ -43,7 +44,11 @@ def cmd_build(args: argparse.Namespace) -> int:
             return 2
         collection = args.collection
         _, existing = resolve_version(root_of(args), collection, args.from_version)
-        documents = documents_of_version(root_of(args), collection, existing.embedding_version.id)
+        # the live documents (the build's plus every write since), and the seq of each shard read:
+        # the rollout of the new version replays only the writes after that cut
+        documents, seqs, source_version = live_documents_of_version(root_of(args), collection,
+                                                                    existing.embedding_version.id)
+        built_from = (source_version, seqs)
         shards = existing.num_shards
         partitioner = existing.partitioner if args.partitioner is None else partitioner
         factory, metric = args.factory or existing.factory, existing.metric  # --factory: a new structure
@@ -51,7 +56,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.max_docs:
         documents = documents[: args.max_docs]
     config = BuildConfig(collection=collection, num_shards=shards, partitioner=partitioner or "hash",
-                         factory=factory, metric=metric, overwrite=args.overwrite)
+                         factory=factory, metric=metric, overwrite=args.overwrite, source_version=built_from[0],
+                         source_seqs=built_from[1])
     config.validate()
     print(f"{len(documents)} documents from {source}", file=sys.stderr)
     manifest = encode_and_build(root_of(args), documents, make_encoder(args), config)

@@ -95,6 +95,10 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="encoder worker processes (backend process); 0 = one per core, at most 4, each on "
                              "one thread (one on a GPU) (default 0)")
     parser.add_argument("--faiss-threads", type=int, default=1, help="FAISS threads per shard process (default 1)")
+    parser.add_argument("--coordinator", default=None,
+                        help="the cluster state (rollout state, each shard's primary, term and in-sync set): "
+                             "etcd://HOST:PORT[,HOST:PORT...] to share it with gateways and replicas elsewhere; "
+                             "default: the collection's local coordinator file (one machine, no etcd)")
     parser.add_argument("--workdir", type=Path, default=None, help="logs and cluster.json (default: a temp dir)")
     parser.add_argument("--open", action="store_true",
                         help="no API keys (only with a loopback --host; a warning is printed). Default: fresh "
@@ -250,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--cluster", required=True, help="cluster spec JSON (shard → replica URLs, gateway config)")
     gateway.add_argument("--port-fallback", action="store_true",
                          help="when --port is busy, take any free port (reported on stdout) instead of failing")
+    gateway.add_argument("--coordinator", default=None,
+                         help="the cluster state shared by every gateway and replica: etcd://HOST:PORT[,...] or "
+                              "file:///PATH (overrides the spec's gateway.cluster.coordinator) [env "
+                              "SHARDRAG_COORDINATOR]")
     _add_process_args(gateway)
     gateway.set_defaults(func=cmd_gateway)
     return parser

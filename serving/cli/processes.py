@@ -7,14 +7,20 @@ import argparse
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from httpkit.serve import serve_app
+    from retrieval import env
     from serving.gateway.app import create_app
     from serving.gateway.config import ClusterSpec
     from serving.gateway.factory import GatewaySetup
 
     spec = ClusterSpec.load(args.cluster)
-    setup = GatewaySetup(spec.gateway, spec.shards,
-                         generators=spec.generators)
+    config = spec.gateway
+    coordinator = args.coordinator or env.read("SHARDRAG_COORDINATOR")
+    if coordinator:
+        config = replace(config, cluster=replace(config.cluster, coordinator=coordinator))
+    setup = GatewaySetup(config.validate(), spec.shards, generators=spec.generators)
     serve_app(create_app(setup), host=args.host, port=args.port, port_file=args.port_file, name="gateway",
               log_level=args.log_level, fallback_to_any_port=args.port_fallback)
     return 0

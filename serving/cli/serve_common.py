@@ -17,10 +17,12 @@ def gateway_config(args: argparse.Namespace) -> Any:
     from serving.gateway.config import GatewayConfig
     from serving.shardcall.call import HedgingSettings
     from serving.shardcall.fanout import FanOutSettings
+    from serving.versions.presence import ClusterSettings
 
     return GatewayConfig(calls=FanOutSettings(transport=args.transport, balancer=args.balancer,
                                               coalesce=not args.no_coalesce),
                          hedging=HedgingSettings(enabled=not args.no_hedging),
+                         cluster=ClusterSettings(coordinator=getattr(args, "coordinator", None)),
                          encoder=EncoderSettings(load=not args.no_encoder, backend=args.encoder_backend,
                                                  workers=args.encoder_workers,
                                                  runtime=args.encoder_runtime).validated())

@@ -21,8 +21,9 @@ from serving.versions.registry import VersionRegistry
 
 class ClusterView:
     def __init__(self, config: GatewayConfig, registry: VersionRegistry, client: ShardClient,
-                 detector: OutlierDetector, caller: ShardCaller, answers: Any = None) -> None:
+                 detector: OutlierDetector, caller: ShardCaller, answers: Any = None, state: Any = None) -> None:
         self.config = config
+        self.state = state  # the cluster state (clusterstate.state.ClusterState): terms, in-sync sets, gateways
         self.answers = answers  # the AnswerService: its router's view of the generators
         self.registry = registry
         self.client = client
@@ -46,10 +47,13 @@ class ClusterView:
             info = await self.client.info(replica, self.config.probe_timeout_s)
         except ShardragError as exc:
             return {"url": replica, "healthy": False, "error": exc.message, "ejection": state}
+        role = info.role
         return {"url": replica, "healthy": True,
                 "versions": [{k: v for k, v in row.to_dict().items()
                               if k in ("id", "state", "count", "error", "applied_seq", "segment", "tombstones")}
                              for row in info.versions],
+                "role": ("primary" if role.is_primary else "replica") if role is not None else None,
+                "term": role.term if role is not None else None,
                 "on_gpu": info.primary.on_gpu if info.primary else None,
                 "latency_ms": (time.perf_counter() - started) * 1000.0, "ejection": state}
 
@@ -90,7 +94,20 @@ class ClusterView:
             "supervision": supervision,
             "generators": (self.answers.router.snapshot() if self.answers is not None and self.answers.generators
                            else None),
+            "cluster_state": await self._cluster_state(),
         }
+
+    async def _cluster_state(self) -> dict[str, Any] | None:
+        """Per shard its term, primary and in-sync set, and the live gateways, as the cluster state
+        holds them (None when it cannot be read)."""
+        if self.state is None:
+            return None
+        try:
+            snapshot: dict[str, Any] = await asyncio.to_thread(self.state.snapshot)
+        except ShardragError as exc:
+            return {"error": exc.message}
+        snapshot.pop("rollout", None)  # shown above
+        return snapshot
 
     def _supervision(self) -> dict[str, Any] | None:
         """Restarts of every process the local launcher supervises (None when not launched by it)."""

@@ -29,6 +29,7 @@ from serving.shardcall.call import HedgingSettings
 from serving.shardcall.ejection import EjectionSettings
 from serving.shardcall.fanout import FanOutSettings
 from serving.versions.gate import GateSettings
+from serving.versions.presence import ClusterSettings
 from serving.versions.rollout import RolloutSettings
 from serving.writes.plan import WriteSettings
 
@@ -74,6 +75,7 @@ class GatewayConfig:
     encoder: EncoderSettings = field(default_factory=EncoderSettings)  # the query encoders
     answer: AnswerSettings = field(default_factory=AnswerSettings)  # /v1/answer
     writes: WriteSettings = field(default_factory=WriteSettings)  # /v1/documents
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)  # the shared cluster state (etcd, local)
     discovery_timeout_s: float = 60.0  # how long startup waits for every replica's /v1/info
     probe_timeout_s: float = 1.0  # per-replica timeout of health probes and /v1/info polls
     supervision_path: str | None = None  # the local launcher's restart log (JSON), shown in /v1/cluster
@@ -120,7 +122,7 @@ class GatewayConfig:
 SECTIONS: dict[str, type[Any]] = {
     "limits": Limits, "calls": FanOutSettings, "hedging": HedgingSettings, "ejection": EjectionSettings,
     "rollout": RolloutSettings, "gate": GateSettings, "encoder": EncoderSettings, "answer": AnswerSettings,
-    "writes": WriteSettings,
+    "writes": WriteSettings, "cluster": ClusterSettings,
 }
 TOP_LEVEL = ("discovery_timeout_s", "probe_timeout_s", "supervision_path")
 

@@ -15,10 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from clusterstate import open_coordinator
+from clusterstate.local import LOCAL_STATE_FILE, LocalKV
+from clusterstate.state import ClusterState, RolloutStoreOnKV
+from retrieval.errors import ConfigError
 from retrieval.rollout import RolloutEvent
 from serving.answer.service import AnswerService
 from serving.encoding.service import EncoderLoader, EncoderService
@@ -32,10 +38,11 @@ from serving.shardcall.fanout import FanOut, ShardCall
 from serving.shardcall.policies import make_balancer
 from serving.transport.client import ShardClient
 from serving.transport.http import HttpShardClient
+from serving.versions.presence import GatewayPresence
 from serving.versions.registry import DEFAULT_MODEL, VersionRegistry
 from serving.versions.rollout import RolloutService
-from serving.versions.store import RolloutStore, make_store
-from serving.writes.sequencer import Sequencer
+from serving.versions.store import RolloutStore
+from serving.versions.topology import discover_infos
 from serving.writes.service import WriteService
 
 logger = logging.getLogger(__name__)
@@ -58,12 +65,14 @@ class Gateway:
     writes: WriteService
     cluster: ClusterView
     metrics: GatewayMetrics
+    presence: GatewayPresence
     tasks: tuple[asyncio.Future[None], ...]
 
     async def close(self) -> None:
         for task in self.tasks:
             task.cancel()
         self.registry.close()
+        await asyncio.to_thread(self.presence.stop)  # its registration goes at once, not after its lease
         await self.answers.close()
         await self.writes.close()
         await self.client.close()
@@ -79,8 +88,9 @@ class GatewaySetup:
     # model → encoder in this process, for encoder.backend "thread" (default: load by name); the
     # "process" backend loads models by name in its worker processes
     encoder_loader: EncoderLoader | None = None
-    store: RolloutStore | None = None  # default: from config.rollout.state_path
+    store: RolloutStore | None = None  # default: the rollout state in the cluster state (config.cluster)
     generators: Sequence[str] = field(default=())  # generator workers for /v1/answer
+    url: str = ""  # where this gateway is reached (shown with its registration in the cluster state)
 
     async def build(self, metrics: GatewayMetrics | None = None) -> Gateway:
         config = self.config.validate()
@@ -90,12 +100,22 @@ class GatewaySetup:
         encoders = EncoderService(config.encoder, loader=self.encoder_loader) if config.encoder.load else None
         if encoders is not None:
             encoders.start()  # worker processes import torch while the replicas are discovered
+        try:
+            state = await self._cluster_state(config, client, replicas)
+        except BaseException:
+            if encoders is not None:
+                encoders.close()
+            await client.close()
+            raise
         registry = VersionRegistry(
-            replicas, client, self.store or make_store(config.rollout.state_path), encoders=encoders,
+            replicas, client, self.store or RolloutStoreOnKV(state), encoders=encoders,
             default_model=config.encoder.model or DEFAULT_MODEL,
             discovery_timeout_s=config.discovery_timeout_s, probe_timeout_s=config.probe_timeout_s)
         try:
             await registry.start()
+            presence = await asyncio.to_thread(GatewayPresence(
+                state, config.cluster, url=self.url, current_generation=lambda: registry.view.state.generation,
+                reload=registry.sync).start)
         except BaseException:
             registry.close()
             await client.close()
@@ -124,17 +144,56 @@ class GatewaySetup:
         def on_event(event: RolloutEvent) -> None:
             metrics.rollout_events.labels(kind=event.kind).inc()
 
-        writes = WriteService(registry, client, Sequencer(config.writes.state_path), config.writes)
+        writes = WriteService(registry, client, config.writes, writable=presence.writable)
+
+        async def after_step(generation: int) -> list[str]:
+            """A recorded rollout step: every primary refuses writes of older views for a while,
+            and every live gateway adopts the step before the command returns."""
+            await writes.fence_all(generation, config.cluster.fence_hold_s)
+            return await presence.wait_for_all(generation)
+
         rollout = RolloutService(registry, client, queries.search_text, settings=config.rollout, gate=config.gate,
                                  encoders_loaded=config.encoder.load,
                                  recent_queries=lambda: list(queries.recent_queries),
-                                 on_event=on_event, before_activate=writes.prepare_activation)
+                                 on_event=on_event, before_activate=writes.prepare_activation,
+                                 after_step=after_step)
         answers = AnswerService(self.generators, queries.retrieve, settings=config.answer)
         tasks: tuple[asyncio.Future[Any], ...] = (
-            asyncio.ensure_future(writes.repair_forever(config.rollout.poll_interval_s)),
+            asyncio.ensure_future(presence.watch_forever()),
             asyncio.ensure_future(probe_ejected(detector, client, interval_s=config.ejection.probe_interval_s,
                                                 timeout_s=config.probe_timeout_s)),
             asyncio.ensure_future(registry.poll_forever(config.rollout.poll_interval_s)),
         )
         return Gateway(config, replicas, client, registry, detector, caller, fanout, queries, rollout, answers,
-                       writes, ClusterView(config, registry, client, detector, caller, answers), metrics, tasks)
+                       writes, ClusterView(config, registry, client, detector, caller, answers, state), metrics,
+                       presence, tasks)
+
+    async def _cluster_state(self, config: GatewayConfig, client: ShardClient,
+                             replicas: tuple[tuple[str, ...], ...]) -> ClusterState:
+        """The cluster state of the collection the replicas serve (its name comes from them)."""
+        infos = await discover_infos(client, replicas, config.discovery_timeout_s)
+        collection = next((i.collection for i in infos.values() if i is not None), None)
+        if collection is None:
+            raise ConfigError("no replica answered: the collection's name is unknown", field="shards")
+        legacy = config.rollout.state_path
+        if config.cluster.coordinator:
+            kv = await asyncio.to_thread(open_coordinator, config.cluster.coordinator)
+        elif legacy:  # (deprecated) gateways given one rollout.state_path share the local coordinator beside it
+            kv = LocalKV(Path(legacy).with_name(LOCAL_STATE_FILE))
+        else:  # a single gateway with nothing to share: a private local coordinator
+            kv = LocalKV(Path(tempfile.mkdtemp(prefix="shardrag-gateway-")) / LOCAL_STATE_FILE)
+        state = ClusterState(kv, collection)
+        if legacy and Path(legacy).exists():
+            await asyncio.to_thread(import_legacy_rollout, state, Path(legacy))
+        return state
+
+
+def import_legacy_rollout(state: ClusterState, path: Path) -> None:
+    """The rollout state of a release that kept it in its own file (rollout.json): taken into the
+    cluster state once, when the cluster state has none."""
+    from serving.versions.store import FileRolloutStore
+
+    legacy = FileRolloutStore(path).load()
+    if legacy is not None and state.rollout() is None:
+        state.update_rollout(lambda current: current or legacy)
+        logger.warning("rollout state imported from %s into the cluster state", path)

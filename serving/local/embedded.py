@@ -27,11 +27,12 @@ import logging
 import sys
 from pathlib import Path
 
-from index_shards.layout import shard_dir
+from index_shards.layout import replica_data_dir, shard_dir
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
+from retrieval.dirlock import DirLock
 from serving.gateway.config import GatewayConfig
-from serving.local.state import launch_version, replica_data_dir, with_collection_state
+from serving.local.state import launch_version, lock_collection, with_collection_state
 from serving.transport.inprocess import SCHEME, InProcessShardClient
 
 logger = logging.getLogger(__name__)
@@ -57,23 +58,41 @@ class EmbeddedCluster:
         self.writable = writable
         self.replicas = 1
         self._client: InProcessShardClient | None = None
+        self._lock: DirLock | None = None
 
     @property
     def replica_names(self) -> tuple[tuple[str, ...], ...]:
         return tuple((f"{SCHEME}shard-{i}",) for i in range(self.manifest.num_shards))
 
     def start(self, *, progress: bool = True) -> EmbeddedCluster:
-        """Load (checksums verified) every shard; raises the first shard's load error, naming it."""
+        """Load (checksums verified) every shard; raises the first shard's load error, naming it.
+        Takes the collection's lock first: a second server of it on this machine is refused."""
+        self._lock = lock_collection(self.root, self.collection)
         stores: dict[str, ShardVersions] = {}
-        for shard_id, (name,) in enumerate(self.replica_names):
-            if progress:
-                print(f"loading shard {shard_id + 1}/{self.manifest.num_shards} ...", file=sys.stderr, flush=True)
-            shard = Shard.load(shard_dir(self.version_dir, shard_id), device=self.device)
-            data_dir = replica_data_dir(self.root, self.collection, shard_id, 0) if self.writable else None
-            stores[name] = ShardVersions(shard, device=self.device, data_dir=data_dir)
+        try:
+            for shard_id, (name,) in enumerate(self.replica_names):
+                if progress:
+                    print(f"loading shard {shard_id + 1}/{self.manifest.num_shards} ...", file=sys.stderr, flush=True)
+                shard = Shard.load(shard_dir(self.version_dir, shard_id), device=self.device)
+                data_dir = replica_data_dir(self.root, self.collection, shard_id, 0) if self.writable else None
+                stores[name] = ShardVersions(shard, device=self.device, data_dir=data_dir)
+        except BaseException:
+            for store in stores.values():
+                store.close()
+            self._lock.release()
+            raise
         self._client = InProcessShardClient(stores)
         logger.info("%d shards of %s loaded in process", len(stores), self.manifest.embedding_version.id)
         return self
+
+    def stop(self) -> None:
+        """Close every shard's log and release the collection (the gateway closes the client)."""
+        if self._client is not None:
+            for store in self._client.replicas.values():
+                store.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def client(self) -> InProcessShardClient:
         if self._client is None:

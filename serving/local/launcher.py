@@ -21,13 +21,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from index_shards.layout import resolve_version, shard_dir
+from index_shards.layout import replica_data_dir, resolve_version, shard_dir
 from retrieval.atomic import atomic_write_bytes
+from retrieval.dirlock import DirLock
 from retrieval.errors import ConfigError
 from serving.gateway.config import ClusterSpec, GatewayConfig
 from serving.local.child import Child, LaunchError
-from serving.local.state import launch_version, replica_data_dir, with_collection_state, write_api_keys
-from serving.versions.store import FileRolloutStore
+from serving.local.state import (
+    active_version,
+    launch_version,
+    lock_collection,
+    with_collection_state,
+    write_api_keys,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +65,17 @@ class LocalCluster:
         api_keys: list[str] | None = None,
         internal_token: str | None = None,
         tls: tuple[str, str, str] | None = None,
+        lock: bool = True,
     ) -> None:
         """``api_keys`` ("read:<key>", "admin:<key>"): the gateway requires them (None: open).
         ``internal_token``: shard servers, kv-nodes and generators accept only calls that carry it
         (the gateway and generators are given it); None: no internal auth. ``tls`` (cert, key, CA):
         every process serves HTTPS with that certificate and verifies the others against the CA.
         ``gateway_port_fallback``: when ``gateway_port`` is busy the gateway takes any free port
-        (read :attr:`gateway_url`)."""
+        (read :attr:`gateway_url`). ``lock``: hold the collection's exclusive lock while running
+        (a second cluster of the same collection on this machine is refused, naming this one).
+        The shard servers coordinate through ``gateway.cluster.coordinator`` (default: the
+        collection's local coordinator file)."""
         if replicas < 1:
             raise ConfigError("replicas must be ≥ 1", field="replicas")
         if kv_nodes < 0 or generators < 0:
@@ -76,6 +86,8 @@ class LocalCluster:
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="shardrag-cluster-"))
         if gateway.supervision_path is None:
             gateway = replace(gateway, supervision_path=str(self.workdir / "supervision.json"))
+        self.lock = lock
+        self._collection_lock: DirLock | None = None
         self.version_dir, self.manifest = launch_version(root, collection, version, gateway)
         self.root = Path(root)
         self._shards_launched = False
@@ -122,6 +134,8 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         if self.shards or self._stopping.is_set():
             raise LaunchError("this LocalCluster was already started; make a new one")
+        if self.lock:
+            self._collection_lock = lock_collection(self.root, self.collection)
         try:
             self._start_shards()
             self._start_answer_path()
@@ -146,7 +160,8 @@ class LocalCluster:
                     directory = shard_dir(self._active_version_dir(), shard_id)
                     return [self.python, "-m", "index_shards", "serve", "--dir", str(directory), "--host", self.host,
                             "--port", str(port), "--faiss-threads", str(self.faiss_threads),
-                            "--data-dir", str(self.replica_data_dir(shard_id, replica)), *self.shard_args]
+                            "--data-dir", str(self.replica_data_dir(shard_id, replica)),
+                            "--coordinator", str(self.gateway_config.cluster.coordinator), *self.shard_args]
 
                 child = Child(name, argv, self.workdir / f"{name}.log")
                 child.start(self.env)
@@ -165,14 +180,13 @@ class LocalCluster:
     def _active_version_dir(self) -> Path:
         """The directory of the version the rollout state says is active (the launch version
         before any rollout, or when the state cannot be read)."""
-        path = self.gateway_config.rollout.state_path
-        if not self._shards_launched or not path:  # first start: the version asked for
+        if not self._shards_launched:  # first start: the version asked for
             return self.version_dir
         try:
-            state = FileRolloutStore(path).load()
-            if state is not None and state.active:
-                return resolve_version(self.root, self.collection, state.active)[0]
-        except Exception as exc:  # noqa: BLE001 - a restart must not fail on the state file
+            active = active_version(self.collection, self.gateway_config)
+            if active:
+                return resolve_version(self.root, self.collection, active)[0]
+        except Exception as exc:  # noqa: BLE001 - a restart must not fail on the state
             logger.warning("cannot read the rollout state (%s); restarting on the launch version", exc)
         return self.version_dir
 
@@ -314,6 +328,9 @@ class LocalCluster:
         for group in self.shards:
             for child in group:
                 child.stop()
+        if self._collection_lock is not None:
+            self._collection_lock.release()
+            self._collection_lock = None
 
     def __enter__(self) -> LocalCluster:
         return self.start()

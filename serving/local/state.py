@@ -1,44 +1,69 @@
-"""Where a served collection keeps its state, whatever the backend: the rollout state, the write
-sequence numbers and each replica's write-ahead logs live with the collection, so a restarted
-cluster — processes or embedded — resumes them."""
+"""Where a served collection keeps its state, whatever the backend: the cluster state of the local
+coordinator (rollout state, each shard's primary, term and in-sync set) and each replica's data
+dir live with the collection, so a restarted cluster — processes or embedded — resumes them. One
+process serves a collection at a time: :func:`lock_collection`."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
-from index_shards.layout import collection_dir, resolve_version
+from clusterstate import open_coordinator
+from clusterstate.state import ClusterState
+from index_shards.layout import collection_dir, local_cluster_state, resolve_version
 from index_shards.manifest import CollectionManifest
 from retrieval.atomic import atomic_write_bytes
+from retrieval.dirlock import DirLock
+from retrieval.errors import ShardragError
 from serving.gateway.config import GatewayConfig
 from serving.versions.store import FileRolloutStore
 
+logger = logging.getLogger(__name__)
+
+LEGACY_ROLLOUT_FILE = "rollout.json"  # where releases before the cluster state kept the rollout state
+
 
 def with_collection_state(gateway: GatewayConfig, root: str | Path, collection: str) -> GatewayConfig:
-    """``gateway`` with its rollout state and write sequence numbers kept with the collection (where
-    not set), so a restarted cluster, on any backend, resumes them."""
-    if gateway.rollout.state_path is None:
-        gateway = replace(gateway, rollout=replace(
-            gateway.rollout, state_path=str(collection_dir(root, collection) / "rollout.json")))
-    if gateway.writes.state_path is None:
-        gateway = replace(gateway, writes=replace(
-            gateway.writes, state_path=str(collection_dir(root, collection) / "writes.sqlite")))
+    """``gateway`` with the collection's local coordinator as its cluster state (unless it names a
+    coordinator, e.g. etcd), and a rollout state file of an earlier release to import once."""
+    if gateway.cluster.coordinator is None:
+        gateway = replace(gateway, cluster=replace(
+            gateway.cluster, coordinator=f"file://{local_cluster_state(root, collection).resolve()}"))
+    legacy = collection_dir(root, collection) / LEGACY_ROLLOUT_FILE
+    if gateway.rollout.state_path is None and legacy.exists():
+        gateway = replace(gateway, rollout=replace(gateway.rollout, state_path=str(legacy)))
     return gateway
+
+
+def lock_collection(root: str | Path, collection: str) -> DirLock:
+    """The exclusive lock of the process that serves the collection on this machine: a second
+    ``shardrag serve`` of it (any backend) is refused, naming this one."""
+    return DirLock(collection_dir(root, collection), f"collection {collection!r}").acquire()
 
 
 def launch_version(root: str | Path, collection: str, version: str | None,
                    gateway: GatewayConfig) -> tuple[Path, CollectionManifest]:
     """The version to start on: ``version`` when given, else the one the rollout state says is
     active, else the newest complete one."""
-    if version is None and gateway.rollout.state_path is not None:
-        state = FileRolloutStore(gateway.rollout.state_path).load()
-        version = state.active if state is not None else None
+    if version is None:
+        version = active_version(collection, gateway)
     return resolve_version(root, collection, version)
 
 
-def replica_data_dir(root: str | Path, collection: str, shard_id: int, replica: int) -> Path:
-    """A replica's own state (its write-ahead logs): with the collection, so it outlives the cluster."""
-    return collection_dir(root, collection) / "replicas" / f"shard-{shard_id}-r{replica}"
+def active_version(collection: str, gateway: GatewayConfig) -> str | None:
+    """The active version the cluster state records (or an earlier release's rollout file)."""
+    try:
+        if gateway.cluster.coordinator:
+            state = ClusterState(open_coordinator(gateway.cluster.coordinator), collection).rollout()
+            if state is not None:
+                return state.active
+        if gateway.rollout.state_path is not None and Path(gateway.rollout.state_path).exists():
+            legacy = FileRolloutStore(gateway.rollout.state_path).load()
+            return legacy.active if legacy is not None else None
+    except ShardragError as exc:
+        logger.warning("cannot read the rollout state (%s); starting on the newest version", exc.message)
+    return None
 
 
 def write_api_keys(workdir: Path, keys: list[str]) -> Path:

@@ -16,8 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.contract import HealthInfo, HitColumns, ReplicaInfo, SearchParams, StageReply, UnloadReply
-from retrieval.errors import ShardUnavailable
+from retrieval.contract import (
+    HealthInfo,
+    HitColumns,
+    ReplicaInfo,
+    SearchParams,
+    StageReply,
+    UnloadReply,
+    WriteReply,
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,33 +61,36 @@ class ShardClient(ABC):
     async def unload(self, replica: str, version: str, timeout_s: float) -> UnloadReply:
         """Ask the replica to drop ``version`` (idempotent)."""
 
-    # The write path (issue 13): replicated writes, catch-up, reads by id. Clients that cannot
-    # carry writes say so.
-    async def write(self, replica: str, shard_id: int, version: str, records: bytes, timeout_s: float) -> int:
-        """Send write records (``retrieval.records`` framing); the replica's applied seq after."""
-        raise ShardUnavailable(f"{type(self).__name__} carries no writes", shard=shard_id)
+    # The write path: every transport carries all of it (a method that failed at run time on one
+    # transport would be a seam with a hole).
+    @abstractmethod
+    async def primary_write(self, replica: str, shard_id: int, version: str, records: bytes, ack: str,
+                            generation: int, timeout_s: float) -> WriteReply:
+        """Send a batch (``retrieval.records`` framing, no seqs) to the shard's primary, which
+        numbers, replicates and acknowledges it (``index_shards.primary``)."""
 
+    @abstractmethod
     async def writes_after(self, replica: str, version: str, after_seq: int, timeout_s: float) -> bytes:
-        """The replica's write records after ``after_seq`` (a lagging peer catches up from these)."""
-        raise ShardUnavailable(f"{type(self).__name__} carries no writes")
+        """The replica's write records after ``after_seq`` (NotFound: no longer in its log)."""
 
+    @abstractmethod
     async def snapshot(self, replica: str, version: str, timeout_s: float) -> bytes:
-        """Every live document of ``version`` on the replica (u64 LE seq, then write records)."""
-        raise ShardUnavailable(f"{type(self).__name__} carries no snapshots")
+        """Every live document of ``version`` on the replica (``retrieval.records.Snapshot`` bytes)."""
 
-    async def restore(self, replica: str, shard_id: int, version: str, snapshot: bytes, timeout_s: float) -> int:
-        """Replace the replica's state of ``version`` with a peer's :meth:`snapshot`; its applied seq."""
-        raise ShardUnavailable(f"{type(self).__name__} carries no snapshots", shard=shard_id)
+    @abstractmethod
+    async def fence(self, replica: str, generation: int, hold_s: float, timeout_s: float) -> dict[str, Any]:
+        """Make the replica refuse writes sent under a rollout generation older than ``generation``
+        for ``hold_s`` seconds; its applied seq per version and whether it is the primary."""
 
+    @abstractmethod
     async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
                        timeout_s: float) -> dict[str, Any] | None:
         """The document as the replica holds it, or None (absent or deleted)."""
-        raise ShardUnavailable(f"{type(self).__name__} carries no reads by id", shard=shard_id)
 
+    @abstractmethod
     async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
                            timeout_s: float) -> list[str]:
         """Ids of the replica's live documents that the filter (canonical JSON) selects."""
-        raise ShardUnavailable(f"{type(self).__name__} carries no reads by filter", shard=shard_id)
 
     async def close(self) -> None:  # noqa: B027 - optional: only clients that hold resources close them
         pass

@@ -17,7 +17,15 @@ import numpy as np
 import orjson
 
 from httpkit.auth import internal_headers
-from retrieval.contract import TIMEOUT_HEADER, HealthInfo, ReplicaInfo, SearchParams, StageReply, UnloadReply
+from retrieval.contract import (
+    TIMEOUT_HEADER,
+    HealthInfo,
+    ReplicaInfo,
+    SearchParams,
+    StageReply,
+    UnloadReply,
+    WriteReply,
+)
 from retrieval.errors import DeadlineExceeded, ShardUnavailable, error_for_status
 from retrieval.wire import encode_vectors
 from serving.transport.client import ShardClient, ShardReply
@@ -85,10 +93,12 @@ class HttpShardClient(JsonControlClient):
         answer: dict[str, Any] = orjson.loads(payload)
         return answer
 
-    async def write(self, replica: str, shard_id: int, version: str, records: bytes, timeout_s: float) -> int:
+    async def primary_write(self, replica: str, shard_id: int, version: str, records: bytes, ack: str,
+                            generation: int, timeout_s: float) -> WriteReply:
+        path = f"/v1/primary/writes?version={quote(version, safe='')}&ack={ack}&generation={generation}"
         try:
-            status, payload = await self._pool.request("POST", f"{replica}/v1/writes?version={quote(version, safe='')}",
-                                                       records, timeout_s=timeout_s, headers=self._auth)
+            status, payload = await self._pool.request("POST", f"{replica}{path}", records, timeout_s=timeout_s,
+                                                       headers=self._auth)
         except TimeoutError as exc:
             raise DeadlineExceeded(f"shard {shard_id} ({replica}) did not take the write in {timeout_s:.3f}s",
                                    shard=shard_id) from exc
@@ -96,7 +106,11 @@ class HttpShardClient(JsonControlClient):
             raise ShardUnavailable(f"shard {shard_id} ({replica}) unreachable: {exc}", shard=shard_id) from exc
         if status != 200:
             raise error_for_status(status, payload, peer=replica, shard=shard_id)
-        return int(orjson.loads(payload)["applied_seq"])
+        return WriteReply.from_dict(orjson.loads(payload))
+
+    async def fence(self, replica: str, generation: int, hold_s: float, timeout_s: float) -> dict[str, Any]:
+        return await self._json(replica, "POST", f"/admin/fence?generation={generation}&hold_s={hold_s}", None,
+                                timeout_s)
 
     async def writes_after(self, replica: str, version: str, after_seq: int, timeout_s: float) -> bytes:
         return await self._get_bytes(replica, f"/v1/writes?version={quote(version, safe='')}&after={after_seq}",
@@ -114,17 +128,6 @@ class HttpShardClient(JsonControlClient):
 
     async def snapshot(self, replica: str, version: str, timeout_s: float) -> bytes:
         return await self._get_bytes(replica, f"/v1/snapshot?version={quote(version, safe='')}", timeout_s)
-
-    async def restore(self, replica: str, shard_id: int, version: str, snapshot: bytes, timeout_s: float) -> int:
-        path = f"/admin/restore?version={quote(version, safe='')}"
-        try:
-            status, payload = await self._pool.request("POST", f"{replica}{path}", snapshot, timeout_s=timeout_s,
-                                                       headers=self._auth)
-        except (TimeoutError, HttpError) as exc:
-            raise ShardUnavailable(f"shard {shard_id} ({replica}) did not restore: {exc!r}", shard=shard_id) from exc
-        if status != 200:
-            raise error_for_status(status, payload, peer=replica, shard=shard_id)
-        return int(orjson.loads(payload)["applied_seq"])
 
     async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
                            timeout_s: float) -> list[str]:

@@ -3,31 +3,45 @@ same seam as HTTP — no URL routing, the typed calls go straight to
 :class:`~index_shards.versions.ShardVersions`.
 
 For tests, benchmarks (the "no network" baseline) and single-box embedding. Replica names are
-``inproc://<name>``; each holds a ShardVersions, so versions can be staged and unloaded as on a
-shard server. One of the places ``serving`` imports ``index_shards``.
+``inproc://<name>``; each is a replica's role over its ShardVersions (``index_shards.role``), so
+versions can be staged and unloaded and writes go through the same primary path as on a shard
+server (a replica given as a bare ShardVersions is the only replica of its shard, its own
+primary). One of the places ``serving`` imports ``index_shards``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from index_shards import snapshots
+from index_shards.peers import LocalPeers
+from index_shards.primary import decode_unsequenced
+from index_shards.role import ShardRole
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
-from retrieval.contract import HealthInfo, ReplicaInfo, SearchParams, StageReply, UnloadReply
+from index_shards.writes import writes_after
+from retrieval.contract import HealthInfo, ReplicaInfo, SearchParams, StageReply, UnloadReply, WriteReply
 from retrieval.errors import ShardUnavailable
-from retrieval.records import decode_records, decode_snapshot, encode_records, encode_snapshot
+from retrieval.records import encode_records
 from serving.transport.client import ShardClient, ShardReply
 
 SCHEME = "inproc://"
 
 
 class InProcessShardClient(ShardClient):
-    def __init__(self, replicas: dict[str, ShardVersions]) -> None:
-        self.replicas = replicas
+    def __init__(self, replicas: Mapping[str, ShardVersions | ShardRole]) -> None:
+        self.roles: dict[str, ShardRole] = {}
+        for name, replica in replicas.items():
+            if isinstance(replica, ShardVersions):
+                replica = ShardRole(replica, name, None, LocalPeers()).start()
+            self.roles[name] = replica
+        self.replicas = {name: role.versions for name, role in self.roles.items()}
 
     @classmethod
     def of(cls, shards: list[Shard], *, data_dir: str | Path | None = None
@@ -41,10 +55,13 @@ class InProcessShardClient(ShardClient):
         return cls(names), [[name] for name in ordered]
 
     def _replica(self, replica: str, shard_id: int | None = None) -> ShardVersions:
-        versions = self.replicas.get(replica)
-        if versions is None:
+        return self._role(replica, shard_id).versions
+
+    def _role(self, replica: str, shard_id: int | None = None) -> ShardRole:
+        role = self.roles.get(replica)
+        if role is None:
             raise ShardUnavailable(f"no in-process shard {replica!r}", shard=shard_id)
-        return versions
+        return role
 
     async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
                      timeout_s: float) -> ShardReply:
@@ -65,17 +82,24 @@ class InProcessShardClient(ShardClient):
     async def unload(self, replica: str, version: str, timeout_s: float) -> UnloadReply:
         return self._replica(replica).unload_reply(version)
 
-    async def write(self, replica: str, shard_id: int, version: str, records: bytes, timeout_s: float) -> int:
-        return self._replica(replica, shard_id).write(version, decode_records(records))
+    async def primary_write(self, replica: str, shard_id: int, version: str, records: bytes, ack: str,
+                            generation: int, timeout_s: float) -> WriteReply:
+        writer = self._role(replica, shard_id).writer
+        # the primary holds a thread lock across its fsync: off the event loop, as on a shard server
+        return await asyncio.to_thread(writer.write, version, decode_unsequenced(records), ack, generation)
 
     async def writes_after(self, replica: str, version: str, after_seq: int, timeout_s: float) -> bytes:
-        return encode_records(self._replica(replica).writes_after(version, after_seq))
+        return encode_records(writes_after(self._replica(replica), version, after_seq))
 
     async def snapshot(self, replica: str, version: str, timeout_s: float) -> bytes:
-        return encode_snapshot(*self._replica(replica).snapshot(version))
+        return snapshots.take(self._replica(replica), version).encode()
 
-    async def restore(self, replica: str, shard_id: int, version: str, snapshot: bytes, timeout_s: float) -> int:
-        return self._replica(replica, shard_id).restore(version, *decode_snapshot(snapshot))
+    async def fence(self, replica: str, generation: int, hold_s: float, timeout_s: float) -> dict[str, Any]:
+        role = self._role(replica)
+        held = {s.version_id: s.live.applied_seq for s in role.versions.slots() if s.live is not None}
+        return {"shard_id": role.versions.shard_id, "generation": role.writer.fence(generation, hold_s),
+                "applied_seq": held,
+                "is_primary": role.view().is_primary}
 
     async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
                            timeout_s: float) -> list[str]:
@@ -83,9 +107,9 @@ class InProcessShardClient(ShardClient):
 
     async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
                        timeout_s: float) -> dict[str, Any] | None:
-        live = self._replica(replica, shard_id).get(version)
-        stored = live.get(doc_id)
-        if stored is None:
-            return None
-        return {"id": stored.doc_id, "title": stored.title, "text": stored.text, "metadata": stored.metadata,
-                "seq": stored.seq, "shard": shard_id, "version": live.version_id, "applied_seq": live.applied_seq}
+        return self._replica(replica, shard_id).document(version, doc_id)
+
+    async def close(self) -> None:
+        for role in self.roles.values():
+            role.stop()
+            role.versions.close()

@@ -25,85 +25,21 @@ from typing import Any
 
 import numpy as np
 
-from index_shards.layout import resolve_version, shard_dir
-from retrieval.contract import HealthInfo, ReplicaInfo, SearchParams, SearchReply, StageReply, UnloadReply
-from retrieval.errors import ConfigError, DeadlineExceeded, ShardragError, ShardUnavailable
-from retrieval.records import decode_records, encode_records
+from index_shards.layout import local_cluster_state, replica_data_dir, resolve_version, shard_dir
+from retrieval.contract import (
+    HealthInfo,
+    ReplicaInfo,
+    SearchParams,
+    SearchReply,
+    StageReply,
+    UnloadReply,
+    WriteReply,
+)
+from retrieval.errors import ConfigError, DeadlineExceeded, ShardUnavailable
 from serving.transport.client import ShardClient, ShardReply
+from serving.transport.ray_replica import SCHEME, ShardReplica, _ray, _unwrap
 
 logger = logging.getLogger(__name__)
-
-SCHEME = "ray://"
-
-
-class ShardReplica:
-    """The actor's body: one replica of one shard slot (all versions it holds)."""
-
-    def __init__(self, directory: str, device: str = "auto", max_versions: int = 2, faiss_threads: int = 1) -> None:
-        import faiss
-
-        from index_shards.shard import Shard
-        from index_shards.versions import ShardVersions
-
-        faiss.omp_set_num_threads(max(1, faiss_threads))
-        self.versions = ShardVersions(Shard.load(directory, device=device), max_versions=max_versions, device=device)
-
-    def ready(self) -> dict[str, Any]:
-        return {"shard_id": self.versions.shard_id, "versions": self.versions.ready_ids()}
-
-    def search(self, vectors: np.ndarray, params: SearchParams) -> SearchReply:
-        return self.versions.search(vectors, params)
-
-    def info(self) -> ReplicaInfo:
-        return self.versions.info()
-
-    def health(self) -> HealthInfo:
-        return self.versions.health()
-
-    def stage(self, version: str) -> StageReply:
-        return self.versions.stage_reply(version)
-
-    def unload(self, version: str) -> UnloadReply:
-        return self.versions.unload_reply(version)
-
-    def write(self, version: str, records: bytes) -> int:
-        return self.versions.write(version, decode_records(records))
-
-    def writes_after(self, version: str, after_seq: int) -> bytes:
-        return encode_records(self.versions.writes_after(version, after_seq))
-
-    def matching_ids(self, version: str, filter_canonical: str, limit: int) -> list[str]:
-        return self.versions.matching_ids(version, filter_canonical, limit)
-
-    def document(self, version: str, doc_id: str) -> dict[str, Any] | None:
-        live = self.versions.get(version)
-        stored = live.get(doc_id)
-        if stored is None:
-            return None
-        return {"id": stored.doc_id, "title": stored.title, "text": stored.text, "metadata": stored.metadata,
-                "seq": stored.seq, "shard": self.versions.shard_id, "version": live.version_id,
-                "applied_seq": live.applied_seq}
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:  # pragma: no cover - ray is in the dev and ray extras
-        raise ConfigError("the Ray backend needs `pip install 'shardrag[ray]'`", field="backend") from exc
-    return ray
-
-
-def _unwrap(exc: BaseException, where: str, shard_id: int | None) -> Exception:
-    """Ray's errors → the gateway's: a shard's own error passes through, a dead or restarting
-    actor is an unavailable replica (the balancer ejects it and fails over)."""
-    ray = _ray()
-    if isinstance(exc, ray.exceptions.RayTaskError):
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, ShardragError):
-            return cause
-        return ShardUnavailable(f"{where} failed: {cause or exc}", shard=shard_id)
-    return ShardUnavailable(f"{where} unavailable: {type(exc).__name__}", shard=shard_id)
-
 
 class RayShardClient(ShardClient):
     """Replica names are ``ray://<actor name>``; actor handles are looked up once and cached."""
@@ -155,10 +91,21 @@ class RayShardClient(ShardClient):
                                              timeout_s)
         return reply
 
-    async def write(self, replica: str, shard_id: int, version: str, records: bytes, timeout_s: float) -> int:
-        applied: int = await self._call(self._handle(replica, shard_id).write.remote(version, records),
-                                        f"shard {shard_id} ({replica}) write", shard_id, timeout_s)
-        return applied
+    async def primary_write(self, replica: str, shard_id: int, version: str, records: bytes, ack: str,
+                            generation: int, timeout_s: float) -> WriteReply:
+        ref = self._handle(replica, shard_id).primary_write.remote(version, records, ack, generation)
+        reply: WriteReply = await self._call(ref, f"shard {shard_id} ({replica}) write", shard_id, timeout_s)
+        return reply
+
+    async def snapshot(self, replica: str, version: str, timeout_s: float) -> bytes:
+        data: bytes = await self._call(self._handle(replica).snapshot.remote(version), f"{replica} snapshot", None,
+                                       timeout_s)
+        return data
+
+    async def fence(self, replica: str, generation: int, hold_s: float, timeout_s: float) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call(self._handle(replica).fence.remote(generation, hold_s),
+                                                  f"{replica} fence", None, timeout_s)
+        return answer
 
     async def writes_after(self, replica: str, version: str, after_seq: int, timeout_s: float) -> bytes:
         records: bytes = await self._call(self._handle(replica).writes_after.remote(version, after_seq),
@@ -190,10 +137,19 @@ class RayShardCluster:
     def __init__(self, root: str | Path, collection: str, *, version: str | None = None, replicas: int = 2,
                  address: str | None = None, namespace: str = "shardrag", cpus_per_replica: float = 0.25,
                  gpus_per_replica: float | None = None, max_restarts: int = 3, faiss_threads: int = 1,
-                 max_versions: int = 2, ray_init: dict[str, Any] | None = None) -> None:
+                 max_versions: int = 2, ray_init: dict[str, Any] | None = None, coordinator: str | None = None,
+                 writable: bool = True, lease_s: float = 3.0) -> None:
+        """``coordinator``: the cluster state the replicas of a shard elect their primary through
+        (default: the local coordinator file with the collection, which every actor on this machine
+        shares; give etcd://... when actors run on several hosts). ``writable``: each replica keeps
+        a data dir (``<collection>/replicas/shard-<i>-r<j>`` on the node it runs on) and takes writes."""
         if replicas < 1:
             raise ConfigError("replicas must be ≥ 1", field="replicas")
+        self.root = Path(root)
         self.version_dir, self.manifest = resolve_version(root, collection, version)
+        self.coordinator = coordinator
+        self.writable = writable
+        self.lease_s = lease_s
         self.collection = collection
         self.replicas = replicas
         self.address = address
@@ -235,7 +191,9 @@ class RayShardCluster:
                     num_gpus=gpus, max_restarts=self.max_restarts, max_task_retries=0, max_concurrency=4,
                     get_if_exists=False,
                 ).remote(str(shard_dir(self.version_dir, shard_id)), "auto" if gpus else "cpu", self.max_versions,
-                         self.faiss_threads)
+                         self.faiss_threads, self._data_dir(shard_id, replica),
+                         f"{SCHEME}{self.actor_name(shard_id, replica)}", self._coordinator(), self.namespace,
+                         self.lease_s)
                 group.append(actor)
                 pending.append(actor.ready.remote())
             self.actors.append(group)
@@ -246,6 +204,20 @@ class RayShardCluster:
             raise
         logger.info("%d shard replica actors ready (%s GPU each)", len(pending), gpus)
         return self
+
+    def _data_dir(self, shard_id: int, replica: int) -> str | None:
+        if not self.writable:
+            return None
+        return str(replica_data_dir(self.root, self.manifest.collection, shard_id, replica))
+
+    def _coordinator(self) -> str | None:
+        if not self.writable:
+            return None
+        if self.coordinator:
+            return self.coordinator
+        if self.replicas == 1:
+            return None  # the only replica of each shard is its own primary
+        return f"file://{local_cluster_state(self.root, self.manifest.collection).resolve()}"
 
     def client(self) -> RayShardClient:
         return RayShardClient(self.namespace)

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from retrieval import rollout as protocol
@@ -64,11 +64,15 @@ class RolloutService:
                  settings: RolloutSettings, gate: GateSettings, encoders_loaded: bool,
                  recent_queries: Callable[[], Sequence[str]],
                  on_event: Callable[[protocol.RolloutEvent], None] | None = None,
-                 before_activate: Callable[[str], Awaitable[None]] | None = None) -> None:
+                 before_activate: Callable[[str], Awaitable[None]] | None = None,
+                 after_step: Callable[[int], Awaitable[list[str]]] | None = None) -> None:
         """``before_activate``: awaited with the version once it is ready everywhere, before the gate
-        (the write service gives it the writes it may have missed)."""
+        (the write service brings it up to date and records its sync). ``after_step``: awaited
+        with the generation of every recorded step before the command answers (primaries fenced,
+        every live gateway has adopted it); returns the gateways still behind."""
         self.registry = registry
         self.before_activate = before_activate
+        self.after_step = after_step
         self.client = client
         self.search = search
         self.settings = settings
@@ -122,6 +126,11 @@ class RolloutService:
         return state
 
     async def status(self, event: protocol.RolloutEvent | None = None, **extra: Any) -> dict[str, Any]:
+        if event is not None and self.after_step is not None:
+            behind = await self.after_step(self._state().generation)
+            if behind:
+                logger.warning("rollout step %s: gateways still behind after the wait: %s", event.kind, behind)
+            extra["gateways_behind"] = behind
         await self.registry.refresh()
         state = self._state()
         return {
@@ -171,13 +180,16 @@ class RolloutService:
         state = self._state()
         if version == state.active:
             return await self.status(None)
-        protocol.activate(state, version, time.time())  # "not staged" refusals come first
+        # "not staged" refusals come first (it is synced below, before the gate)
+        protocol.activate(replace(state, synced=True), version, time.time())
         await self.registry.refresh()
         reasons = self.readiness(version)
         if reasons:
             raise RolloutRefused(f"activation of {version} refused: " + "; ".join(reasons), field="version")
         if self.before_activate is not None:
-            await self.before_activate(version)
+            await self.before_activate(version)  # records the sync: from here every gateway writes to both
+            if self.after_step is not None:
+                await self.after_step(self._state().generation)
         gate = await quality_gate(state.active, version, queries, qrels, search=self.search, settings=self.gate,
                                   recent=self.recent_queries(), encoders_loaded=self.encoders_loaded)
         if not gate["passed"]:

@@ -11,40 +11,33 @@ from typing import Any
 import numpy as np
 
 from retrieval.errors import ConfigError, DimensionMismatch, ShardUnavailable
-from retrieval.records import DELETE, UPSERT
+from retrieval.records import DELETE, UPSERT, WalRecord
 from retrieval.routing import assign_to_centroids, hash_shard
 from retrieval.types import DocId, Document
 from retrieval.wire import check_finite
 from serving.versions.registry import VersionSnapshot
-from serving.writes.models import MAX_DOCUMENTS, MAX_TEXT_CHARS, DocumentIn, WriteAck
+from serving.writes.models import MAX_DOCUMENTS, MAX_TEXT_CHARS, DocumentIn
 
 
 @dataclass(slots=True, frozen=True)
 class WriteSettings:
-    state_path: str | None = None  # sequence numbers and idempotent replies (None: in memory)
-    timeout_s: float = 10.0  # how long a write may take to reach the replicas it needs
+    timeout_s: float = 15.0  # how long a write may take, failovers of a primary included (a lease or two)
     max_document_bytes: int = 1 << 20  # largest document (title + text + metadata)
-    hole_fill_after_s: float = 60.0  # a number taken but on no replica after this long becomes a no-op
     max_documents: int = MAX_DOCUMENTS  # per upsert or delete request
     max_text_chars: int = MAX_TEXT_CHARS  # of a title or a text
     max_body_bytes: int = 64 << 20  # a write request's body (larger: 413)
 
     def validate(self) -> None:
-        if self.timeout_s <= 0 or self.max_document_bytes <= 0 or self.hole_fill_after_s <= self.timeout_s:
-            raise ConfigError("writes.timeout_s and max_document_bytes must be > 0, hole_fill_after_s above "
-                              "timeout_s", field="writes.timeout_s")
+        if self.timeout_s <= 0 or self.max_document_bytes <= 0:
+            raise ConfigError("writes.timeout_s and max_document_bytes must be > 0", field="writes.timeout_s")
         if not 1 <= self.max_documents <= MAX_DOCUMENTS or not 1 <= self.max_text_chars <= MAX_TEXT_CHARS:
             raise ConfigError(f"writes.max_documents must be 1..{MAX_DOCUMENTS}, max_text_chars 1..{MAX_TEXT_CHARS}",
                               field="writes.max_documents")
 
 
-def needed_acks(ack: WriteAck, replicas: int) -> int:
-    return {"one": 1, "majority": replicas // 2 + 1, "all": replicas}[ack]
-
-
 @dataclass(slots=True)
 class Item:
-    """One record to send (its seq is given when the batch is sequenced)."""
+    """One record to send (the shard's primary gives it its seq)."""
 
     op: int
     doc_id: str
@@ -52,6 +45,11 @@ class Item:
     text: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     vector: np.ndarray | None = None
+    moved: bool = False  # kmeans: a delete because the document's home is another shard now
+
+    def record(self, key: str = "", fingerprint: str = "") -> WalRecord:
+        return WalRecord(0, self.op, self.doc_id, self.title, self.text, self.metadata, self.vector, key=key,
+                         fingerprint=fingerprint, moved=self.moved)
 
 
 async def vectors_for(documents: Sequence[DocumentIn], snapshot: VersionSnapshot) -> np.ndarray:
@@ -97,5 +95,5 @@ def route_upserts(documents: Sequence[DocumentIn], vectors: np.ndarray,
         if topology.centroids is not None:  # the id may have lived elsewhere: never found twice
             for other in range(topology.num_shards):
                 if other != home:
-                    plan[other].append(Item(DELETE, doc.id))
+                    plan[other].append(Item(DELETE, doc.id, moved=True))
     return plan

@@ -1,16 +1,21 @@
 """Upserts, deletes and reads by id, as the gateway carries them out.
 
 An upsert batch is validated whole (nothing is applied when one item is bad; the error names its
-index and field), embedded with the encoder of every version a query may be served from (the
-active one, and a staged one during a rollout: dual-write), routed (hash partitions: by id;
-kmeans: the nearest centroid of the new vector, plus a delete on every other shard so an id that
-moved is never found twice), given per-(shard, version) sequence numbers (``sequencer``) and sent
-to every replica of each touched shard. The answer comes once ``write_ack`` replicas of every
-touched shard have it fsynced; the others keep receiving it in the background.
+index and field), embedded with the encoder of every version writes go to (the active one, a
+staged one once it is synced, the previous one while it is loaded: dual-write), routed (hash
+partitions: by id; kmeans: the nearest centroid of the new vector, plus a delete on every other
+shard so an id that moved is never found twice) and sent, per (version, shard), to the shard's
+**primary**, which numbers it under its term, replicates it to the in-sync replicas and answers
+once ``write_ack`` of them have it fsynced (``index_shards.primary``). The gateway keeps no
+ordering state: any number of gateways write to one collection, and any of them may die.
 
-Replication, catch-up of replicas that missed writes and the repair loop live in
-``serving.writes.replication``; bringing a staged version up to date in ``serving.writes.staging``;
-routing and embedding in ``serving.writes.plan``.
+A write carries the rollout generation of the gateway's view; a primary that has seen a newer one
+refuses it (``stale_view``) and the gateway reloads the cluster state and plans the write again,
+so a write never misses a version that another gateway started writing to. An idempotency key
+travels in every record: a primary answers a key it has applied with the first outcome.
+
+Which replica is primary: ``serving.writes.primaries``; bringing a staged version up to date:
+``serving.writes.staging``; routing and embedding: ``serving.writes.plan``.
 """
 
 from __future__ import annotations
@@ -18,19 +23,24 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from retrieval.contract import WriteReply
 from retrieval.errors import (
+    DeadlineExceeded,
     InvalidRequest,
     NotFound,
+    NotPrimary,
     ShardragError,
     ShardUnavailable,
+    StaleView,
     VersionConflict,
 )
 from retrieval.filters import check_metadata, parse_filter
-from retrieval.records import DELETE
+from retrieval.records import DELETE, NOOP, encode_records
 from serving.transport.client import ShardClient
 from serving.versions.registry import VersionRegistry
 from serving.writes.models import (
@@ -40,50 +50,42 @@ from serving.writes.models import (
     UpsertRequest,
 )
 from serving.writes.plan import Item, WriteSettings, route_upserts, shards_holding, vectors_for
-from serving.writes.replication import Replicator
-from serving.writes.sequencer import Sequencer
+from serving.writes.primaries import PrimaryDirectory
 from serving.writes.staging import StagedSync
+
+REPLANS = 3  # a write refused as stale_view is planned again with the cluster state reloaded
+
+
+class _Replan(Exception):
+    """A primary has seen a newer rollout generation: reload the cluster state and plan again."""
 
 logger = logging.getLogger(__name__)
 
 
 class WriteService:
-    def __init__(self, registry: VersionRegistry, client: ShardClient, sequencer: Sequencer,
-                 settings: WriteSettings | None = None) -> None:
+    def __init__(self, registry: VersionRegistry, client: ShardClient, settings: WriteSettings | None = None, *,
+                 writable: Callable[[], bool] = lambda: True) -> None:
+        """``writable``: whether this gateway's view of the cluster state can be trusted now (its
+        registration's lease holds: ``serving.versions.presence``)."""
         self.registry = registry
         self.client = client
-        self.sequencer = sequencer
         self.settings = settings or WriteSettings()
-        self.replicator = Replicator(registry, client, sequencer, self.settings)
-        self.staging = StagedSync(self.replicator)
+        self.writable = writable
+        self.primaries = PrimaryDirectory(registry, client)
+        self.staging = StagedSync(self)
 
     async def prepare_activation(self, version: str) -> None:
-        """Before ``version`` is activated, it gets every write it may have missed (staging)."""
-        await self.staging.before_activation(version)
+        """Before ``version`` is activated, it has every write the active version took (staging)."""
+        await self.staging.bring_up(version)
 
     # -- requests --------------------------------------------------------------------------------
-    def _earlier(self, request: UpsertRequest | DeleteRequest) -> dict[str, Any] | None:
-        """The first reply to this idempotency key, when the request is the same one again; a
-        different request under a used key is refused (it would otherwise be silently dropped).
-        Called after validation: an invalid request is refused whatever its key."""
-        if request.idempotency_key is None:
-            return None
-        earlier = self.sequencer.recall(request.idempotency_key)
-        if earlier is None:
-            return None
-        if earlier.get("request") != _fingerprint(request):
-            raise VersionConflict(f"idempotency_key {request.idempotency_key!r} was used for a different request; "
-                                  "use a new key for new content", field="idempotency_key")
-        reply: dict[str, Any] = earlier["reply"]
-        return reply
-
     async def upsert(self, request: UpsertRequest) -> dict[str, Any]:
         self._validate(request.documents)
-        earlier = self._earlier(request)
-        if earlier is not None:
-            return earlier
+        return await self._replanned(lambda: self._upsert(request))
+
+    async def _upsert(self, request: UpsertRequest) -> dict[str, Any]:
         view = self.registry.view
-        versions = await self._target_versions()
+        versions = self._versions()
         if len(versions) > 1 and any(d.vector is not None for d in request.documents):
             raise VersionConflict(f"versions {versions} are loaded (a rollout is under way): every write goes to "
                                   "each of them, embedded by its own encoder; send text, not vectors",
@@ -106,25 +108,25 @@ class WriteService:
                 raise InvalidRequest(f"{len(request.ids)} ids; this gateway takes at most "
                                      f"{self.settings.max_documents} per request", field="ids")
             self._check_ids(request.ids, "ids")
-        earlier = self._earlier(request)
-        if earlier is not None:
-            return earlier
+        return await self._replanned(lambda: self._delete(request, filter_.canonical() if filter_ else None))
+
+    async def _delete(self, request: DeleteRequest, filter_canonical: str | None) -> dict[str, Any]:
         view = self.registry.view
-        versions = await self._target_versions()
+        versions = self._versions()
         found: dict[int, list[str]] = {}  # shard → ids it holds (delete by filter, active version)
-        if filter_ is not None:
-            found = await self._matching(versions[0], filter_.canonical())
+        if filter_canonical is not None:
+            found = await self._matching(versions[0], filter_canonical)
             ids = [doc_id for shard_ids in found.values() for doc_id in shard_ids]
         else:
             assert request.ids is not None
             ids = list(request.ids)
-        if not ids:
+        if not ids and request.idempotency_key is None:
             return {"ids": [], "seq": {}, "version": versions[0]}
         plans: dict[str, dict[int, list[Item]]] = {}
         for version in versions:
             topology = view.snapshot(version).topology
             plan: dict[int, list[Item]] = defaultdict(list)
-            if version == versions[0] and found:
+            if filter_canonical is not None and version == versions[0]:
                 for shard, shard_ids in found.items():
                     plan[shard].extend(Item(DELETE, doc_id) for doc_id in shard_ids)
             else:
@@ -134,11 +136,20 @@ class WriteService:
             plans[version] = plan
         return await self._commit(plans, versions[0], ids, request)
 
+    async def _replanned(self, attempt: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        for _ in range(REPLANS):
+            try:
+                return await attempt()
+            except _Replan:
+                await asyncio.to_thread(self.registry.sync)
+        raise ShardUnavailable("the cluster state kept changing under this write (a rollout step); retry it",
+                               field="version")
+
     async def _matching(self, version: str, filter_canonical: str) -> dict[int, list[str]]:
         """Per shard, the ids the filter selects, as the shard's most up-to-date replica holds them."""
         found: dict[int, list[str]] = {}
         for shard in range(len(self.registry.shard_replicas)):
-            for replica in self.replicator.by_applied(shard, version):
+            for replica in self._primary_first(shard):
                 try:
                     ids = await self.client.matching_ids(replica, shard, version, filter_canonical,
                                                          MAX_DELETE_BY_FILTER + 1, self.settings.timeout_s)
@@ -156,14 +167,20 @@ class WriteService:
                                  "delete in steps", field="filter")
         return {shard: ids for shard, ids in found.items() if ids}
 
+    def _primary_first(self, shard: int) -> list[str]:
+        """The shard's replicas, its primary (which has every acknowledged write) first."""
+        primary = self.primaries.primary(shard)
+        replicas = list(self.registry.shard_replicas[shard])
+        return ([primary] if primary in replicas else []) + [r for r in replicas if r != primary]
+
     async def get(self, doc_id: str) -> dict[str, Any]:
-        """The document as the replica that applied the most writes holds it."""
+        """The document as the shard's primary holds it (another replica when it cannot answer)."""
         self._check_ids([doc_id], "id")
         view = self.registry.view
         version = view.state.active
         topology = view.snapshot(version).topology
         for shard in shards_holding(doc_id, topology.num_shards, topology.centroids is not None):
-            for replica in self.replicator.by_applied(shard, version):
+            for replica in self._primary_first(shard):
                 try:
                     found = await self.client.document(replica, shard, version, doc_id, self.settings.timeout_s)
                 except ShardragError as exc:
@@ -171,7 +188,7 @@ class WriteService:
                     continue
                 if found is not None:
                     return found
-                break  # the most up-to-date reachable replica says it is absent
+                break  # the most up-to-date reachable replica (the primary) says it is absent
         raise NotFound(f"no document {doc_id!r}", field="id")
 
     # -- validation and routing ------------------------------------------------------------------
@@ -207,52 +224,95 @@ class WriteService:
                 raise InvalidRequest(f"{where} is {size} bytes, over the limit of {self.settings.max_document_bytes}",
                                      field=where)
 
-    async def _target_versions(self) -> list[str]:
-        """:meth:`_versions`, after bringing a newly staged version up to date (once per staging)."""
-        versions = self._versions()
-        for version in versions[1:]:
-            if version == self.registry.view.state.staged:
-                await self.staging.bring_up(version, versions[0])
-        return versions
-
     def _versions(self) -> list[str]:
-        """The versions writes go to: the active one first, then the others loaded (a staged version
-        during a rollout, the previous one while it drains)."""
+        """The versions writes go to: the active one first, then a staged one once it is synced
+        (brought up to date, ``serving.writes.staging``) and the previous one while it is loaded."""
         view = self.registry.view
-        staged = view.state.staged
-        if staged is not None and staged not in view.versions:
-            # Until every shard holds it ready it cannot take its copy of a write, and a write it
-            # missed would be missing from it after activation: writes wait (503, retry) instead.
-            raise ShardUnavailable(f"version {staged} is being staged and is not yet ready on every shard; writes "
-                                   "resume once it is (or abort it) — retry shortly", field="version")
-        loaded = [v for v in view.state.loaded() if v in view.versions]
-        return [view.state.active] + [v for v in loaded if v != view.state.active]
+        targets = view.state.write_targets()
+        missing = [v for v in targets if v not in view.versions]
+        if missing:
+            raise ShardUnavailable(f"version {missing[0]} takes writes but is not held ready by a replica of every "
+                                   "shard; retry shortly", field="version")
+        return list(targets)
 
-    # -- replication -----------------------------------------------------------------------------
+    # -- sending --------------------------------------------------------------------------------
     async def _commit(self, plans: dict[str, dict[int, list[Item]]], active: str, ids: list[str],
                       request: UpsertRequest | DeleteRequest) -> dict[str, Any]:
-        ack = request.write_ack
-        # plans: the active version first (dict order), shards ascending: the order locks are taken in
-        batches = [(version, shard, items) for version, plan in plans.items() for shard, items in sorted(plan.items())]
-        results = await self.replicator.replicate_many(batches, ack)
-        keys = [(version, shard) for version, shard, _ in batches]
+        if not self.writable():
+            raise ShardUnavailable("this gateway's registration in the cluster state has lapsed (cut off from it, or "
+                                   "paused): it takes no writes until it has renewed it and reloaded the state; retry "
+                                   "(through another gateway)", field="cluster")
+        key = request.idempotency_key or ""
+        fingerprint = _fingerprint(request) if key else ""
+        parts: list[tuple[str, int, bytes]] = []
+        shards = range(len(self.registry.shard_replicas))
+        for version, plan in plans.items():
+            for shard in shards:
+                items = plan.get(shard, [])
+                if items:
+                    parts.append((version, shard, encode_records([i.record(key, fingerprint) for i in items])))
+                elif key:  # the key is recorded on every shard: a retry finds every part it applied
+                    parts.append((version, shard, encode_records([Item(NOOP, "").record(key, fingerprint)])))
+        generation = self.registry.view.state.generation
+        results = await asyncio.gather(*(self.send(v, s, payload, request.write_ack, generation)
+                                         for v, s, payload in parts), return_exceptions=True)
+        replan = any(isinstance(r, _Replan) for r in results)
         for result in results:
-            if isinstance(result, BaseException):
+            if isinstance(result, BaseException) and not isinstance(result, _Replan):
                 raise result
-        seq = {str(shard): int(last) for (version, shard), last in zip(keys, results, strict=True)
-               if version == active and isinstance(last, int)}
-        reply = {"ids": ids, "seq": seq, "version": active}
-        if request.idempotency_key is not None:
-            await asyncio.to_thread(self.sequencer.remember, request.idempotency_key,
-                                    {"request": _fingerprint(request), "reply": reply})
-        return reply
+        if replan:
+            raise _Replan()
+        replies = [r for r in results if isinstance(r, WriteReply)]
+        seq = {str(r.shard_id): r.last_seq for (version, _, _), r in zip(parts, replies, strict=True)
+               if version == active and (plans[version].get(r.shard_id) or r.duplicate)}
+        if any(r.duplicate for r in replies) and isinstance(request, DeleteRequest) and request.filter is not None:
+            ids = sorted({*ids, *(i for r in replies if r.duplicate and r.version == active for i in r.doc_ids)})
+        return {"ids": ids, "seq": seq, "version": active}
 
-    async def repair_forever(self, interval_s: float) -> None:
-        await self.replicator.repair_forever(interval_s)
+    async def send(self, version: str, shard: int, payload: bytes, ack: str, generation: int) -> WriteReply:
+        """One (version, shard) batch to the shard's primary, retried — a new primary looked up —
+        until the write's deadline."""
+        deadline = time.monotonic() + self.settings.timeout_s
+        last_error = "no primary yet (an election is under way)"
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ShardUnavailable(f"shard {shard}: the write did not reach a primary in "
+                                       f"{self.settings.timeout_s:.0f} s ({last_error}); retry it with the same "
+                                       "idempotency_key", shard=shard)
+            primary = self.primaries.primary(shard) or await self.primaries.refresh(shard)
+            if primary is None:
+                await asyncio.sleep(min(0.1, remaining))
+                continue
+            try:
+                return await self.client.primary_write(primary, shard, version, payload, ack, generation, remaining)
+            except StaleView as exc:
+                raise _Replan() from exc
+            except NotPrimary as exc:
+                last_error = exc.message
+                await self.primaries.refresh(shard, not_this=primary)
+            except (ShardUnavailable, DeadlineExceeded) as exc:
+                last_error = exc.message
+                await asyncio.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+                await self.primaries.refresh(shard)
+
+    async def fence_all(self, generation: int, hold_s: float) -> None:
+        """Every shard's primary refuses writes sent under older rollout generations for ``hold_s``
+        (after a rollout step: a gateway that has not adopted it yet reloads before it writes)."""
+        async def one(shard: int) -> None:
+            primary = self.primaries.primary(shard) or await self.primaries.refresh(shard)
+            if primary is None:
+                logger.warning("shard %d has no primary to fence at generation %d", shard, generation)
+                return
+            try:
+                await self.client.fence(primary, generation, hold_s, self.settings.timeout_s)
+            except ShardragError as exc:
+                logger.warning("fencing shard %d at generation %d: %s", shard, generation, exc.message)
+
+        await asyncio.gather(*(one(shard) for shard in range(len(self.registry.shard_replicas))))
 
     async def close(self) -> None:
-        await self.replicator.close()
-        self.sequencer.close()
+        pass
 
 
 def _fingerprint(request: UpsertRequest | DeleteRequest) -> str:

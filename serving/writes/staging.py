@@ -1,10 +1,25 @@
-"""A staged embedding version brought up to date before it takes writes or is activated.
+"""A staged embedding version brought up to date before it takes writes, then synced.
 
-It was built from a snapshot of the documents; every write the active version took since (each
-shard's WAL, latest record per id) is re-embedded by the staged version's encoder and written to
-it while writes to the active version wait. Remembered in memory per staging (the rollout state's
-generation): a restarted gateway does it once more, which is harmless — upserts of the same
-content and deletes of absent ids change nothing a query can see.
+A version built from a live collection records the cut it was read at: per shard of the active
+version, the seq of the last write it holds (``source_seqs`` in its manifest; a version built
+from a corpus file starts from seq 0). Bringing it up to date replays, per shard, only the active
+version's writes after that cut — never the whole history, which a primary's log may no longer
+hold — re-embedded by the staged version's encoder:
+
+1. **rounds without any lock or pause**: each round reads every shard's writes since the last
+   round from its primary, folds them (below) and writes the result to the staged version; writes
+   to the active version go on meanwhile. Rounds repeat until one finds only a few new writes;
+2. **a short fence**: every primary is asked to refuse writes sent under the current rollout
+   generation (for a few seconds at most — it lapses if this gateway dies), which returns where
+   each shard's log stands; the last stretch up to there is replayed;
+3. the ``sync`` transition is recorded (generation + 1): from then every gateway writes to both
+   versions, and a gateway that has not seen it yet is refused by the fence and reloads.
+
+**Folding** a shard's records keeps the newest record per document; across shards, a document
+whose newest record on some shard is an upsert is live with that content (a kmeans upsert also
+deletes the id on every other shard, marked ``moved``, which never counts as a delete), one whose
+newest record is a real delete is deleted, and one only moved away keeps what the build read.
+Documents written as vectors only cannot be re-embedded: a warning names how many.
 """
 
 from __future__ import annotations
@@ -13,94 +28,180 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
-from retrieval.errors import NotFound, ShardragError, ShardUnavailable
-from retrieval.records import DELETE, NOOP, UPSERT, WalRecord, decode_records
+from retrieval import rollout as protocol
+from retrieval.errors import ConfigError, NotFound, ShardragError, ShardUnavailable
+from retrieval.records import DELETE, NOOP, UPSERT, WalRecord, decode_records, encode_records
+from retrieval.rollout import RolloutRefused
 from serving.writes.models import DocumentIn
 from serving.writes.plan import Item, route_upserts, shards_holding, vectors_for
-from serving.writes.replication import Replicator
+
+if TYPE_CHECKING:
+    from serving.writes.service import WriteService
 
 logger = logging.getLogger(__name__)
 
+QUIET_ROUND = 50  # a round with fewer new writes than this ends the unfenced rounds
+MAX_ROUNDS = 20
+FENCE_HOLD_S = 30.0  # how long a fence holds if the gateway that set it never records the sync
+CHUNK = 256  # documents re-embedded and written per batch
+
 
 class StagedSync:
-    def __init__(self, replicator: Replicator) -> None:
-        self.replicator = replicator
-        self.registry = replicator.registry
-        self._done: set[tuple[str, str, int]] = set()  # (active, staged, rollout generation)
-        self._lock = asyncio.Lock()  # one staged version brought up to date at a time
+    def __init__(self, writes: WriteService) -> None:
+        self.writes = writes
+        self.registry = writes.registry
+        self.client = writes.client
+        self._lock = asyncio.Lock()  # one bring-up at a time in this gateway
 
-    async def before_activation(self, version: str) -> None:
-        """Before ``version`` is activated: it has every write (even if none came since staging)."""
-        view = self.registry.view
-        if version == view.state.staged and version in view.versions:
-            await self.bring_up(version, view.state.active)
-
-    async def bring_up(self, staged: str, active: str) -> None:
-        """Give ``staged`` every write ``active`` took since its build (module docstring)."""
-        key = (active, staged, self.registry.view.state.generation)
-        if key in self._done:
-            return
+    async def bring_up(self, staged: str) -> None:
+        """Give ``staged`` every write the active version took since its build, then record the
+        ``sync`` (module docstring). Nothing to do when it is synced already."""
         async with self._lock:
-            if key in self._done:
+            await asyncio.to_thread(self.registry.sync)
+            state = self.registry.view.state
+            if state.staged != staged or state.synced:
                 return
-            sequencer = self.replicator.sequencer
-            if all(sequencer.last(shard, active) == 0 for shard in range(len(self.registry.shard_replicas))):
-                self._done.add(key)  # the active version never took a write: nothing to bring
-                return
-            shards = range(len(self.registry.shard_replicas))
-            locks = [self.replicator.locks[(shard, active)] for shard in shards]
-            for lock in locks:
-                await lock.acquire()
-            try:
-                started = time.monotonic()
-                latest: dict[str, WalRecord] = {}
-                for shard in shards:
-                    if sequencer.last(shard, active) == 0:
-                        continue
-                    for record in await self._history(shard, active):
-                        if record.op != NOOP:
-                            latest[record.doc_id] = record
-                upserts = [r for r in latest.values() if r.op == UPSERT and r.text.strip()]
-                vector_only = [r.doc_id for r in latest.values() if r.op == UPSERT and not r.text.strip()]
-                deletes = [r.doc_id for r in latest.values() if r.op == DELETE]
-                if vector_only:  # nothing to re-embed them from: the staged version cannot hold them
-                    logger.warning("%d documents written to %s as vectors only cannot be re-embedded for %s; they "
-                                   "are missing from it (send text to keep them across rollouts)", len(vector_only),
-                                   active, staged)
-                snapshot = self.registry.view.snapshot(staged)
-                for start in range(0, len(upserts), 256):
-                    chunk = [DocumentIn(id=r.doc_id, title=r.title, text=r.text, metadata=dict(r.metadata))
-                             for r in upserts[start:start + 256]]
-                    plan = route_upserts(chunk, await vectors_for(chunk, snapshot), snapshot)
-                    await asyncio.gather(*(self.replicator.replicate(staged, shard, items, "majority")
-                                           for shard, items in sorted(plan.items())))
-                topology = snapshot.topology
-                delete_plan: dict[int, list[Item]] = defaultdict(list)
-                for doc_id in deletes:
-                    for shard in shards_holding(doc_id, topology.num_shards, topology.centroids is not None):
-                        delete_plan[shard].append(Item(DELETE, doc_id))
-                await asyncio.gather(*(self.replicator.replicate(staged, shard, items, "majority")
-                                       for shard, items in sorted(delete_plan.items())))
-                self._done.add(key)
-                logger.warning("staged %s brought up to date with %s: %d upserts, %d deletes (%.1f s)", staged,
-                               active, len(upserts), len(deletes), time.monotonic() - started)
-            finally:
-                for lock in locks:
-                    lock.release()
+            started = time.monotonic()
+            active, generation = state.active, state.generation
+            shards = len(self.registry.shard_replicas)
+            positions = list(self._source(staged, active, shards))
+            newest: list[dict[str, WalRecord]] = [{} for _ in range(shards)]
+            replayed = 0
+            for _ in range(MAX_ROUNDS):
+                fresh = await self._round(active, staged, positions, newest, generation, None)
+                replayed += fresh
+                if fresh < QUIET_ROUND:
+                    break
+            ends = await self._fence(generation + 1)
+            replayed += await self._round(active, staged, positions, newest, generation + 1, ends)
 
-    async def _history(self, shard: int, version: str) -> list[WalRecord]:
-        """Every write record the shard's most up-to-date reachable replica holds for ``version``."""
-        for replica in self.replicator.by_applied(shard, version):
+            def record(current: protocol.RolloutState | None) -> protocol.RolloutState:
+                if current is None or current.generation != generation:
+                    raise RolloutRefused("the rollout state changed while the staged version was brought up to "
+                                         "date; run the step again", field="version")
+                return protocol.sync(current, staged, time.time(),
+                                     detail=f"{replayed} writes replayed from {active}").state
+
+            new_state = await asyncio.to_thread(self.registry.store.update, record)
+            self.registry.apply(new_state)
+            logger.warning("staged %s brought up to date with %s: %d writes replayed (%.1f s)", staged, active,
+                           replayed, time.monotonic() - started)
+
+    def _source(self, staged: str, active: str, shards: int) -> tuple[int, ...]:
+        """Where the staged version's build read the active one: per shard, the seq to replay after."""
+        for info in self.registry.infos.values():
+            held = info.held().get(staged) if info is not None else None
+            if held is None or held.embedding_version is None:
+                continue
+            if held.source_version is None:
+                return (0,) * shards  # built from a corpus file: every write since the active one's build
+            if held.source_version != active:
+                raise RolloutRefused(f"{staged} was built from {held.source_version}, not from the active version "
+                                     f"{active}: rebuild it from {active}", field="version")
+            seqs = tuple(held.source_seqs or ())
+            if len(seqs) != shards:
+                raise ConfigError(f"{staged} records {len(seqs)} source seqs for {shards} shards", field="version")
+            return seqs
+        raise ShardUnavailable(f"no replica reports {staged}: it is not loaded", field="version")
+
+    async def _history(self, shard: int, version: str, after: int) -> list[WalRecord]:
+        """The shard's writes to ``version`` after ``after``, from its primary (else any replica)."""
+        errors = []
+        for replica in self.writes._primary_first(shard):  # noqa: SLF001 - the same order reads use
             try:
-                payload = await self.replicator.client.writes_after(replica, version, 0,
-                                                                    self.replicator.settings.timeout_s)
+                payload = await self.client.writes_after(replica, version, after, self.writes.settings.timeout_s)
             except NotFound as exc:
-                raise ShardUnavailable(f"shard {shard}: the writes to {version} since its build are compacted away "
-                                       f"({exc.message}); build the new version from the current documents",
+                raise ShardUnavailable(f"shard {shard}: the writes to {version} after seq {after} are no longer in "
+                                       f"its log ({exc.message}); build the new version from the live collection again",
                                        shard=shard, field="version") from exc
             except ShardragError as exc:
-                logger.info("history of shard %d from %s: %s", shard, replica, exc.message)
+                errors.append(exc.message)
                 continue
             return decode_records(payload)
-        raise ShardUnavailable(f"no replica of shard {shard} could send the writes to {version}", shard=shard)
+        raise ShardUnavailable(f"no replica of shard {shard} could send the writes to {version}: {'; '.join(errors)}",
+                               shard=shard)
+
+    async def _round(self, active: str, staged: str, positions: list[int], newest: list[dict[str, WalRecord]],
+                     generation: int, ends: list[int] | None) -> int:
+        """Read each shard's writes after ``positions`` (up to ``ends``), fold and replay them."""
+        touched: set[str] = set()
+        count = 0
+        for shard in range(len(positions)):
+            if ends is not None and positions[shard] >= ends[shard]:
+                continue
+            for record in await self._history(shard, active, positions[shard]):
+                if ends is not None and record.seq > ends[shard]:
+                    break
+                positions[shard] = record.seq
+                if record.op == NOOP:
+                    continue
+                newest[shard][record.doc_id] = record
+                touched.add(record.doc_id)
+                count += 1
+        upserts, deletes = fold(touched, newest)
+        await self._replay(staged, upserts, deletes, generation)
+        return count
+
+    async def _replay(self, staged: str, upserts: list[WalRecord], deletes: list[str], generation: int) -> None:
+        vector_only = [r.doc_id for r in upserts if not r.text.strip() and not r.title.strip()]
+        if vector_only:
+            logger.warning("%d documents written as vectors only cannot be re-embedded for %s; they are missing "
+                           "from it (send text to keep documents across rollouts)", len(vector_only), staged)
+        texts = [r for r in upserts if r.text.strip() or r.title.strip()]
+        snapshot = self.registry.view.snapshot(staged)
+        for start in range(0, len(texts), CHUNK):
+            chunk = [DocumentIn(id=r.doc_id, title=r.title, text=r.text or r.title, metadata=dict(r.metadata))
+                     for r in texts[start:start + CHUNK]]
+            upsert_plan = route_upserts(chunk, await vectors_for(chunk, snapshot), snapshot)
+            await self._send(staged, upsert_plan, generation)
+        topology = snapshot.topology
+        for start in range(0, len(deletes), CHUNK * 4):
+            plan: dict[int, list[Item]] = defaultdict(list)
+            for doc_id in deletes[start:start + CHUNK * 4]:
+                for shard in shards_holding(doc_id, topology.num_shards, topology.centroids is not None):
+                    plan[shard].append(Item(DELETE, doc_id))
+            await self._send(staged, plan, generation)
+
+    async def _send(self, version: str, plan: dict[int, list[Item]], generation: int) -> None:
+        await asyncio.gather(*(self.writes.send(version, shard, encode_records([i.record() for i in items]),
+                                                "majority", generation)
+                               for shard, items in sorted(plan.items()) if items))
+
+    async def _fence(self, generation: int) -> list[int]:
+        """Every shard's primary refuses writes of older views for a while; where each log stands."""
+        active = self.registry.view.state.active
+        ends = []
+        for shard in range(len(self.registry.shard_replicas)):
+            deadline = time.monotonic() + self.writes.settings.timeout_s
+            while True:
+                primary = self.writes.primaries.primary(shard) or await self.writes.primaries.refresh(shard)
+                try:
+                    if primary is None:
+                        raise ShardUnavailable(f"shard {shard} has no primary", shard=shard)
+                    answer = await self.client.fence(primary, generation, FENCE_HOLD_S, self.writes.settings.timeout_s)
+                    if not answer.get("is_primary"):
+                        raise ShardUnavailable(f"{primary} is not the primary of shard {shard} any more", shard=shard)
+                    ends.append(int(answer["applied_seq"][active]))
+                    break
+                except ShardragError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+                    await self.writes.primaries.refresh(shard)
+        return ends
+
+
+def fold(touched: set[str], newest: list[dict[str, WalRecord]]) -> tuple[list[WalRecord], list[str]]:
+    """The upserts and deletes the newest records of each shard add up to (module docstring)."""
+    upserts: list[WalRecord] = []
+    deletes: list[str] = []
+    for doc_id in sorted(touched):
+        latest = [shard[doc_id] for shard in newest if doc_id in shard]
+        live = [r for r in latest if r.op == UPSERT]
+        if live:
+            upserts.append(max(live, key=lambda r: r.seq))
+        elif any(r.op == DELETE and not r.moved for r in latest):
+            deletes.append(doc_id)
+    return upserts, deletes

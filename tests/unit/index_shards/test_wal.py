@@ -136,13 +136,13 @@ def test_a_log_behind_a_snapshot_checkpoint_is_superseded(tmp_path):
     assert [r.seq for r in WriteAheadLog(crashed).open(after_seq=80)] == [81]
 
 
-def test_a_snapshot_carries_its_seq_and_records():
-    from retrieval.records import decode_snapshot, encode_snapshot
+def test_a_snapshot_carries_its_seq_the_mark_there_and_records():
+    from retrieval.records import Snapshot
 
-    seq, records = decode_snapshot(encode_snapshot(77, batch(1, 6)))
-    assert seq == 77 and all(map(same, records, batch(1, 6)))
-    with pytest.raises(ValueError, match="8 bytes"):
-        decode_snapshot(b"\x01\x02")
+    back = Snapshot.decode(Snapshot(77, 3, 123456, batch(1, 6)).encode())
+    assert (back.seq, back.term, back.checksum) == (77, 3, 123456) and all(map(same, back.records, batch(1, 6)))
+    with pytest.raises(ValueError, match="20 bytes"):
+        Snapshot.decode(b"\x01\x02")
 
 
 def test_a_flipped_bit_in_a_length_is_damage_not_a_torn_tail(tmp_path):

@@ -102,6 +102,25 @@ class FakeShardClient(ShardClient):
     async def unload(self, replica: str, version: str, timeout_s: float) -> UnloadReply:
         raise NotImplementedError
 
+    # the write path: the hedging tests never write
+    async def primary_write(self, replica, shard_id, version, records, ack, generation, timeout_s):
+        raise NotImplementedError
+
+    async def writes_after(self, replica, version, after_seq, timeout_s):
+        raise NotImplementedError
+
+    async def snapshot(self, replica, version, timeout_s):
+        raise NotImplementedError
+
+    async def fence(self, replica, generation, hold_s, timeout_s):
+        raise NotImplementedError
+
+    async def document(self, replica, shard_id, version, doc_id, timeout_s):
+        raise NotImplementedError
+
+    async def matching_ids(self, replica, shard_id, version, filter_canonical, limit, timeout_s):
+        raise NotImplementedError
+
     def answer(self, index: int, version: str = "v1") -> None:
         call = self.calls[index]
         call.future.set_result(ShardReply(0, version, call.replica,

@@ -83,7 +83,7 @@ def test_stage_activate_retire_with_pins_and_idempotent_repeats(cluster):
     replicas = gateway.client.replicas
     assert all(v1 not in [v.id for v in replicas[r].describe()] for r in replicas)  # unloaded from the replicas
     events = [e["kind"] for e in client.get("/admin/rollout").json()["state"]["events"]]
-    assert events == ["VersionStaged", "VersionActivated", "VersionRetired"]
+    assert events == ["VersionStaged", "VersionSynced", "VersionActivated", "VersionRetired"]
     assert 'shardrag_gateway_rollout_events_total{kind="VersionActivated"} 1.0' in client.get("/metrics").text
 
 

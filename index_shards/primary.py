@@ -1,0 +1,314 @@
+"""The primary's jobs: it alone orders its shard's writes (Elasticsearch's primary term and
+sequence numbers, Kafka's leader epoch).
+
+**A write** (:meth:`PrimaryWriter.write`), per version, under that version's write lock:
+
+1. refuse unless this replica is the primary and its lease is still safe to act on
+   (``NotPrimary``: the gateway looks the primary up again), and unless the writer's cluster view
+   is current (``StaleView``: while a fence holds, a write sent under an older rollout generation
+   than the fence's is refused — a gateway that records a rollout step fences every primary, so a
+   gateway that has not seen the step yet reloads before it writes again);
+2. a request whose idempotency key this shard already applied is answered from its first
+   outcome (``duplicate``) and applies nothing;
+3. number the batch (seq under this term), send it to every other in-sync replica while logging
+   it here (fsync) and applying it;
+4. a replica that does not take it is removed from the in-sync set in the cluster state (a
+   compare-and-swap that only succeeds while this primary's term is current) *before* the write
+   is acknowledged without it — so every acknowledged write is on every in-sync replica, and any
+   of them can be promoted without losing one;
+5. acknowledge when the batch is durable on ``write_ack`` of the shard's replicas and the lease
+   still holds; otherwise the caller gets an error (the outcome is then unknown: a retry with the
+   same idempotency key applies it at most once).
+
+**On promotion** (:meth:`PrimaryWriter.establish`): a no-op record under the new term goes to
+every in-sync replica, so each of them knows the term (and refuses the old primary) and has
+every record the new primary has; one that cannot take it leaves the in-sync set.
+
+**Bringing a replica in** (:meth:`PrimaryWriter.bring_in`): a live replica outside the in-sync
+set is compared with this primary (applied seq and the checksum of its last record): behind, it
+is sent the log it misses (or a snapshot, when that log is compacted away); diverged (it holds
+records this primary does not), it is restored from a snapshot. The last stretch is sent under
+every write lock, and the replica joins the in-sync set before the locks are released.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from index_shards import snapshots
+from index_shards.peers import PeerClient
+from index_shards.replica_log import Mark
+from index_shards.slot import VersionSlot
+from index_shards.writes import append_locked, maybe_compact
+from retrieval.contract import WriteReply, needed_copies
+from retrieval.errors import (
+    NotFound,
+    NotPrimary,
+    ReplicaBehind,
+    ShardragError,
+    ShardUnavailable,
+    StaleView,
+    VersionConflict,
+)
+from retrieval.records import NOOP, WalRecord, decode_records, encode_records
+
+if TYPE_CHECKING:
+    from index_shards.versions import ShardVersions
+
+logger = logging.getLogger(__name__)
+
+CATCH_UP_BATCH = 2000  # records per catch-up request
+CLOSE_ENOUGH = 100  # a replica this close is brought in under the write locks
+
+
+@dataclass(slots=True, frozen=True)
+class RoleView:
+    """The role's state as one write sees it."""
+
+    replica: str
+    term: int
+    is_primary: bool
+    primary: str | None
+    in_sync: tuple[str, ...]
+    replicas: tuple[str, ...]
+    lease_valid_s: float
+
+
+class Role(Protocol):
+    def view(self) -> RoleView: ...
+
+    def drop_from_in_sync(self, replicas: Sequence[str], term: int) -> bool: ...
+
+    def add_to_in_sync(self, replica: str, term: int) -> bool: ...
+
+
+@dataclass(slots=True, frozen=True)
+class PrimarySettings:
+    replicate_timeout_s: float = 5.0  # a replica that has not taken a batch by then leaves the in-sync set
+    snapshot_timeout_s: float = 120.0  # copying a whole version to a replica
+
+
+class PrimaryWriter:
+    def __init__(self, versions: ShardVersions, role: Role, peers: PeerClient,
+                 settings: PrimarySettings | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.versions = versions
+        self.role = role
+        self.peers = peers
+        self.settings = settings or PrimarySettings()
+        self._fence = 0  # writes sent under an older rollout generation than this are refused ...
+        self._fence_until = 0.0  # ... until then (a fence lapses: its setter may die before it lifts it)
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"replicate-{versions.shard_id}")
+        self._clock = clock
+
+    # -- a write -------------------------------------------------------------------------------
+    def _check_primary(self) -> RoleView:
+        view = self.role.view()
+        if not view.is_primary:
+            raise NotPrimary(f"this replica of shard {self.versions.shard_id} is not its primary (term {view.term}, "
+                             f"primary {view.primary or 'being elected'})", field="primary",
+                             shard=self.versions.shard_id)
+        if view.lease_valid_s <= 0:
+            raise NotPrimary(f"shard {self.versions.shard_id}: this primary's lease has lapsed; it may have been "
+                             "replaced", field="primary", shard=self.versions.shard_id)
+        return view
+
+    def fence(self, generation: int, hold_s: float) -> int:
+        """Refuse writes sent under a rollout generation older than ``generation`` for ``hold_s``
+        seconds (a newer fence replaces an older one); the fence's generation after."""
+        if generation >= self._fence or self._clock() >= self._fence_until:
+            self._fence, self._fence_until = generation, max(self._fence_until, self._clock() + hold_s)
+        return self._fence
+
+    def write(self, version: str, records: Sequence[WalRecord], ack: str, generation: int) -> WriteReply:
+        """Sequence, log, replicate and acknowledge one batch (module docstring)."""
+        view = self._check_primary()
+        if generation < self._fence and self._clock() < self._fence_until:
+            raise StaleView(f"this write was sent under rollout generation {generation}; generation {self._fence} "
+                            "is current — reload the cluster state and retry", field="generation",
+                            shard=self.versions.shard_id)
+        slot = self.versions.writable_slot(version)
+        key = records[0].key if records else ""
+        with slot.write_lock:
+            live, log = slot.live, slot.log
+            assert live is not None and log is not None
+            view = self._check_primary()  # the lock may have been waited for
+            if key:
+                earlier = log.keys.get(key)
+                if earlier is not None:
+                    if earlier.fingerprint != records[0].fingerprint:
+                        raise VersionConflict(f"idempotency_key {key!r} was used for a different request; use a "
+                                              "new key for new content", field="idempotency_key")
+                    return WriteReply(self.versions.shard_id, version, earlier.first_seq, earlier.last_seq,
+                                      view.term, len(view.in_sync), duplicate=True, doc_ids=earlier.doc_ids)
+            first = live.applied_seq + 1
+            numbered = [r.sequenced(first + i, view.term) for i, r in enumerate(records)]
+            copies = self._replicate_locked(slot, view, numbered)
+            needed = needed_copies(ack, max(len(view.replicas), 1))
+            if copies < needed:
+                raise ShardUnavailable(f"shard {self.versions.shard_id}: the write is durable on {copies} of the "
+                                       f"{needed} replicas write_ack {ack!r} needs (the others are out of sync); its "
+                                       "outcome is unknown: retry it with the same idempotency_key",
+                                       shard=self.versions.shard_id)
+            if self.role.view().lease_valid_s <= 0:
+                raise NotPrimary(f"shard {self.versions.shard_id}: this primary's lease lapsed during the write; its "
+                                 "outcome is unknown: retry it with the same idempotency_key", field="primary",
+                                 shard=self.versions.shard_id)
+        maybe_compact(self.versions, slot)
+        last = numbered[-1].seq if numbered else live.applied_seq
+        return WriteReply(self.versions.shard_id, version, first, last, view.term, copies)
+
+    def _replicate_locked(self, slot: VersionSlot, view: RoleView, records: Sequence[WalRecord]) -> int:
+        """Send ``records`` to the other in-sync replicas while logging them here; drop those that
+        did not take them from the in-sync set. Copies durable (this one included). The caller
+        holds the version's write lock."""
+        log = slot.log
+        assert log is not None
+        if not records:
+            return len(view.in_sync)
+        prev = log.mark(records[0].seq - 1)
+        payload = encode_records(records)
+        others = [r for r in view.in_sync if r != view.replica]
+        sent: dict[str, Future[int]] = {
+            peer: self._pool.submit(self._send, peer, slot, view.term, prev, payload, records[0].seq)
+            for peer in others}
+        append_locked(self.versions, slot, records)
+        deadline = self._clock() + self.settings.replicate_timeout_s
+        failed = []
+        for peer, future in sent.items():
+            try:
+                future.result(timeout=max(deadline - self._clock(), 0.0))
+            except (ShardragError, FutureTimeout, OSError) as exc:
+                logger.warning("shard %d: %s did not take seq %d..%d (%s); leaving the in-sync set",
+                               self.versions.shard_id, peer, records[0].seq, records[-1].seq,
+                               getattr(exc, "message", repr(exc)))
+                failed.append(peer)
+        if failed and not self.role.drop_from_in_sync(failed, view.term):
+            raise NotPrimary(f"shard {self.versions.shard_id}: a newer primary has taken over; this write's outcome "
+                             "is unknown: retry it with the same idempotency_key", field="primary",
+                             shard=self.versions.shard_id)
+        return 1 + len(others) - len(failed)
+
+    def _send(self, peer: str, slot: VersionSlot, term: int, prev: Mark | None, payload: bytes, first_seq: int) -> int:
+        """One batch to one replica; a replica that misses earlier records gets them first."""
+        timeout_s = self.settings.replicate_timeout_s
+        try:
+            return self.peers.replicate(peer, slot.version_id, term, prev, payload, timeout_s)
+        except ReplicaBehind:
+            self._send_log(peer, slot, term, upto=first_seq - 1)
+            return self.peers.replicate(peer, slot.version_id, term, prev, payload, timeout_s)
+
+    def _send_log(self, peer: str, slot: VersionSlot, term: int, upto: int) -> int:
+        """Send ``peer`` the records of this primary's log it misses, up to ``upto``; its applied
+        seq after. NotFound when the log no longer holds them (the caller sends a snapshot)."""
+        log = slot.log
+        assert log is not None
+        held = self.peers.info(peer, self.settings.replicate_timeout_s).held().get(slot.version_id)
+        applied = held.applied_seq if held is not None and held.applied_seq is not None else 0
+        first = log.first_seq
+        if applied < upto and (first is None or applied + 1 < first):
+            raise NotFound(f"{peer} is at seq {applied}; this primary's log starts at {first}", field="after")
+        batch: list[WalRecord] = []
+        for record in log.records_after(applied):
+            if record.seq > upto:
+                break
+            batch.append(record)
+            if len(batch) >= CATCH_UP_BATCH:
+                applied = self._send_batch(peer, slot, term, batch)
+                batch = []
+        if batch:
+            applied = self._send_batch(peer, slot, term, batch)
+        return applied
+
+    def _send_batch(self, peer: str, slot: VersionSlot, term: int, batch: list[WalRecord]) -> int:
+        assert slot.log is not None
+        return self.peers.replicate(peer, slot.version_id, term, slot.log.mark(batch[0].seq - 1),
+                                    encode_records(batch), self.settings.replicate_timeout_s)
+
+    # -- promotion -----------------------------------------------------------------------------
+    def establish(self) -> None:
+        """A new primary's first act in every writable version: a no-op under its term (module
+        docstring). Replicas that cannot take it leave the in-sync set."""
+        for slot in self.versions.slots():
+            if slot.log is None or slot.live is None:
+                continue
+            with slot.write_lock:
+                view = self.role.view()
+                if not view.is_primary:
+                    return
+                noop = WalRecord(slot.live.applied_seq + 1, NOOP, "", term=view.term)
+                self._replicate_locked(slot, view, [noop])
+        logger.warning("shard %d: primary of term %d established", self.versions.shard_id, self.role.view().term)
+
+    # -- bringing a replica in -------------------------------------------------------------------
+    def bring_in(self, peer: str) -> bool:
+        """Catch ``peer`` up on every writable version and add it to the in-sync set (module
+        docstring). False when it cannot join yet (it lacks a version, or the primary changed)."""
+        view = self.role.view()
+        if not view.is_primary or peer in view.in_sync:
+            return False
+        slots = [s for s in self.versions.slots() if s.log is not None]
+        info = self.peers.info(peer, self.settings.replicate_timeout_s)
+        held = info.ready_versions()
+        if any(s.version_id not in held for s in slots):
+            return False  # it loads the version first (the gateways reconcile replicas with the rollout state)
+        for slot in slots:
+            self._catch_up(peer, slot, view.term, held[slot.version_id].applied_seq or 0,
+                           held[slot.version_id].last_checksum)
+        ordered = sorted(slots, key=lambda s: s.version_id)
+        for slot in ordered:
+            slot.write_lock.acquire()
+        try:
+            view = self.role.view()
+            if not view.is_primary:
+                return False
+            for slot in ordered:
+                assert slot.live is not None
+                self._send_log(peer, slot, view.term, upto=slot.live.applied_seq)
+            joined = self.role.add_to_in_sync(peer, view.term)
+        finally:
+            for slot in reversed(ordered):
+                slot.write_lock.release()
+        if joined:
+            logger.warning("shard %d: %s caught up and joined the in-sync set", self.versions.shard_id, peer)
+        return joined
+
+    def _catch_up(self, peer: str, slot: VersionSlot, term: int, applied: int, last_checksum: int | None) -> None:
+        """Bring ``peer`` close to this primary on one version without holding its write lock."""
+        live, log = slot.live, slot.log
+        assert live is not None and log is not None
+        mine = log.mark(applied)
+        diverged = applied > live.applied_seq or (
+            applied > 0 and mine is not None and last_checksum is not None and mine.checksum != last_checksum)
+        if diverged:
+            logger.warning("shard %d, %s: %s holds records this primary does not (seq %d); restoring it from a "
+                           "snapshot", self.versions.shard_id, slot.version_id, peer, applied)
+            self._restore(peer, slot, term, force=True)
+            return
+        if live.applied_seq - applied <= CLOSE_ENOUGH:
+            return
+        try:
+            self._send_log(peer, slot, term, upto=live.applied_seq)
+        except NotFound:
+            self._restore(peer, slot, term, force=False)
+
+    def _restore(self, peer: str, slot: VersionSlot, term: int, *, force: bool) -> None:
+        snapshot = snapshots.take(self.versions, slot.version_id)
+        self.peers.restore(peer, slot.version_id, term, snapshot, force, self.settings.snapshot_timeout_s)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def decode_unsequenced(payload: bytes) -> list[WalRecord]:
+    """A gateway's batch for the primary: records with seq 0 (the primary numbers them)."""
+    records = decode_records(payload)
+    if any(r.seq != 0 or r.term != 0 for r in records):
+        raise VersionConflict("a write to the primary carries no seq or term: the primary numbers it",
+                              field="body")
+    return records

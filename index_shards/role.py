@@ -1,0 +1,269 @@
+"""A replica's place in its shard's write ordering, kept in the cluster state (etcd, or the local
+coordinator): which replica is the primary, under which term, and which replicas are in sync.
+
+Every replica runs :class:`ShardRole` on a background thread, every ``tick_s``:
+
+* it stays **registered** as a live member of its shard (a key on its own lease) and listed among
+  the shard's replicas;
+* with **no live primary claim** — the primary's lease lapsed (it died, hung, or was cut off) —
+  the in-sync replicas hold an election: the one with the most writes applied (ties: the lowest
+  name) that it can see is promoted with a compare-and-swap that bumps the term, removes the old
+  primary from the in-sync set and claims the shard on the winner's lease; the winner then
+  establishes its term on the others (``PrimaryWriter.establish``). Only an in-sync replica can
+  win (it holds every acknowledged write); a shard whose in-sync replicas are all gone waits for
+  one to come back rather than lose writes. The first election of a new shard (term 0) is open to
+  every replica that registered within the first lease period;
+* a **primary** keeps its claim alive, steps down the moment the record names another primary or
+  a newer term (a paused primary that wakes finds itself replaced: its lease lapsed while it
+  slept, and its replicas refuse its term), and brings live replicas outside the in-sync set back
+  in (``PrimaryWriter.bring_in``).
+
+Without a cluster state (``state=None``: one replica in one process, tests) the replica is the
+primary of its shard on its own, forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from clusterstate.kv import LeaseExpired
+from clusterstate.lease import LeaseKeeper
+from clusterstate.state import Claim, ClusterState, ShardRecord
+from index_shards.peers import PeerClient
+from index_shards.primary import PrimaryWriter, RoleView
+from index_shards.versions import ShardVersions
+from retrieval.contract import RoleInfo
+from retrieval.errors import CoordinatorUnavailable, ShardragError
+
+logger = logging.getLogger(__name__)
+
+
+class ShardRole:
+    def __init__(self, versions: ShardVersions, replica: str, state: ClusterState | None, peers: PeerClient, *,
+                 lease_s: float = 3.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.versions = versions
+        self.replica = replica
+        self.state = state
+        self.peers = peers
+        self.lease_s = lease_s
+        self.tick_s = min(0.5, lease_s / 4)
+        self._clock = clock
+        self._record = ShardRecord()
+        self._claimed_term = 0  # the term this replica claimed the shard for (0: none)
+        self._claim_lease = 0  # the lease the claim hangs on: a new lease holds no claim until it is renewed
+        self._lease: LeaseKeeper | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = clock()
+        self._lock = threading.Lock()
+        self.writer = PrimaryWriter(versions, self, peers)
+        versions.role = self.info
+        if state is None:  # the only replica: primary of its own shard
+            term = versions.observe_term(max(versions.term, 1))
+            self._record = ShardRecord(term, replica, (replica,), (replica,))
+            self._claimed_term = term
+
+    @property
+    def shard_id(self) -> int:
+        return int(self.versions.shard_id)
+
+    # -- what writes see ---------------------------------------------------------------------------
+    def view(self) -> RoleView:
+        record = self._record
+        if self.state is None:
+            return RoleView(self.replica, record.term, True, self.replica, record.in_sync, record.replicas,
+                            float("inf"))
+        lease = self._lease
+        valid = lease.valid_for_s() if lease is not None else 0.0
+        is_primary = (record.primary == self.replica and self._claimed_term == record.term
+                      and record.term == self.versions.term and lease is not None
+                      and lease.lease == self._claim_lease)
+        return RoleView(self.replica, record.term, is_primary, record.primary, record.in_sync, record.replicas,
+                        valid if is_primary else 0.0)
+
+    def info(self) -> RoleInfo:
+        view = self.view()
+        return RoleInfo(self.replica, max(view.term, self.versions.term), view.primary, view.is_primary,
+                        view.in_sync, round(view.lease_valid_s, 3) if view.is_primary and self.state else None)
+
+    def drop_from_in_sync(self, replicas: Sequence[str], term: int) -> bool:
+        """Remove ``replicas`` from the in-sync set, only while ``term`` is current. False when it is not."""
+        if self.state is None:
+            return True
+        gone = set(replicas)
+
+        def change(current: ShardRecord) -> ShardRecord | None:
+            if current.term != term or current.primary != self.replica:
+                return None
+            return replace(current, in_sync=tuple(r for r in current.in_sync if r not in gone))
+
+        updated = self.state.update_shard(self.shard_id, change)
+        if updated is not None:
+            self._record = updated
+        return updated is not None
+
+    def add_to_in_sync(self, replica: str, term: int) -> bool:
+        if self.state is None:
+            return True
+
+        def change(current: ShardRecord) -> ShardRecord | None:
+            if current.term != term or current.primary != self.replica:
+                return None
+            if replica in current.in_sync:
+                return current
+            return replace(current, in_sync=tuple(sorted({*current.in_sync, replica})))
+
+        updated = self.state.update_shard(self.shard_id, change)
+        if updated is not None:
+            self._record = updated
+        return updated is not None
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def start(self, replica: str | None = None) -> ShardRole:
+        """Start taking part (``replica``: this replica's name, once its URL is known)."""
+        if replica is not None:
+            self.replica = replica
+            if self.state is None:
+                self._record = replace(self._record, primary=replica, in_sync=(replica,), replicas=(replica,))
+        if self.state is None:
+            return self
+        self._lease = LeaseKeeper(self.state.kv, self.lease_s, name=f"shard-{self.shard_id}:{self.replica}",
+                                  on_new_lease=self._on_new_lease).start()
+        self._register()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"role-{self.shard_id}")
+        self._thread.start()
+        return self
+
+    def _on_new_lease(self, lease: int) -> None:
+        try:
+            self._register()
+        except CoordinatorUnavailable as exc:
+            logger.warning("shard %d: re-registering after a lapsed lease failed: %s", self.shard_id, exc.message)
+
+    def _register(self) -> None:
+        assert self.state is not None and self._lease is not None
+        self.state.register_member(self.shard_id, self.replica, self._lease.lease, {"pid": _pid()})
+
+        def change(current: ShardRecord) -> ShardRecord:
+            if self.replica in current.replicas:
+                return current
+            return replace(current, replicas=tuple(sorted({*current.replicas, self.replica})))
+
+        self._record = self.state.update_shard(self.shard_id, change) or self._record
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            try:
+                self.tick()
+            except CoordinatorUnavailable as exc:
+                logger.warning("shard %d: cluster state unavailable: %s", self.shard_id, exc.message)
+            except ShardragError as exc:
+                logger.warning("shard %d: %s", self.shard_id, exc.message)
+            except Exception:  # noqa: BLE001 - the role must keep running
+                logger.exception("shard %d: role tick failed", self.shard_id)
+
+    def tick(self) -> None:
+        """One round: read the record, keep or take the claim, step down, bring replicas in."""
+        assert self.state is not None and self._lease is not None
+        record = self.state.shard(self.shard_id)
+        self.versions.observe_term(record.term)
+        if self.replica not in record.replicas:
+            self._register()
+            record = self._record
+        self._record = record
+        claim = self.state.claim(self.shard_id)
+        if self._claimed_term and (record.term != self._claimed_term or record.primary != self.replica):
+            logger.warning("shard %d: stepping down (term %d, primary %s)", self.shard_id, record.term, record.primary)
+            self._claimed_term = 0
+        if self._claimed_term:
+            if claim is None:  # our lease lapsed and a new one was taken: claim again under it
+                lease = self._lease.lease
+                if not self.state.refresh_claim(self.shard_id, Claim(self.replica, record.term), lease):
+                    self._claimed_term = 0
+                    return
+                self._claim_lease = lease
+            elif claim != Claim(self.replica, record.term):
+                self._claimed_term = 0
+                return
+            self._bring_in_others(record)
+            return
+        if claim is None:
+            self._elect(record)
+
+    def _progress(self, replica: str) -> int | None:
+        """Writes applied (over every version held): who has the most is promoted."""
+        if replica == self.replica:
+            info = self.versions.info()
+        else:
+            try:
+                info = self.peers.info(replica, min(1.0, self.lease_s / 2))
+            except ShardragError:
+                return None
+        return sum(v.applied_seq or 0 for v in info.versions if v.ready)
+
+    def _elect(self, record: ShardRecord) -> None:
+        assert self.state is not None and self._lease is not None
+        members = set(self.state.members(self.shard_id))
+        bootstrap = record.term == 0
+        if bootstrap and self._clock() - self._started < self.lease_s:
+            return  # the first election waits a lease period for the others to register
+        eligible = members if bootstrap else members & set(record.in_sync)
+        if self.replica not in eligible:
+            return
+        progress = {r: p for r in sorted(eligible) if (p := self._progress(r)) is not None}
+        best = min(progress, key=lambda r: (-progress[r], r))
+        if best != self.replica:
+            return
+        term = record.term + 1
+
+        def change(current: ShardRecord) -> ShardRecord | None:
+            if current.revision != record.revision:
+                return None  # someone else moved first: look again next round
+            keep = {r for r in current.in_sync if r != current.primary} if not bootstrap else set()
+            return replace(current, term=term, primary=self.replica, in_sync=tuple(sorted(keep | {self.replica})),
+                           replicas=tuple(sorted({*current.replicas, self.replica})))
+
+        self.versions.observe_term(term)  # persisted first: never act under a term that may be lost
+        updated = self.state.update_shard(self.shard_id, change)
+        if updated is None:
+            return
+        lease = self._lease.lease
+        if not self.state.put_claim(self.shard_id, Claim(self.replica, term), lease):
+            logger.warning("shard %d: promoted to term %d but the claim was taken", self.shard_id, term)
+            return
+        self._record, self._claimed_term, self._claim_lease = updated, term, lease
+        logger.warning("shard %d: promoted to primary, term %d (in sync: %s)", self.shard_id, term,
+                       ", ".join(updated.in_sync))
+        self.writer.establish()
+
+    def _bring_in_others(self, record: ShardRecord) -> None:
+        assert self.state is not None
+        members = self.state.members(self.shard_id)
+        for replica in sorted(set(members) - set(record.in_sync) - {self.replica}):
+            try:
+                self.writer.bring_in(replica)
+            except ShardragError as exc:
+                logger.info("shard %d: bringing %s in: %s", self.shard_id, replica, exc.message)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._lease is not None:
+            if self._claimed_term and self.state is not None:
+                try:
+                    self.state.drop_claim(self.shard_id, Claim(self.replica, self._claimed_term))
+                except (CoordinatorUnavailable, LeaseExpired):
+                    pass
+            self._lease.stop()
+        self.writer.close()
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

@@ -1,0 +1,171 @@
+"""The Ray backend's actor: one replica of one shard (``ShardReplica``), and the peer protocol
+between replica actors (``RayPeers``), so a shard's primary replicates to its replicas through
+Ray as a shard server does over HTTP. ``serving.transport.ray`` launches these actors and reaches
+them with its ``RayShardClient``.
+
+This module is one of the places ``serving`` imports ``index_shards`` (the actor holds a shard).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from index_shards.peers import PeerClient
+from retrieval.contract import (
+    HealthInfo,
+    ReplicaInfo,
+    SearchParams,
+    SearchReply,
+    StageReply,
+    UnloadReply,
+    WriteReply,
+)
+from retrieval.errors import ConfigError, DeadlineExceeded, ShardragError, ShardUnavailable
+from retrieval.records import Snapshot, decode_records, encode_records
+
+SCHEME = "ray://"
+
+
+class ShardReplica:
+    """The actor's body: one replica of one shard slot (all versions it holds) and its role in the
+    shard's write ordering. With a data dir it takes writes; with a coordinator (the cluster state)
+    its shard's replicas elect a primary that replicates to the others through their actors
+    (:class:`RayPeers`); without one it is its shard's only replica."""
+
+    def __init__(self, directory: str, device: str = "auto", max_versions: int = 2, faiss_threads: int = 1,
+                 data_dir: str | None = None, name: str = "", coordinator: str | None = None,
+                 namespace: str | None = None, lease_s: float = 3.0) -> None:
+        import faiss
+
+        from index_shards.role import ShardRole
+        from index_shards.shard import Shard
+        from index_shards.versions import ShardVersions
+
+        faiss.omp_set_num_threads(max(1, faiss_threads))
+        self.versions = ShardVersions(Shard.load(directory, device=device), max_versions=max_versions, device=device,
+                                      data_dir=data_dir)
+        state = None
+        if coordinator:
+            from clusterstate import open_coordinator
+            from clusterstate.state import ClusterState
+
+            state = ClusterState(open_coordinator(coordinator), self.versions.collection)
+        self.role = ShardRole(self.versions, name, state, RayPeers(namespace), lease_s=lease_s).start(name)
+
+    def ready(self) -> dict[str, Any]:
+        return {"shard_id": self.versions.shard_id, "versions": self.versions.ready_ids()}
+
+    def search(self, vectors: np.ndarray, params: SearchParams) -> SearchReply:
+        return self.versions.search(vectors, params)
+
+    def info(self) -> ReplicaInfo:
+        return self.versions.info()
+
+    def health(self) -> HealthInfo:
+        return self.versions.health()
+
+    def stage(self, version: str) -> StageReply:
+        return self.versions.stage_reply(version)
+
+    def unload(self, version: str) -> UnloadReply:
+        return self.versions.unload_reply(version)
+
+    def primary_write(self, version: str, records: bytes, ack: str, generation: int) -> WriteReply:
+        from index_shards.primary import decode_unsequenced
+
+        return self.role.writer.write(version, decode_unsequenced(records), ack, generation)
+
+    def replicate(self, version: str, term: int, prev: tuple[int, int, int] | None, payload: bytes) -> int:
+        from index_shards.replica_log import Mark
+        from index_shards.writes import accept
+
+        return accept(self.versions, version, term, Mark(*prev) if prev else None, decode_records(payload))
+
+    def writes_after(self, version: str, after_seq: int) -> bytes:
+        from index_shards.writes import writes_after
+
+        return encode_records(writes_after(self.versions, version, after_seq))
+
+    def snapshot(self, version: str) -> bytes:
+        from index_shards import snapshots
+
+        return snapshots.take(self.versions, version).encode()
+
+    def restore(self, version: str, term: int, snapshot: bytes, force: bool) -> int:
+        from index_shards import snapshots
+
+        return snapshots.restore_from(self.versions, version, term, Snapshot.decode(snapshot), force=force)
+
+    def fence(self, generation: int, hold_s: float) -> dict[str, Any]:
+        held = {s.version_id: s.live.applied_seq for s in self.versions.slots() if s.live is not None}
+        return {"shard_id": self.versions.shard_id, "generation": self.role.writer.fence(generation, hold_s),
+                "applied_seq": held, "is_primary": self.role.view().is_primary}
+
+    def matching_ids(self, version: str, filter_canonical: str, limit: int) -> list[str]:
+        return self.versions.matching_ids(version, filter_canonical, limit)
+
+    def document(self, version: str, doc_id: str) -> dict[str, Any] | None:
+        return self.versions.document(version, doc_id)
+
+
+class RayPeers(PeerClient):
+    """The peer protocol between replica actors (``index_shards.peers``): calls to the other
+    replicas' actors by name, from the primary's replication threads."""
+
+    def __init__(self, namespace: str | None) -> None:
+        self.namespace = namespace
+        self._handles: dict[str, Any] = {}
+
+    def _call(self, peer: str, method: str, timeout_s: float, *args: Any) -> Any:
+        ray = _ray()
+        handle = self._handles.get(peer)
+        if handle is None:
+            try:
+                handle = ray.get_actor(peer[len(SCHEME):], namespace=self.namespace)
+            except ValueError as exc:
+                raise ShardUnavailable(f"no Ray actor {peer!r}") from exc
+            self._handles[peer] = handle
+        try:
+            return ray.get(getattr(handle, method).remote(*args), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise DeadlineExceeded(f"{peer} did not answer {method} in {timeout_s:.1f} s") from exc
+        except (ray.exceptions.RayError, ray.exceptions.RayActorError) as exc:
+            raise _unwrap(exc, f"{peer} {method}", None) from exc
+
+    def replicate(self, peer: str, version: str, term: int, prev: Any, payload: bytes, timeout_s: float) -> int:
+        args = (prev.seq, prev.term, prev.checksum) if prev is not None else None
+        return int(self._call(peer, "replicate", timeout_s, version, term, args, payload))
+
+    def info(self, peer: str, timeout_s: float) -> ReplicaInfo:
+        info: ReplicaInfo = self._call(peer, "info", timeout_s)
+        return info
+
+    def snapshot(self, peer: str, version: str, timeout_s: float) -> Snapshot:
+        return Snapshot.decode(self._call(peer, "snapshot", timeout_s, version))
+
+    def restore(self, peer: str, version: str, term: int, snapshot: Snapshot, force: bool, timeout_s: float) -> int:
+        return int(self._call(peer, "restore", timeout_s, version, term, snapshot.encode(), force))
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - ray is in the dev and ray extras
+        raise ConfigError("the Ray backend needs `pip install 'shardrag[ray]'`", field="backend") from exc
+    return ray
+
+
+def _unwrap(exc: BaseException, where: str, shard_id: int | None) -> Exception:
+    """Ray's errors → the gateway's: a shard's own error passes through, a dead or restarting
+    actor is an unavailable replica (the balancer ejects it and fails over)."""
+    ray = _ray()
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, ShardragError):
+            return cause
+        return ShardUnavailable(f"{where} failed: {cause or exc}", shard=shard_id)
+    return ShardUnavailable(f"{where} unavailable: {type(exc).__name__}", shard=shard_id)
+
+
