@@ -8,7 +8,8 @@ more than the coordinator grants — and a process that was paused (SIGSTOP, a l
 migration) sees its lease lapsed the moment it wakes, before it does anything else.
 
 When a renewal finds the lease already lapsed, a new one is granted and ``on_new_lease`` runs
-(re-register the keys that lapsed with the old one).
+(re-register the keys that lapsed with the old one). The first grant, in :meth:`start`, does not
+call it: the holder registers once it has the keeper.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class LeaseKeeper:
         with self._lock:
             sent = self._clock()
             fresh = False
+            replaced = self.lease != 0  # a lease that lapsed is being replaced (not the first grant)
             if self.lease:
                 try:
                     ttl = self.kv.keepalive(self.lease)
@@ -64,7 +66,7 @@ class LeaseKeeper:
                 self.lease = self.kv.grant(self.ttl_s)
                 ttl, fresh = self.ttl_s, True
             self._valid_until = sent + ttl * (1.0 - SAFETY_MARGIN)
-        if fresh and self.on_new_lease is not None:
+        if fresh and replaced and self.on_new_lease is not None:
             self.on_new_lease(self.lease)
 
     def _run(self) -> None:

@@ -131,12 +131,19 @@ class ShardRole:
                 self._record = replace(self._record, primary=replica, in_sync=(replica,), replicas=(replica,))
         if self.state is None:
             return self
-        self._lease = LeaseKeeper(self.state.kv, self.lease_s, name=f"shard-{self.shard_id}:{self.replica}",
-                                  on_new_lease=self._on_new_lease).start()
-        self._register()
+        self._started = self._clock()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"role-{self.shard_id}")
         self._thread.start()
         return self
+
+    def _join(self) -> None:
+        """Take a lease and register (retried every tick until the cluster state answers)."""
+        assert self.state is not None
+        if self._lease is None:
+            self._lease = LeaseKeeper(self.state.kv, self.lease_s, name=f"shard-{self.shard_id}:{self.replica}",
+                                      on_new_lease=self._on_new_lease).start()
+        self._register()
+        logger.warning("shard %d: %s registered in %r", self.shard_id, self.replica, self.state)
 
     def _on_new_lease(self, lease: int) -> None:
         try:
@@ -156,8 +163,12 @@ class ShardRole:
         self._record = self.state.update_shard(self.shard_id, change) or self._record
 
     def _run(self) -> None:
-        while not self._stop.wait(self.tick_s):
+        joined = False
+        while not self._stop.is_set():
             try:
+                if not joined:
+                    self._join()
+                    joined = True
                 self.tick()
             except CoordinatorUnavailable as exc:
                 logger.warning("shard %d: cluster state unavailable: %s", self.shard_id, exc.message)
@@ -165,6 +176,7 @@ class ShardRole:
                 logger.warning("shard %d: %s", self.shard_id, exc.message)
             except Exception:  # noqa: BLE001 - the role must keep running
                 logger.exception("shard %d: role tick failed", self.shard_id)
+            self._stop.wait(self.tick_s)
 
     def tick(self) -> None:
         """One round: read the record, keep or take the claim, step down, bring replicas in."""

@@ -191,9 +191,9 @@ class GatewaySetup:
 def import_legacy_rollout(state: ClusterState, path: Path) -> None:
     """The rollout state of a release that kept it in its own file (rollout.json): taken into the
     cluster state once, when the cluster state has none."""
-    from serving.versions.store import FileRolloutStore
+    from serving.versions.store import read_legacy_rollout
 
-    legacy = FileRolloutStore(path).load()
+    legacy = read_legacy_rollout(path)
     if legacy is not None and state.rollout() is None:
         state.update_rollout(lambda current: current or legacy)
         logger.warning("rollout state imported from %s into the cluster state", path)

@@ -17,7 +17,7 @@ from retrieval.atomic import atomic_write_bytes
 from retrieval.dirlock import DirLock
 from retrieval.errors import ShardragError
 from serving.gateway.config import GatewayConfig
-from serving.versions.store import FileRolloutStore
+from serving.versions.store import read_legacy_rollout
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def active_version(collection: str, gateway: GatewayConfig) -> str | None:
             if state is not None:
                 return state.active
         if gateway.rollout.state_path is not None and Path(gateway.rollout.state_path).exists():
-            legacy = FileRolloutStore(gateway.rollout.state_path).load()
+            legacy = read_legacy_rollout(gateway.rollout.state_path)
             return legacy.active if legacy is not None else None
     except ShardragError as exc:
         logger.warning("cannot read the rollout state (%s); starting on the newest version", exc.message)

@@ -1,8 +1,9 @@
-"""The write path at the gateway: request models (``models``), sequence numbers and idempotency
-replies kept on disk (``sequencer``), and the write service (``service``): validate a batch, embed
-it with every loaded version's encoder, route each id to its shard, hand out sequence numbers,
-replicate to the shard's replicas and answer once the requested number made it durable.
+"""The write path at the gateway: request models (``models``), routing and embedding (``plan``),
+which replica is each shard's primary (``primaries``), the write service (``service``: validate a
+batch, embed it with the encoder of every version it goes to, route each id to its shard and send
+each shard's part to its primary, which orders, replicates and acknowledges it), and bringing a
+staged version up to date before it takes writes (``staging``). No ordering state lives here.
 
-May import ``versions`` (the registry: topology, encoders), ``transport`` (the shard client),
-``httpkit`` and ``retrieval``; never ``gateway``, ``local`` or ``cli``.
+May import ``versions`` (the registry: topology, encoders, rollout state), ``transport`` (the shard
+client), ``httpkit`` and ``retrieval``; never ``gateway``, ``local`` or ``cli``.
 """

@@ -263,8 +263,9 @@ class WriteService:
         if replan:
             raise _Replan()
         replies = [r for r in results if isinstance(r, WriteReply)]
+        # per shard of the active version the first request wrote to (a key-only no-op part does not count)
         seq = {str(r.shard_id): r.last_seq for (version, _, _), r in zip(parts, replies, strict=True)
-               if version == active and (plans[version].get(r.shard_id) or r.duplicate)}
+               if version == active and (r.doc_ids if r.duplicate else plans[version].get(r.shard_id))}
         if any(r.duplicate for r in replies) and isinstance(request, DeleteRequest) and request.filter is not None:
             ids = sorted({*ids, *(i for r in replies if r.duplicate and r.version == active for i in r.doc_ids)})
         return {"ids": ids, "seq": seq, "version": active}

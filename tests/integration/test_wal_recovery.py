@@ -18,6 +18,7 @@ from index_shards.layout import resolve_version, shard_dir
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from index_shards.wal import UPSERT, WalRecord
+from index_shards.writes import accept
 from tests.conftest import random_corpus
 
 pytestmark = pytest.mark.slow
@@ -31,8 +32,9 @@ def written(tmp_path):
     replica = ShardVersions(Shard.load(directory, device="cpu"), data_dir=tmp_path / "data")
     rng = np.random.default_rng(1)
     for seq in range(1, 41):  # 40 batches of one record: 40 records in one WAL file
-        replica.write(version.id, [WalRecord(seq, UPSERT, f"w-{seq}", "t", "x", {"n": seq},
-                                             rng.standard_normal(16).astype(np.float32))])
+        accept(replica, version.id, 0, None, [WalRecord(seq, UPSERT, f"w-{seq}", "t", "x", {"n": seq},
+                                                        rng.standard_normal(16).astype(np.float32))])
+    replica.close()
     [wal] = list((tmp_path / "data" / version.id).glob("wal-*.log"))
     return directory, tmp_path / "data", wal
 

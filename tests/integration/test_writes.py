@@ -1,7 +1,7 @@
 """Writes through real processes: 2 shards × 3 replica processes with their own WALs, a gateway
 with the real MiniLM. Upserts are visible to session reads at once, updates replace, deletes hide,
 a bad batch applies nothing; a replica killed -9 comes back with its WAL replayed; a stopped
-replica is skipped by session reads and catches up from a peer when it returns."""
+replica is skipped by session reads and is caught up by its shard's primary when it returns."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from index_shards.build import BuildConfig, build_collection
 from retrieval.routing import hash_shard
 from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
+from tests.helpers.roles import primary_index, wait_all_in_sync
 
 pytestmark = pytest.mark.slow
 DOCS = 600
@@ -90,7 +91,8 @@ def test_a_killed_replica_replays_its_wal(cluster, http):
     reply = http.post("/v1/documents", json={"write_ack": "all", "documents": [
         {"id": doc_id, "vector": vector.tolist(), "metadata": {"n": i}}
         for i, (doc_id, vector) in enumerate(zip(ids, vectors, strict=True))]}).json()
-    victim = cluster.shards[0][2]
+    urls = cluster.shard_urls[0]
+    victim = cluster.shards[0][(primary_index(urls) + 1) % 3]  # a replica, not the primary (tested elsewhere)
     old_pid = victim.process.pid
     os.kill(old_pid, signal.SIGKILL)
     deadline = time.monotonic() + 60
@@ -107,7 +109,7 @@ def test_a_killed_replica_replays_its_wal(cluster, http):
 
 
 def test_a_stopped_replica_is_skipped_by_session_reads_then_catches_up(cluster, http):
-    stopped = cluster.shards[1][1]
+    stopped = cluster.shards[1][(primary_index(cluster.shard_urls[1]) + 1) % 3]
     doc_id = next(d for d in (unique(f"stop-{i}") for i in range(100)) if hash_shard(d, 2) == 1)
     os.kill(stopped.process.pid, signal.SIGSTOP)
     try:
@@ -121,7 +123,7 @@ def test_a_stopped_replica_is_skipped_by_session_reads_then_catches_up(cluster, 
     finally:
         os.kill(stopped.process.pid, signal.SIGCONT)
     url = stopped.ready["url"]
-    deadline = time.monotonic() + 30  # the gateway's repair loop brings it up from a peer's WAL
+    deadline = time.monotonic() + 30  # the shard's primary brings it back in from its own WAL
     while httpx.get(f"{url}/v1/info", timeout=10).json()["versions"][0].get("applied_seq", 0) < seq["1"]:
         assert time.monotonic() < deadline, "the stopped replica never caught up"
         time.sleep(0.2)
@@ -185,7 +187,7 @@ def test_nan_and_huge_documents_are_refused(http):
 
 
 def test_a_replica_that_crashes_between_wal_append_and_ack_keeps_the_write(cluster, http):
-    victim = cluster.shards[0][0]
+    victim = cluster.shards[0][(primary_index(cluster.shard_urls[0]) + 1) % 3]
     old_pid = victim.process.pid
     url = victim.ready["url"]
     assert httpx.put(f"{url}/admin/faults", json={"crash_at": "after_wal_append"}, timeout=10).status_code == 200
@@ -199,6 +201,7 @@ def test_a_replica_that_crashes_between_wal_append_and_ack_keeps_the_write(clust
     stored = httpx.get(f"{victim.ready['url']}/v1/documents/{doc_id}", timeout=10)
     assert stored.status_code == 200, stored.text  # replayed from its WAL: fsynced before the crash
     assert stored.json()["seq"] == reply.json()["seq"]["0"]
+    wait_all_in_sync(cluster.shard_urls[0])  # and it is brought back into the in-sync set
 
 
 def test_compaction_under_query_load_changes_no_answer(cluster, http, msmarco):
@@ -299,7 +302,8 @@ def test_a_crash_during_compaction_loses_nothing_and_rejoins(cluster, http):
     http.post("/v1/documents", json={"write_ack": "all", "documents": [
         {"id": doc_id, "vector": v.tolist()} for doc_id, v in zip(ids, vectors, strict=True)]})
     row = cluster.shards[1]
-    victim = row[0]
+    primary = primary_index(cluster.shard_urls[1])
+    victim, peer_child = row[(primary + 1) % 3], row[primary]
     old_pid = victim.process.pid
     url = victim.ready["url"]
     assert httpx.put(f"{url}/admin/faults", json={"crash_at": "mid_compaction"}, timeout=10).status_code == 200
@@ -309,14 +313,14 @@ def test_a_crash_during_compaction_loses_nothing_and_rejoins(cluster, http):
     while victim.process.pid == old_pid or victim.ready is None:
         assert time.monotonic() < deadline, "the supervisor did not restart the replica"
         time.sleep(0.1)
-    peer = httpx.get(f"{row[1].ready['url']}/admin/digest", timeout=30).json()
+    peer = httpx.get(f"{peer_child.ready['url']}/admin/digest", timeout=30).json()
     while True:  # the restarted replica holds exactly what its peer holds (a newer write may still arrive)
         mine = httpx.get(f"{victim.ready['url']}/admin/digest", timeout=30).json()
         if mine["applied_seq"] >= peer["applied_seq"]:
             break
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    peer = httpx.get(f"{row[1].ready['url']}/admin/digest", timeout=30).json()
+    peer = httpx.get(f"{peer_child.ready['url']}/admin/digest", timeout=30).json()
     assert (mine["count"], mine["sha256"]) == (peer["count"], peer["sha256"])
     done = httpx.post(f"{victim.ready['url']}/admin/compact", timeout=60)  # and it compacts fine now
     assert done.status_code == 200 and done.json()["base_seq"] == mine["applied_seq"]
@@ -380,8 +384,10 @@ def test_a_replica_behind_the_wal_retention_is_restored_from_a_snapshot(tmp_path
     """One replica stopped while its peers take 400 writes, compact every 50 and keep no WAL
     behind their checkpoints (small WAL files, --wal-retain 0), then killed (the writes queued on
     its sockets die with it): what it missed exists only in its peers' bases. When the supervisor
-    restarts it, the gateway restores it from a peer's snapshot and it catches up from there —
-    identical documents, bit for bit — then takes writes, and survives another kill -9."""
+    restarts it, the shard's primary restores it from its snapshot and it catches up from there —
+    identical documents, bit for bit — then takes writes, and survives another kill -9. And a
+    replica freshly restored answers a catch-up read it cannot serve with 404, not with nothing
+    (issue 33, item 8)."""
     root = tmp_path / "root"
     build_collection(root, msmarco.documents[:200], msmarco.vectors[:200], msmarco.version,
                      BuildConfig("snap", 1), show_progress=False)
@@ -397,7 +403,9 @@ def test_a_replica_behind_the_wal_retention_is_restored_from_a_snapshot(tmp_path
     with LocalCluster(root, "snap", replicas=3, gateway=config, workdir=tmp_path / "work",
                       shard_args=("--compact-after", "50", "--wal-retain", "0", "--wal-file-mb", "0.01")) as running, \
             httpx.Client(base_url=running.gateway_url, timeout=60) as client:
-        peers, behind = running.shard_urls[0][:2], running.shards[0][2]
+        primary = primary_index(running.shard_urls[0])
+        behind = running.shards[0][(primary + 1) % 3]
+        peers = [running.shard_urls[0][primary]]
         os.kill(behind.process.pid, signal.SIGSTOP)
         try:
             for start in range(0, 400, 20):
@@ -427,6 +435,9 @@ def test_a_replica_behind_the_wal_retention_is_restored_from_a_snapshot(tmp_path
 
         converged("the replica behind the WAL retention was never restored")
         assert "restored from a peer's snapshot" in Path(behind.log_path).read_text()
+        restored = behind.ready["url"]  # it holds no log before the snapshot: a catch-up read from 0 is a 404
+        assert httpx.get(f"{restored}/v1/writes", params={"version": msmarco.version.id, "after": 0},
+                         timeout=10).status_code == 404
         more = client.post("/v1/documents", json={"documents": batch(1000, 20), "write_ack": "all"})
         assert more.status_code == 200, more.text
         assert len({d["sha256"] for d in digests()}) == 1
