@@ -206,8 +206,10 @@ class ShardRole:
         if claim is None:
             self._elect(record)
 
-    def _progress(self, replica: str) -> int | None:
-        """Writes applied (over every version held): who has the most is promoted."""
+    def _progress(self, replica: str) -> tuple[int, int] | None:
+        """(writes applied over every version held, the highest term it knows): who has applied
+        the most is promoted, under a term above any a candidate knows (a cluster state that was
+        lost and started empty must not hand out a term its replicas have seen)."""
         if replica == self.replica:
             info = self.versions.info()
         else:
@@ -215,7 +217,8 @@ class ShardRole:
                 info = self.peers.info(replica, min(1.0, self.lease_s / 2))
             except ShardragError:
                 return None
-        return sum(v.applied_seq or 0 for v in info.versions if v.ready)
+        known = info.role.term if info.role is not None else 0
+        return sum(v.applied_seq or 0 for v in info.versions if v.ready), known
 
     def _elect(self, record: ShardRecord) -> None:
         assert self.state is not None and self._lease is not None
@@ -227,10 +230,10 @@ class ShardRole:
         if self.replica not in eligible:
             return
         progress = {r: p for r in sorted(eligible) if (p := self._progress(r)) is not None}
-        best = min(progress, key=lambda r: (-progress[r], r))
+        best = min(progress, key=lambda r: (-progress[r][0], r))
         if best != self.replica:
             return
-        term = record.term + 1
+        term = max(record.term, self.versions.term, *(known for _, known in progress.values())) + 1
 
         def change(current: ShardRecord) -> ShardRecord | None:
             if current.revision != record.revision:

@@ -22,6 +22,8 @@ CHART = REPO / "helm" / "shardrag"
 PROFILES = {"default": [], "gpu": ["-f", str(CHART / "ci" / "gpu-values.yaml")],
             "large": ["-f", str(CHART / "ci" / "large-values.yaml")]}
 KUBERNETES = "1.30.0"
+ETCD = ("etcd://" + ",".join(f"rel-shardrag-etcd-{i}.rel-shardrag-etcd.search.svc.cluster.local:2379"
+                             for i in range(3)))
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +94,16 @@ def test_one_statefulset_per_shard_with_a_pdb_that_keeps_the_last_replica(render
         args = container(statefulset, "shard")["args"]
         assert args[:4] == ["python", "-m", "index_shards", "serve"]
         assert args[args.index("--dir") + 1].endswith(f"shard-{i}")
+        # each replica: its own volume for its write state, the cluster state, and the name the
+        # gateways know it by (the pod's DNS name, as the gateway's replica list spells it)
+        assert args[args.index("--data-dir") + 1] == "/var/lib/shardrag/replica"
+        assert args[args.index("--coordinator") + 1] == ETCD
+        assert args[args.index("--advertise-url") + 1].startswith(
+            f"{'https' if profile == 'large' else 'http'}://$(POD_NAME).rel-shardrag-shard-{i}.search.svc")
+        claims = {c["metadata"]["name"]: c for c in statefulset["spec"]["volumeClaimTemplates"]}
+        assert claims["replica"]["spec"]["accessModes"] == ["ReadWriteOnce"]
+        mounts = {m["name"]: m["mountPath"] for m in container(statefulset, "shard")["volumeMounts"]}
+        assert mounts["replica"] == "/var/lib/shardrag/replica"
     headless = [s for s in of_kind(objects, "Service") if s["spec"].get("clusterIP") == "None"]
     assert {f"rel-shardrag-shard-{i}" for i in range(shards)} <= {s["metadata"]["name"] for s in headless}
 
@@ -126,8 +138,9 @@ def test_ports_and_flags_match_the_code(rendered, profile):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the chart writes the current (nested) config, no deprecated keys
         gateway_config = GatewayConfig.from_dict(config["gateway"])
-    assert gateway_config.rollout.state_path == "/var/lib/shardrag/rollout.json"
-    if profile == "large":  # the values' sections merge around the chart's state path
+    # the gateways keep no state: the cluster state is etcd, the same one every shard replica is given
+    assert gateway_config.rollout.state_path is None and gateway_config.cluster.coordinator == ETCD
+    if profile == "large":  # the values' sections merge around the chart's cluster state
         assert (gateway_config.limits.max_k, gateway_config.hedging.cap_ms, gateway_config.rollout.drain_s) == \
             (50, 200.0, 60.0)
 
@@ -173,7 +186,8 @@ def test_large_profile_fetches_indexes_and_wires_the_answer_path(rendered):
     init = shard["spec"]["template"]["spec"]["initContainers"][0]
     assert init["args"][:4] == ["python", "-m", "index_shards", "fetch"]
     assert init["args"][init["args"].index("--url") + 1].endswith("/shard-3.tar.gz")
-    assert shard["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    claims = {c["metadata"]["name"]: c for c in shard["spec"]["volumeClaimTemplates"]}
+    assert claims["data"]["spec"]["resources"]["requests"]["storage"] == "50Gi"
     generator = container(next(d for d in of_kind(objects, "Deployment")
                                if d["metadata"]["name"] == "rel-shardrag-generator"), "generator")
     nodes = generator["args"][generator["args"].index("--kv-nodes") + 1].split(",")
@@ -194,6 +208,32 @@ def test_large_profile_fetches_indexes_and_wires_the_answer_path(rendered):
         assert volumes["tls"]["secret"]["secretName"] == "shardrag-tls"
 
 
+@pytest.mark.parametrize("profile", PROFILES)
+def test_etcd_runs_three_members_with_a_volume_each_and_gateways_keep_no_state(rendered, profile):
+    objects = rendered[profile]
+    etcd = next(s for s in of_kind(objects, "StatefulSet") if s["metadata"]["name"] == "rel-shardrag-etcd")
+    assert etcd["spec"]["replicas"] == 3 and etcd["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    args = container(etcd, "etcd")["args"]
+    cluster = next(a for a in args if a.startswith("--initial-cluster="))
+    assert cluster.count("=http://rel-shardrag-etcd-") == 3
+    pdb = next(p for p in of_kind(objects, "PodDisruptionBudget") if p["metadata"]["name"] == "rel-shardrag-etcd")
+    assert pdb["spec"]["minAvailable"] == 2  # a quorum is never evicted
+    gateway = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "rel-shardrag-gateway")
+    volumes = {v["name"]: v for v in gateway["spec"]["template"]["spec"]["volumes"]}
+    assert "state" not in volumes and not any("persistentVolumeClaim" in v for n, v in volumes.items()
+                                              if n not in ("index",))
+
+
+def test_an_external_etcd_replaces_the_chart_s_own(helm):
+    objects = render(helm, "--set", "etcd.externalEndpoints={etcd-a:2379,etcd-b:2379}")
+    assert not [s for s in of_kind(objects, "StatefulSet") if s["metadata"]["name"] == "rel-shardrag-etcd"]
+    config = json.loads(of_kind(objects, "ConfigMap")[0]["data"]["cluster.json"])
+    assert config["gateway"]["cluster"]["coordinator"] == "etcd://etcd-a:2379,etcd-b:2379"
+    result = subprocess.run([helm, "template", "rel", str(CHART), "--set", "etcd.enabled=false"],
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "externalEndpoints" in result.stderr
+
+
 def test_helm_test_hook_checks_health_and_runs_a_query(rendered):
     pod = of_kind(rendered["default"], "Pod")[0]
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
@@ -211,6 +251,8 @@ def test_helm_test_hook_checks_health_and_runs_a_query(rendered):
     ({"shards": {"replica": 2}}, "replica"),  # a typo is an unknown key, not silently ignored
     ({"auth": {"enabled": True, "apiKeys": ["root:short"]}}, "apiKeys"),
     ({"tls": {"enabled": True}}, "existingSecret"),
+    ({"etcd": {"replicas": 2}}, "replicas"),  # an even number of members buys no extra fault tolerance
+    ({"gateway": {"stateClaim": "x"}}, "stateClaim"),  # gateways keep no state any more
 ])
 def test_bad_values_are_refused_by_the_schema(helm, tmp_path, values, complaint):
     path = tmp_path / "bad.yaml"

@@ -96,6 +96,7 @@ class GatewayConfig:
         for key, value in data.items():
             if key in SECTIONS and isinstance(value, Mapping):
                 known = {f.name for f in dataclasses.fields(SECTIONS[key])}
+                value = {k: v for k, v in value.items() if not _removed(f"{key}.{k}")}
                 unknown = sorted(set(value) - known)
                 if unknown:
                     raise ConfigError(f"unknown gateway config keys: {[f'{key}.{u}' for u in unknown]}",
@@ -147,6 +148,22 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
     "encoder_model": ("encoder", "model"), "encoder_device": ("encoder", "device"), "load_encoder": ("encoder", "load"),
 }
 """Flat key of earlier releases → (section, field) where it lives now."""
+
+
+REMOVED_KEYS: dict[str, str] = {
+    "writes.state_path": "write order lives in each shard's primary now; gateways keep no write state",
+    "writes.hole_fill_after_s": "seqs are the shard primary's own: there are no holes to fill",
+}
+"""Keys of earlier releases that no longer mean anything: read, warned about and ignored."""
+
+
+def _removed(key: str) -> bool:
+    if key not in REMOVED_KEYS:
+        return False
+    message = f"gateway config key {key!r} is ignored: {REMOVED_KEYS[key]}"
+    warnings.warn(message, DeprecationWarning, stacklevel=4)
+    logger.warning("%s", message)
+    return True
 
 
 def _deprecated(key: str, where: str) -> None:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from clusterstate import open_coordinator
+from clusterstate.local import LOCAL_STATE_FILE
 from clusterstate.state import ClusterState
 from index_shards.layout import collection_dir, local_cluster_state, resolve_version
 from index_shards.manifest import CollectionManifest
@@ -28,8 +29,11 @@ def with_collection_state(gateway: GatewayConfig, root: str | Path, collection: 
     """``gateway`` with the collection's local coordinator as its cluster state (unless it names a
     coordinator, e.g. etcd), and a rollout state file of an earlier release to import once."""
     if gateway.cluster.coordinator is None:
-        gateway = replace(gateway, cluster=replace(
-            gateway.cluster, coordinator=f"file://{local_cluster_state(root, collection).resolve()}"))
+        # (deprecated) a rollout.state_path given: the local coordinator lives beside it, as the
+        # gateway's own factory places it
+        beside = Path(gateway.rollout.state_path).with_name(LOCAL_STATE_FILE) if gateway.rollout.state_path else None
+        state_file = beside or local_cluster_state(root, collection)
+        gateway = replace(gateway, cluster=replace(gateway.cluster, coordinator=f"file://{state_file.resolve()}"))
     legacy = collection_dir(root, collection) / LEGACY_ROLLOUT_FILE
     if gateway.rollout.state_path is None and legacy.exists():
         gateway = replace(gateway, rollout=replace(gateway.rollout, state_path=str(legacy)))

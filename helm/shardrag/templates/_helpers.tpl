@@ -168,3 +168,22 @@ tolerations:
 {{- define "shardrag.secretName" -}}
 {{- default (include "shardrag.componentName" (dict "root" . "component" "keys")) .Values.auth.existingSecret -}}
 {{- end -}}
+
+{{/* etcd: the name of its StatefulSet / headless Service, and the --coordinator value every
+     gateway and shard replica is given (the chart's own members, or externalEndpoints). */}}
+{{- define "shardrag.etcdName" -}}
+{{- include "shardrag.componentName" (dict "root" . "component" "etcd") -}}
+{{- end -}}
+
+{{- define "shardrag.coordinator" -}}
+{{- if .Values.etcd.externalEndpoints -}}
+{{- printf "etcd://%s" (join "," .Values.etcd.externalEndpoints) -}}
+{{- else -}}
+{{- $name := include "shardrag.etcdName" . -}}
+{{- $members := list -}}
+{{- range $i := until (int .Values.etcd.replicas) -}}
+{{- $members = append $members (printf "%s-%d.%s.%s.svc.%s:%d" $name $i $name $.Release.Namespace $.Values.clusterDomain (int $.Values.etcd.clientPort)) -}}
+{{- end -}}
+{{- printf "etcd://%s" (join "," $members) -}}
+{{- end -}}
+{{- end -}}
