@@ -103,7 +103,8 @@ def failover(cluster: LocalCluster, kills: int, dim: int) -> dict[str, Any]:
             first_ok: list[float] = []
             killed_at: list[float] = []
 
-            def writer() -> None:
+            def writer(stop: threading.Event = stop, killed_at: list[float] = killed_at,
+                       first_ok: list[float] = first_ok) -> None:
                 while not stop.is_set():
                     sent = time.monotonic()
                     vector = rng.standard_normal(dim).astype(np.float32)

@@ -191,7 +191,7 @@ def test_three_gateways_writes_through_kills_of_gateways_primaries_and_etcd_memb
                 stop.set()
                 for thread in clients:
                     thread.join(120)
-                print("nemesis schedule (seed %d):\n  %s" % (SEED, "\n  ".join(schedule)))
+                print(f"nemesis schedule (seed {SEED}):\n  " + "\n  ".join(schedule))
             etcd.wait_healthy()
             acked = [op for op in history.ops if op.outcome == "ok"]
             assert len(acked) >= 30, f"too few writes were acknowledged: {len(history.ops)} ops, {len(acked)} ok"

@@ -155,7 +155,7 @@ def test_a_primary_dying_mid_write_leaves_no_hole_that_stalls_the_shard(root, tm
     primary that dies after logging a batch it never replicated is replaced, the next primary
     numbers on from what it has, and the dead one's orphan record is dropped when it rejoins."""
     version = msmarco.version.id
-    with start(root, tmp_path) as cluster, httpx.Client(base_url=cluster.gateway_url, timeout=60) as http:
+    with start(root, tmp_path) as cluster:
         urls = cluster.shard_urls[0]
         wait_all_in_sync(urls)
         victim = primary_index(urls)
