@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--advertise-url", default=env.read("SHARDRAG_ADVERTISE_URL"),
                        help="the URL the gateways and the shard's other replicas reach this replica at (default: "
                             "the address it binds, e.g. http://127.0.0.1:PORT) [env SHARDRAG_ADVERTISE_URL]")
+    serve.add_argument("--replica-id", default=env.read("SHARDRAG_REPLICA_ID"),
+                       help="this replica's stable name in its shard's in-sync set, kept across restarts and "
+                            "address changes (default: the name of --data-dir, e.g. shard-0-r1; a pod name in "
+                            "Kubernetes) [env SHARDRAG_REPLICA_ID]")
+    serve.add_argument("--replicas", type=int, default=0,
+                       help="the shard's number of replicas, which write_ack one|majority|all counts against "
+                            "(default 0: as many as have ever registered for the shard)")
     serve.add_argument("--lease-s", type=float, default=3.0,
                        help="the primary's lease in the cluster state: how long after a primary stops renewing it a "
                             "replica takes over (default 3; etcd rounds up to whole seconds, at least 2)")
@@ -144,7 +151,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                mmap=not args.no_mmap,
                                filter_exact_max=args.filter_exact_max, data_dir=args.data_dir,
                                compact_after=args.compact_after, wal_retain=args.wal_retain,
-                               wal_file_bytes=int(args.wal_file_mb * 2**20), lease_s=args.lease_s)
+                               wal_file_bytes=int(args.wal_file_mb * 2**20), lease_s=args.lease_s,
+                               replica_id=args.replica_id, replication=max(0, args.replicas))
     server = create_server(shard, config, state=state)  # takes the data dir's lock: a second server is refused
 
     def start_role(url: str) -> None:

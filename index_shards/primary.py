@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from index_shards import snapshots
@@ -69,7 +69,8 @@ CLOSE_ENOUGH = 100  # a replica this close is brought in under the write locks
 
 @dataclass(slots=True, frozen=True)
 class RoleView:
-    """The role's state as one write sees it."""
+    """The role's state as one write sees it. Replicas are named by their stable ids (a replica
+    keeps its id across restarts and new ports); ``urls`` reaches the live ones."""
 
     replica: str
     term: int
@@ -78,6 +79,12 @@ class RoleView:
     in_sync: tuple[str, ...]
     replicas: tuple[str, ...]
     lease_valid_s: float
+    urls: Mapping[str, str] = field(default_factory=dict)  # replica id → where it is reached (live ones)
+    replication: int = 0  # the shard's configured replicas (0: as many as have registered)
+
+    def needed(self, ack: str) -> int:
+        """Durable copies ``ack`` needs on this shard."""
+        return needed_copies(ack, max(self.replication or len(self.replicas), 1))
 
 
 class Role(Protocol):
@@ -149,7 +156,7 @@ class PrimaryWriter:
             first = live.applied_seq + 1
             numbered = [r.sequenced(first + i, view.term) for i, r in enumerate(records)]
             copies = self._replicate_locked(slot, view, numbered)
-            needed = needed_copies(ack, max(len(view.replicas), 1))
+            needed = view.needed(ack)
             if copies < needed:
                 raise ShardUnavailable(f"shard {self.versions.shard_id}: the write is durable on {copies} of the "
                                        f"{needed} replicas write_ack {ack!r} needs (the others are out of sync); its "
@@ -175,7 +182,8 @@ class PrimaryWriter:
         payload = encode_records(records)
         others = [r for r in view.in_sync if r != view.replica]
         sent: dict[str, Future[int]] = {
-            peer: self._pool.submit(self._send, peer, slot, view.term, prev, payload, records[0].seq)
+            peer: self._pool.submit(self._send, view.urls.get(peer, ""), slot, view.term, prev, payload,
+                                    records[0].seq)
             for peer in others}
         append_locked(self.versions, slot, records)
         deadline = self._clock() + self.settings.replicate_timeout_s
@@ -195,7 +203,10 @@ class PrimaryWriter:
         return 1 + len(others) - len(failed)
 
     def _send(self, peer: str, slot: VersionSlot, term: int, prev: Mark | None, payload: bytes, first_seq: int) -> int:
-        """One batch to one replica; a replica that misses earlier records gets them first."""
+        """One batch to one replica (``peer``: its URL); a replica that misses earlier records gets
+        them first."""
+        if not peer:
+            raise ShardUnavailable("the replica is not registered as live (its lease lapsed)")
         timeout_s = self.settings.replicate_timeout_s
         try:
             return self.peers.replicate(peer, slot.version_id, term, prev, payload, timeout_s)
@@ -246,11 +257,12 @@ class PrimaryWriter:
         logger.warning("shard %d: primary of term %d established", self.versions.shard_id, self.role.view().term)
 
     # -- bringing a replica in -------------------------------------------------------------------
-    def bring_in(self, peer: str) -> bool:
-        """Catch ``peer`` up on every writable version and add it to the in-sync set (module
-        docstring). False when it cannot join yet (it lacks a version, or the primary changed)."""
+    def bring_in(self, replica: str, peer: str) -> bool:
+        """Catch ``replica`` (reached at ``peer``) up on every writable version and add it to the
+        in-sync set (module docstring). False when it cannot join yet (it lacks a version, or the
+        primary changed)."""
         view = self.role.view()
-        if not view.is_primary or peer in view.in_sync:
+        if not view.is_primary or replica in view.in_sync:
             return False
         slots = [s for s in self.versions.slots() if s.log is not None]
         info = self.peers.info(peer, self.settings.replicate_timeout_s)
@@ -270,12 +282,12 @@ class PrimaryWriter:
             for slot in ordered:
                 assert slot.live is not None
                 self._send_log(peer, slot, view.term, upto=slot.live.applied_seq)
-            joined = self.role.add_to_in_sync(peer, view.term)
+            joined = self.role.add_to_in_sync(replica, view.term)
         finally:
             for slot in reversed(ordered):
                 slot.write_lock.release()
         if joined:
-            logger.warning("shard %d: %s caught up and joined the in-sync set", self.versions.shard_id, peer)
+            logger.warning("shard %d: %s caught up and joined the in-sync set", self.versions.shard_id, replica)
         return joined
 
     def _catch_up(self, peer: str, slot: VersionSlot, term: int, applied: int, last_checksum: int | None) -> None:

@@ -18,6 +18,12 @@ Every replica runs :class:`ShardRole` on a background thread, every ``tick_s``:
   slept, and its replicas refuse its term), and brings live replicas outside the in-sync set back
   in (``PrimaryWriter.bring_in``).
 
+Replicas are named by a stable **id** (``--replica-id``, by default the name of the replica's data
+dir: ``shard-0-r1``; a pod name in Kubernetes), not by their URL, which can change between runs:
+the in-sync set and the shard's membership hold ids, and each live replica registers the URL it
+is reached at. ``replication`` is the shard's configured number of replicas, which ``write_ack``
+counts against (default: as many as ever registered).
+
 Without a cluster state (``state=None``: one replica in one process, tests) the replica is the
 primary of its shard on its own, forever.
 """
@@ -44,9 +50,15 @@ logger = logging.getLogger(__name__)
 
 class ShardRole:
     def __init__(self, versions: ShardVersions, replica: str, state: ClusterState | None, peers: PeerClient, *,
-                 lease_s: float = 3.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 url: str | None = None, replication: int = 0, lease_s: float = 3.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``replica``: this replica's stable id; ``url``: where peers reach it (default: the id, as
+        in one process; set by :meth:`start` once a server knows its address)."""
         self.versions = versions
         self.replica = replica
+        self.url = url or replica
+        self.replication = replication
+        self._urls: dict[str, str] = {replica: self.url}
         self.state = state
         self.peers = peers
         self.lease_s = lease_s
@@ -76,19 +88,20 @@ class ShardRole:
         record = self._record
         if self.state is None:
             return RoleView(self.replica, record.term, True, self.replica, record.in_sync, record.replicas,
-                            float("inf"))
+                            float("inf"), {self.replica: self.url}, self.replication)
         lease = self._lease
         valid = lease.valid_for_s() if lease is not None else 0.0
         is_primary = (record.primary == self.replica and self._claimed_term == record.term
                       and record.term == self.versions.term and lease is not None
                       and lease.lease == self._claim_lease)
         return RoleView(self.replica, record.term, is_primary, record.primary, record.in_sync, record.replicas,
-                        valid if is_primary else 0.0)
+                        valid if is_primary else 0.0, self._urls, self.replication)
 
     def info(self) -> RoleInfo:
         view = self.view()
         return RoleInfo(self.replica, max(view.term, self.versions.term), view.primary, view.is_primary,
-                        view.in_sync, round(view.lease_valid_s, 3) if view.is_primary and self.state else None)
+                        view.in_sync, round(view.lease_valid_s, 3) if view.is_primary and self.state else None,
+                        self.url)
 
     def drop_from_in_sync(self, replicas: Sequence[str], term: int) -> bool:
         """Remove ``replicas`` from the in-sync set, only while ``term`` is current. False when it is not."""
@@ -123,12 +136,11 @@ class ShardRole:
         return updated is not None
 
     # -- the loop ----------------------------------------------------------------------------------
-    def start(self, replica: str | None = None) -> ShardRole:
-        """Start taking part (``replica``: this replica's name, once its URL is known)."""
-        if replica is not None:
-            self.replica = replica
-            if self.state is None:
-                self._record = replace(self._record, primary=replica, in_sync=(replica,), replicas=(replica,))
+    def start(self, url: str | None = None) -> ShardRole:
+        """Start taking part (``url``: where peers and gateways reach this replica, once known)."""
+        if url is not None:
+            self.url = url
+            self._urls = {**self._urls, self.replica: url}
         if self.state is None:
             return self
         self._started = self._clock()
@@ -153,7 +165,7 @@ class ShardRole:
 
     def _register(self) -> None:
         assert self.state is not None and self._lease is not None
-        self.state.register_member(self.shard_id, self.replica, self._lease.lease, {"pid": _pid()})
+        self.state.register_member(self.shard_id, self.replica, self._lease.lease, {"url": self.url, "pid": _pid()})
 
         def change(current: ShardRecord) -> ShardRecord:
             if self.replica in current.replicas:
@@ -186,6 +198,8 @@ class ShardRole:
         if self.replica not in record.replicas:
             self._register()
             record = self._record
+        members = self.state.members(self.shard_id)
+        self._urls = {**{r: str(d.get("url") or r) for r, d in members.items()}, self.replica: self.url}
         self._record = record
         claim = self.state.claim(self.shard_id)
         if self._claimed_term and (record.term != self._claimed_term or record.primary != self.replica):
@@ -213,8 +227,11 @@ class ShardRole:
         if replica == self.replica:
             info = self.versions.info()
         else:
+            url = self._urls.get(replica)
+            if url is None:
+                return None
             try:
-                info = self.peers.info(replica, min(1.0, self.lease_s / 2))
+                info = self.peers.info(url, min(1.0, self.lease_s / 2))
             except ShardragError:
                 return None
         known = info.role.term if info.role is not None else 0
@@ -257,10 +274,9 @@ class ShardRole:
 
     def _bring_in_others(self, record: ShardRecord) -> None:
         assert self.state is not None
-        members = self.state.members(self.shard_id)
-        for replica in sorted(set(members) - set(record.in_sync) - {self.replica}):
+        for replica in sorted(set(self._urls) - set(record.in_sync) - {self.replica}):
             try:
-                self.writer.bring_in(replica)
+                self.writer.bring_in(replica, self._urls[replica])
             except ShardragError as exc:
                 logger.info("shard %d: bringing %s in: %s", self.shard_id, replica, exc.message)
 

@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
@@ -80,6 +81,8 @@ class ShardServerConfig:
     max_write_bytes: int = 64 * 1024 * 1024  # largest replicated write batch
     max_snapshot_bytes: int = 4 * 1024 * 1024 * 1024  # largest snapshot a replica restores from (held in memory)
     lease_s: float = 3.0  # the primary's lease: how long after it stops renewing a replica takes over
+    replica_id: str | None = None  # this replica's stable id (default: its data dir's name)
+    replication: int = 0  # the shard's configured replicas, which write_ack counts (0: as many as registered)
 
 
 CATCH_UP_WAIT_S = 0.5  # how long a session read waits for this replica to apply the write it needs
@@ -110,19 +113,21 @@ class ShardServer:
 
 
 def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None = None, *,
-                  state: Any = None, peers: PeerClient | None = None, replica: str = "local") -> ShardServer:
+                  state: Any = None, peers: PeerClient | None = None) -> ShardServer:
     """The shard server's ASGI app (a fast path for search and writes around a FastAPI app), over a
     version store and the replica's role in its shard. ``state``: the cluster state
     (clusterstate.state.ClusterState) the role coordinates through; None: this replica is the only
-    one, the primary of its shard on its own. ``replica``: its name (the URL peers reach it at;
-    with a cluster state it is given to :meth:`ShardRole.start` instead)."""
+    one, the primary of its shard on its own. The role starts with :meth:`ShardRole.start`, given
+    the URL the server is reached at once it listens."""
     config = config or ShardServerConfig()
     faults = FaultInjector(config.faults)
     versions = shard if isinstance(shard, ShardVersions) else ShardVersions(
         shard, max_versions=config.max_versions, device=config.device, filter_exact_max=config.filter_exact_max,
         data_dir=config.data_dir, compact_after=config.compact_after, wal_retain=config.wal_retain,
         wal_file_bytes=config.wal_file_bytes, crash_point=faults.crash_point, mmap=config.mmap)
-    role = ShardRole(versions, replica, state, peers or HttpPeers(), lease_s=config.lease_s)
+    replica = config.replica_id or (Path(config.data_dir).name if config.data_dir else "local")
+    role = ShardRole(versions, replica, state, peers or HttpPeers(), replication=config.replication,
+                     lease_s=config.lease_s)
     shard_id = versions.shard_id
     metrics = ShardMetrics.create(shard_id)
     metrics.documents.labels(shard=str(shard_id)).set(versions.get(versions.ready_ids()[0]).manifest.count)

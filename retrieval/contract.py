@@ -203,21 +203,22 @@ class VersionInfo:
 class RoleInfo:
     """A replica's place in its shard's write ordering, as it sees it."""
 
-    replica: str  # its own name (the URL peers and gateways reach it at)
+    replica: str  # its stable id (kept across restarts: the in-sync set holds ids)
     term: int  # the highest primary term it knows
-    primary: str | None  # who orders the shard's writes in that term (None: nobody yet)
+    primary: str | None  # the id of who orders the shard's writes in that term (None: nobody yet)
     is_primary: bool
-    in_sync: tuple[str, ...] = ()  # the replicas that hold every acknowledged write (as last read)
+    in_sync: tuple[str, ...] = ()  # the ids of the replicas that hold every acknowledged write (as last read)
     lease_valid_s: float | None = None  # a primary: how long its claim is still safe to act on
+    url: str | None = None  # where peers and gateways reach it
 
     def to_dict(self) -> dict[str, Any]:
         return {"replica": self.replica, "term": self.term, "primary": self.primary, "is_primary": self.is_primary,
-                "in_sync": list(self.in_sync), "lease_valid_s": self.lease_valid_s}
+                "in_sync": list(self.in_sync), "lease_valid_s": self.lease_valid_s, "url": self.url}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RoleInfo:
         return cls(str(data["replica"]), int(data["term"]), data.get("primary"), bool(data["is_primary"]),
-                   tuple(str(r) for r in data.get("in_sync", ())), data.get("lease_valid_s"))
+                   tuple(str(r) for r in data.get("in_sync", ())), data.get("lease_valid_s"), data.get("url"))
 
 
 def needed_copies(ack: str, replicas: int) -> int:

@@ -161,7 +161,8 @@ class LocalCluster:
                     return [self.python, "-m", "index_shards", "serve", "--dir", str(directory), "--host", self.host,
                             "--port", str(port), "--faiss-threads", str(self.faiss_threads),
                             "--data-dir", str(self.replica_data_dir(shard_id, replica)),
-                            "--coordinator", str(self.gateway_config.cluster.coordinator), *self.shard_args]
+                            "--coordinator", str(self.gateway_config.cluster.coordinator),
+                            "--replicas", str(self.replicas), *self.shard_args]
 
                 child = Child(name, argv, self.workdir / f"{name}.log")
                 child.start(self.env)

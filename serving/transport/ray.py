@@ -193,7 +193,7 @@ class RayShardCluster:
                 ).remote(str(shard_dir(self.version_dir, shard_id)), "auto" if gpus else "cpu", self.max_versions,
                          self.faiss_threads, self._data_dir(shard_id, replica),
                          f"{SCHEME}{self.actor_name(shard_id, replica)}", self._coordinator(), self.namespace,
-                         self.lease_s)
+                         self.lease_s, self.replicas)
                 group.append(actor)
                 pending.append(actor.ready.remote())
             self.actors.append(group)

@@ -8,6 +8,7 @@ This module is one of the places ``serving`` imports ``index_shards`` (the actor
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,9 @@ class ShardReplica:
 
     def __init__(self, directory: str, device: str = "auto", max_versions: int = 2, faiss_threads: int = 1,
                  data_dir: str | None = None, name: str = "", coordinator: str | None = None,
-                 namespace: str | None = None, lease_s: float = 3.0) -> None:
+                 namespace: str | None = None, lease_s: float = 3.0, replication: int = 0) -> None:
+        """``name``: the actor's ``ray://`` name, which peers reach it by; its id in the shard's
+        in-sync set is its data dir's name, the same as the process backend's replica there."""
         import faiss
 
         from index_shards.role import ShardRole
@@ -52,7 +55,9 @@ class ShardReplica:
             from clusterstate.state import ClusterState
 
             state = ClusterState(open_coordinator(coordinator), self.versions.collection)
-        self.role = ShardRole(self.versions, name, state, RayPeers(namespace), lease_s=lease_s).start(name)
+        replica_id = Path(data_dir).name if data_dir else name
+        self.role = ShardRole(self.versions, replica_id, state, RayPeers(namespace), url=name, replication=replication,
+                              lease_s=lease_s).start(name)
 
     def ready(self) -> dict[str, Any]:
         return {"shard_id": self.versions.shard_id, "versions": self.versions.ready_ids()}

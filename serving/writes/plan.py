@@ -22,14 +22,16 @@ from serving.writes.models import MAX_DOCUMENTS, MAX_TEXT_CHARS, DocumentIn
 @dataclass(slots=True, frozen=True)
 class WriteSettings:
     timeout_s: float = 15.0  # how long a write may take, failovers of a primary included (a lease or two)
+    attempt_timeout_s: float = 7.0  # one try at one primary (a hung one is given up on, and looked up again)
     max_document_bytes: int = 1 << 20  # largest document (title + text + metadata)
     max_documents: int = MAX_DOCUMENTS  # per upsert or delete request
     max_text_chars: int = MAX_TEXT_CHARS  # of a title or a text
     max_body_bytes: int = 64 << 20  # a write request's body (larger: 413)
 
     def validate(self) -> None:
-        if self.timeout_s <= 0 or self.max_document_bytes <= 0:
-            raise ConfigError("writes.timeout_s and max_document_bytes must be > 0", field="writes.timeout_s")
+        if self.timeout_s <= 0 or self.max_document_bytes <= 0 or self.attempt_timeout_s <= 0:
+            raise ConfigError("writes.timeout_s, attempt_timeout_s and max_document_bytes must be > 0",
+                              field="writes.timeout_s")
         if not 1 <= self.max_documents <= MAX_DOCUMENTS or not 1 <= self.max_text_chars <= MAX_TEXT_CHARS:
             raise ConfigError(f"writes.max_documents must be 1..{MAX_DOCUMENTS}, max_text_chars 1..{MAX_TEXT_CHARS}",
                               field="writes.max_documents")

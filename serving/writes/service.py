@@ -53,8 +53,6 @@ from serving.writes.plan import Item, WriteSettings, route_upserts, shards_holdi
 from serving.writes.primaries import PrimaryDirectory
 from serving.writes.staging import StagedSync
 
-REPLANS = 3  # a write refused as stale_view is planned again with the cluster state reloaded
-
 
 class _Replan(Exception):
     """A primary has seen a newer rollout generation: reload the cluster state and plan again."""
@@ -137,13 +135,22 @@ class WriteService:
         return await self._commit(plans, versions[0], ids, request)
 
     async def _replanned(self, attempt: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
-        for _ in range(REPLANS):
+        """``attempt``, planned again with the cluster state reloaded each time a primary says the
+        plan was made under an old view. While a rollout step is being recorded the primaries hold
+        writes back behind a fence for a moment: the write waits (within its deadline) rather than
+        failing."""
+        deadline = time.monotonic() + self.settings.timeout_s
+        pause = 0.02
+        while True:
             try:
                 return await attempt()
             except _Replan:
+                if time.monotonic() + pause > deadline:
+                    raise ShardUnavailable("the cluster state kept changing under this write (a rollout step); "
+                                           "retry it", field="version") from None
                 await asyncio.to_thread(self.registry.sync)
-        raise ShardUnavailable("the cluster state kept changing under this write (a rollout step); retry it",
-                               field="version")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.5)
 
     async def _matching(self, version: str, filter_canonical: str) -> dict[int, list[str]]:
         """Per shard, the ids the filter selects, as the shard's most up-to-date replica holds them."""
@@ -286,7 +293,8 @@ class WriteService:
                 await asyncio.sleep(min(0.1, remaining))
                 continue
             try:
-                return await self.client.primary_write(primary, shard, version, payload, ack, generation, remaining)
+                return await self.client.primary_write(primary, shard, version, payload, ack, generation,
+                                                       min(remaining, self.settings.attempt_timeout_s))
             except StaleView as exc:
                 raise _Replan() from exc
             except NotPrimary as exc:

@@ -28,13 +28,23 @@ def primary_index(urls: list[str], timeout_s: float = 30.0) -> int:
 
 
 def in_sync(urls: list[str], timeout_s: float = 30.0) -> list[str]:
-    """The in-sync set as the shard's primary reports it."""
+    """The in-sync set (replica ids) as the shard's primary reports it."""
     return list(role_of(urls[primary_index(urls, timeout_s)])["in_sync"])
+
+
+def replica_id(url: str, timeout_s: float = 30.0) -> str:
+    """The stable id a replica goes by in its shard's in-sync set."""
+    deadline = time.monotonic() + timeout_s
+    while (role := role_of(url)) is None:
+        assert time.monotonic() < deadline, f"{url} does not answer"
+        time.sleep(0.1)
+    return str(role["replica"])
 
 
 def wait_all_in_sync(urls: list[str], timeout_s: float = 60.0) -> None:
     """Until every replica of the shard is in the in-sync set (caught up and brought back in)."""
     deadline = time.monotonic() + timeout_s
-    while set(in_sync(urls, timeout_s)) != set(urls):
-        assert time.monotonic() < deadline, f"not every replica is in sync: {in_sync(urls)} of {urls}"
+    ids = {replica_id(url, timeout_s) for url in urls}
+    while set(in_sync(urls, timeout_s)) != ids:
+        assert time.monotonic() < deadline, f"not every replica is in sync: {in_sync(urls)} of {sorted(ids)}"
         time.sleep(0.2)

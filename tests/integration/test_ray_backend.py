@@ -1,6 +1,7 @@
 """The Ray backend on a local Ray (2 CPUs): 2 shards × 2 replica actors behind the same gateway
-code as HTTP. Same answers as the HTTP backend; a killed replica actor costs no query; clean
-shutdown."""
+code as HTTP. Same answers as the HTTP backend; a killed replica actor costs no query; writes go
+through each shard's primary actor to the others (the same protocol as HTTP, over Ray) and go on
+when the primary actor is killed; clean shutdown."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ def root(tmp_path_factory, msmarco):
 
 @pytest.fixture(scope="module")
 def ray_cluster(root):
-    cluster = RayShardCluster(root, "rayc", replicas=2, ray_init={"num_cpus": 2}).start()
+    # read-only replicas: these tests only query, and an HTTP cluster of the same collection runs
+    # beside it (two writers of one data dir would be refused: each replica locks its own)
+    cluster = RayShardCluster(root, "rayc", replicas=2, ray_init={"num_cpus": 2}, writable=False).start()
     yield cluster
     cluster.stop()
 
@@ -67,7 +70,7 @@ def test_same_answers_as_the_http_backend(root, ray_cluster, msmarco):
 def doomed_cluster(root, ray_cluster):
     """Replica actors of their own (the module's Ray, another namespace): killing one leaves the
     module's cluster whole for the other tests."""
-    cluster = RayShardCluster(root, "rayc", replicas=2, namespace="kill-test").start()
+    cluster = RayShardCluster(root, "rayc", replicas=2, namespace="kill-test", writable=False).start()
     yield cluster
     cluster.stop()
 
@@ -112,7 +115,7 @@ def test_clean_shutdown(root, ray_cluster):
     import ray
 
     # The module's cluster started Ray; a second cluster object reuses it and stops only its actors.
-    cluster = RayShardCluster(root, "rayc", replicas=1, namespace="shutdown-test").start()
+    cluster = RayShardCluster(root, "rayc", replicas=1, namespace="shutdown-test", writable=False).start()
     names = [n for group in cluster.replica_names for n in group]
     cluster.stop()
     deadline = time.monotonic() + 10
@@ -131,6 +134,41 @@ def _exists(ray, name: str, namespace: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def test_writes_replicate_between_actors_and_survive_the_primary_actor(root, ray_cluster, msmarco):
+    """Replica actors with data dirs elect a primary per shard through the collection's local
+    coordinator; a write is acknowledged once both actors of its shard have it, and when the
+    primary actor is killed the other takes over and writes go on."""
+    import ray
+
+    build_collection(root, msmarco.documents[:100], msmarco.vectors[:100], msmarco.version, BuildConfig("rayw", 1),
+                     show_progress=False)
+    cluster = RayShardCluster(root, "rayw", replicas=2, namespace="writes-test", lease_s=2.0).start()
+    vector = (msmarco.vectors[0] + msmarco.vectors[1]) / np.linalg.norm(msmarco.vectors[0] + msmarco.vectors[1])
+    try:
+        setup = GatewaySetup(CONFIG, cluster.replica_names, shard_client=cluster.client())
+        with TestClient(create_app(setup)) as client:
+            deadline = time.monotonic() + 60
+            while True:  # the actors elect a primary and bring the other in
+                reply = client.post("/v1/documents", json={"documents": [{"id": "ray-1", "vector": vector.tolist()}],
+                                                           "write_ack": "all"})
+                if reply.status_code == 200:
+                    break
+                assert time.monotonic() < deadline, reply.text
+                time.sleep(0.5)
+            infos = [ray.get(actor.info.remote()) for actor in cluster.actors[0]]
+            assert sorted(i.role.is_primary for i in infos) == [False, True]
+            assert all(i.versions[0].applied_seq == infos[0].versions[0].applied_seq for i in infos)
+            primary = next(n for n, i in enumerate(infos) if i.role.is_primary)
+            cluster.kill(0, primary)  # for good: the other actor takes over after the lease
+            reply = client.post("/v1/documents", json={"documents": [{"id": "ray-2", "vector": vector.tolist()}],
+                                                       "write_ack": "one"})
+            assert reply.status_code == 200, reply.text
+            assert client.get("/v1/documents/ray-1").status_code == 200
+            assert client.get("/v1/documents/ray-2").status_code == 200
+    finally:
+        cluster.stop()
 
 
 def test_shardrag_serve_backend_ray_cli(root, msmarco):
@@ -156,6 +194,10 @@ def test_shardrag_serve_backend_ray_cli(root, msmarco):
         assert url, "the Ray-backed gateway never became ready"
         response = httpx.post(f"{url}/v1/query", json={"vector": msmarco.query_vectors[0].tolist(), "k": 5}, timeout=30)
         assert response.status_code == 200 and len(response.json()["hits"]) == 5
+        written = httpx.post(f"{url}/v1/documents", json={"documents": [
+            {"id": "cli-ray", "vector": msmarco.vectors[3].tolist()}]}, timeout=60)
+        assert written.status_code == 200, written.text  # the actors take writes too
+        assert httpx.get(f"{url}/v1/documents/cli-ray", timeout=30).status_code == 200
     finally:
         os.killpg(process.pid, signal.SIGINT)
         assert process.wait(60) == 0

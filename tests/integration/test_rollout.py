@@ -271,7 +271,7 @@ def test_writes_during_a_rollout_are_all_in_the_new_version(cluster, versions, q
         time.sleep(1.0)
         assert admin(cluster, "stage", version=v2, model=versions["v2_model"]).status_code == 200
         wait_ready(cluster, v2)
-        time.sleep(1.5)  # dual-writes into V1 and V2
+        time.sleep(1.5)  # writes into V1 while V2 is staged (replayed into it before it is synced)
         during_staging = len(acknowledged)
         activated = admin(cluster, "activate", version=v2, queries=queries)
         assert activated.status_code == 200, activated.text
@@ -281,7 +281,7 @@ def test_writes_during_a_rollout_are_all_in_the_new_version(cluster, versions, q
         for worker in workers:
             worker.join()
     assert during_staging > 0 and len(acknowledged) > during_staging
-    assert all("being staged" in message for message in refused)  # only while V2 was loading
+    assert refused == []  # never refused: V2 takes writes once synced, and the sync's fence only holds them a moment
     with httpx.Client(base_url=cluster.gateway_url, timeout=60) as client:
         for doc_id in acknowledged:  # every acknowledged write, whenever it came, is in V2
             stored = client.get(f"/v1/documents/{doc_id}")
