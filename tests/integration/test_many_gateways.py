@@ -149,10 +149,8 @@ def test_three_gateways_writes_through_kills_of_gateways_primaries_and_etcd_memb
             for gateway in extra:
                 gateway.start()
 
-            class Main:  # the launcher's own gateway (its supervisor restarts it)
-                @property
-                def url(self) -> str:
-                    return cluster.gateway_url
+            class Main:  # the launcher's own gateway: its supervisor restarts it on the same port
+                url = cluster.gateway_url
 
             gateways = [Main(), *extra]
             history, stop = History(), threading.Event()
@@ -194,6 +192,10 @@ def test_three_gateways_writes_through_kills_of_gateways_primaries_and_etcd_memb
                 print(f"nemesis schedule (seed {SEED}):\n  " + "\n  ".join(schedule))
             etcd.wait_healthy()
             acked = [op for op in history.ops if op.outcome == "ok"]
+            print(f"{len(history.ops)} operations: {len(acked)} acknowledged, "
+                  f"{sum(op.outcome == 'unknown' for op in history.ops)} unknown, "
+                  f"{sum(op.outcome == 'fail' for op in history.ops)} refused")
+            assert all(not thread.is_alive() for thread in clients)
             assert len(acked) >= 30, f"too few writes were acknowledged: {len(history.ops)} ops, {len(acked)} ok"
             for shard in range(2):
                 assert_converged(cluster.shard_urls[shard], msmarco.version.id, timeout_s=90)
