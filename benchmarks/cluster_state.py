@@ -53,32 +53,10 @@ def etcd_handled(urls: list[str]) -> float:
     return total
 
 
-def role(url: str) -> dict[str, Any] | None:
-    try:
-        return httpx.get(f"{url}/v1/info", timeout=5).json().get("role")
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
-def primary_index(urls: list[str], timeout_s: float = 60.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = [(r["term"], i) for i, url in enumerate(urls) if (r := role(url)) and r["is_primary"]]
-        if found:
-            return max(found)[1]
-        time.sleep(0.05)
-    raise RuntimeError(f"no primary among {urls}")
-
-
 def wait_in_sync(urls: list[str], timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        index = primary_index(urls)
-        r = role(urls[index])
-        if r and set(r["in_sync"]) == set(urls):
-            return
-        time.sleep(0.2)
-    raise RuntimeError("replicas did not all come back in sync")
+    from tests.helpers.roles import wait_all_in_sync
+
+    wait_all_in_sync(urls, timeout_s)
 
 
 def shard0_ids(prefix: str):
@@ -91,6 +69,8 @@ def shard0_ids(prefix: str):
 
 
 def failover(cluster: LocalCluster, kills: int, dim: int) -> dict[str, Any]:
+    from tests.helpers.roles import primary_index
+
     urls = cluster.shard_urls[0]
     rng = np.random.default_rng(0)
     ids = shard0_ids("failover")

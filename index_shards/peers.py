@@ -69,20 +69,12 @@ class HttpPeers(PeerClient):
     def __init__(self) -> None:
         self._client = httpx.Client(headers=internal_headers(), timeout=10.0)
 
-    def _post(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float, shard_hint: str) -> bytes:
+    def _request(self, method: str, url: str, peer: str, timeout_s: float, body: bytes | None = None,
+                 headers: dict[str, str] | None = None) -> bytes:
+        """One call to ``peer``; its error answer comes back as the error it names, an unreachable
+        or silent peer as ShardUnavailable / DeadlineExceeded."""
         try:
-            response = self._client.post(url, content=body, headers=headers, timeout=timeout_s)
-        except httpx.TimeoutException as exc:
-            raise DeadlineExceeded(f"{shard_hint} did not answer in {timeout_s:.1f} s") from exc
-        except httpx.HTTPError as exc:
-            raise ShardUnavailable(f"{shard_hint} unreachable: {type(exc).__name__}") from exc
-        if response.status_code != 200:
-            raise error_for_status(response.status_code, response.content, peer=shard_hint)
-        return response.content
-
-    def _get(self, url: str, timeout_s: float, peer: str) -> bytes:
-        try:
-            response = self._client.get(url, timeout=timeout_s)
+            response = self._client.request(method, url, content=body, headers=headers, timeout=timeout_s)
         except httpx.TimeoutException as exc:
             raise DeadlineExceeded(f"{peer} did not answer in {timeout_s:.1f} s") from exc
         except httpx.HTTPError as exc:
@@ -95,25 +87,26 @@ class HttpPeers(PeerClient):
                   timeout_s: float) -> int:
         import orjson
 
-        answer = self._post(f"{peer}/v1/writes?version={quote(version, safe='')}", payload,
-                            {TERM_HEADER: str(term), PREV_HEADER: prev_header(prev),
-                             "content-type": "application/octet-stream"}, timeout_s, peer)
+        answer = self._request("POST", f"{peer}/v1/writes?version={quote(version, safe='')}", peer, timeout_s,
+                               payload, {TERM_HEADER: str(term), PREV_HEADER: prev_header(prev),
+                                         "content-type": "application/octet-stream"})
         return int(orjson.loads(answer)["applied_seq"])
 
     def info(self, peer: str, timeout_s: float) -> ReplicaInfo:
         import orjson
 
-        return ReplicaInfo.from_dict(orjson.loads(self._get(f"{peer}/v1/info", timeout_s, peer)))
+        return ReplicaInfo.from_dict(orjson.loads(self._request("GET", f"{peer}/v1/info", peer, timeout_s)))
 
     def snapshot(self, peer: str, version: str, timeout_s: float) -> Snapshot:
-        return Snapshot.decode(self._get(f"{peer}/v1/snapshot?version={quote(version, safe='')}", timeout_s, peer))
+        return Snapshot.decode(self._request("GET", f"{peer}/v1/snapshot?version={quote(version, safe='')}", peer,
+                                             timeout_s))
 
     def restore(self, peer: str, version: str, term: int, snapshot: Snapshot, force: bool, timeout_s: float) -> int:
         import orjson
 
-        answer = self._post(f"{peer}/admin/restore?version={quote(version, safe='')}&force={str(force).lower()}",
-                            snapshot.encode(), {TERM_HEADER: str(term), "content-type": "application/octet-stream"},
-                            timeout_s, peer)
+        answer = self._request("POST", f"{peer}/admin/restore?version={quote(version, safe='')}&force="
+                               f"{str(force).lower()}", peer, timeout_s, snapshot.encode(),
+                               {TERM_HEADER: str(term), "content-type": "application/octet-stream"})
         return int(orjson.loads(answer)["applied_seq"])
 
     def close(self) -> None:
