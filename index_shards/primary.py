@@ -125,26 +125,39 @@ class PrimaryWriter:
                              "replaced", field="primary", shard=self.versions.shard_id)
         return view
 
-    def fence(self, generation: int, hold_s: float) -> int:
+    def fence(self, generation: int, hold_s: float) -> dict[str, object]:
         """Refuse writes sent under a rollout generation older than ``generation`` for ``hold_s``
-        seconds (a newer fence replaces an older one); the fence's generation after."""
+        seconds (a newer fence replaces an older one). Returns the fence, whether this replica is
+        the primary, and each version's applied seq *after* every write that passed the old fence
+        has finished: a write checks the fence under its version's write lock, and the seqs are
+        read under it too, so no write of an older view lands past them."""
         if generation >= self._fence or self._clock() >= self._fence_until:
             self._fence, self._fence_until = generation, max(self._fence_until, self._clock() + hold_s)
-        return self._fence
+        applied: dict[str, int] = {}
+        for slot in self.versions.slots():
+            with slot.write_lock:
+                if slot.live is not None:
+                    applied[slot.version_id] = slot.live.applied_seq
+        return {"shard_id": self.versions.shard_id, "generation": self._fence, "applied_seq": applied,
+                "is_primary": self.role.view().is_primary}
 
-    def write(self, version: str, records: Sequence[WalRecord], ack: str, generation: int) -> WriteReply:
-        """Sequence, log, replicate and acknowledge one batch (module docstring)."""
-        view = self._check_primary()
+    def _check_view(self, generation: int) -> None:
         if generation < self._fence and self._clock() < self._fence_until:
             raise StaleView(f"this write was sent under rollout generation {generation}; generation {self._fence} "
                             "is current — reload the cluster state and retry", field="generation",
                             shard=self.versions.shard_id)
+
+    def write(self, version: str, records: Sequence[WalRecord], ack: str, generation: int) -> WriteReply:
+        """Sequence, log, replicate and acknowledge one batch (module docstring)."""
+        view = self._check_primary()
+        self._check_view(generation)
         slot = self.versions.writable_slot(version)
         key = records[0].key if records else ""
         with slot.write_lock:
             live, log = slot.live, slot.log
             assert live is not None and log is not None
             view = self._check_primary()  # the lock may have been waited for
+            self._check_view(generation)  # ... and a fence set meanwhile (fence() reads the seqs under this lock)
             if key:
                 earlier = log.keys.get(key)
                 if earlier is not None:

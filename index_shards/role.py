@@ -12,7 +12,8 @@ Every replica runs :class:`ShardRole` on a background thread, every ``tick_s``:
   establishes its term on the others (``PrimaryWriter.establish``). Only an in-sync replica can
   win (it holds every acknowledged write); a shard whose in-sync replicas are all gone waits for
   one to come back rather than lose writes. The first election of a new shard (term 0) is open to
-  every replica that registered within the first lease period;
+  every replica that registered by then (it waits until all ``replication`` replicas have, or a
+  lease period);
 * a **primary** keeps its claim alive, steps down the moment the record names another primary or
   a newer term (a paused primary that wakes finds itself replaced: its lease lapsed while it
   slept, and its replicas refuse its term), and brings live replicas outside the in-sync set back
@@ -241,8 +242,10 @@ class ShardRole:
         assert self.state is not None and self._lease is not None
         members = set(self.state.members(self.shard_id))
         bootstrap = record.term == 0
-        if bootstrap and self._clock() - self._started < self.lease_s:
-            return  # the first election waits a lease period for the others to register
+        if bootstrap:
+            everyone = bool(self.replication) and len(members) >= self.replication
+            if not everyone and self._clock() - self._started < self.lease_s:
+                return  # the first election waits for the shard's replicas to register (a lease period at most)
         eligible = members if bootstrap else members & set(record.in_sync)
         if self.replica not in eligible:
             return

@@ -334,10 +334,7 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
               "for hold_s seconds")
     async def post_fence(generation: Annotated[int, Query(ge=0)],
                          hold_s: Annotated[float, Query(gt=0, le=600)] = 10.0) -> Response:
-        fence = role.writer.fence(generation, hold_s)
-        held = {s.version_id: s.live.applied_seq for s in versions.slots() if s.live is not None}
-        return json_response({"shard_id": shard_id, "generation": fence, "applied_seq": held,
-                              "is_primary": role.view().is_primary})
+        return json_response(await in_thread(role.writer.fence, generation, hold_s))
 
     @app.get("/v1/documents/{doc_id:path}", summary="One document as this replica holds it (404 if absent or deleted)")
     async def get_document(doc_id: str, version: Annotated[str | None, Query()] = None) -> Response:

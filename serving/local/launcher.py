@@ -27,13 +27,7 @@ from retrieval.dirlock import DirLock
 from retrieval.errors import ConfigError
 from serving.gateway.config import ClusterSpec, GatewayConfig
 from serving.local.child import Child, LaunchError
-from serving.local.state import (
-    active_version,
-    launch_version,
-    lock_collection,
-    with_collection_state,
-    write_api_keys,
-)
+from serving.local.state import active_version, launch_version, lock_collection, with_collection_state, write_api_keys
 
 logger = logging.getLogger(__name__)
 

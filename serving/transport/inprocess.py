@@ -95,11 +95,7 @@ class InProcessShardClient(ShardClient):
         return snapshots.take(self._replica(replica), version).encode()
 
     async def fence(self, replica: str, generation: int, hold_s: float, timeout_s: float) -> dict[str, Any]:
-        role = self._role(replica)
-        held = {s.version_id: s.live.applied_seq for s in role.versions.slots() if s.live is not None}
-        return {"shard_id": role.versions.shard_id, "generation": role.writer.fence(generation, hold_s),
-                "applied_seq": held,
-                "is_primary": role.view().is_primary}
+        return await asyncio.to_thread(self._role(replica).writer.fence, generation, hold_s)
 
     async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
                            timeout_s: float) -> list[str]:

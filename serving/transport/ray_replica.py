@@ -104,9 +104,7 @@ class ShardReplica:
         return snapshots.restore_from(self.versions, version, term, Snapshot.decode(snapshot), force=force)
 
     def fence(self, generation: int, hold_s: float) -> dict[str, Any]:
-        held = {s.version_id: s.live.applied_seq for s in self.versions.slots() if s.live is not None}
-        return {"shard_id": self.versions.shard_id, "generation": self.role.writer.fence(generation, hold_s),
-                "applied_seq": held, "is_primary": self.role.view().is_primary}
+        return self.role.writer.fence(generation, hold_s)
 
     def matching_ids(self, version: str, filter_canonical: str, limit: int) -> list[str]:
         return self.versions.matching_ids(version, filter_canonical, limit)

@@ -74,10 +74,16 @@ class StagedSync:
                 replayed += fresh
                 if fresh < QUIET_ROUND:
                     break
+            fenced_at = time.monotonic()
             ends = await self._fence(generation + 1)
             replayed += await self._round(active, staged, positions, newest, generation + 1, ends)
 
             def record(current: protocol.RolloutState | None) -> protocol.RolloutState:
+                if time.monotonic() - fenced_at > FENCE_HOLD_S * 0.8:
+                    # the fence may lapse before every gateway writes to both: a write of the old
+                    # view could then reach the active version only — never record a sync then
+                    raise RolloutRefused("the last stretch of writes took longer than the fence holds; run the "
+                                         "step again", field="version")
                 if current is None or current.generation != generation:
                     raise RolloutRefused("the rollout state changed while the staged version was brought up to "
                                          "date; run the step again", field="version")

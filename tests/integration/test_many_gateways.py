@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from index_shards.build import BuildConfig, build_collection
+from retrieval import env
 from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
 from tests.helpers.etcd import EtcdCluster
@@ -31,8 +32,8 @@ from tests.helpers.roles import primary_index
 from tests.integration.test_primaries import assert_converged
 
 pytestmark = pytest.mark.slow
-RUN_S = float(os.environ.get("SHARDRAG_CHAOS_S", "40"))  # benchmarks/ runs it longer
-SEED = int(os.environ.get("SHARDRAG_CHAOS_SEED", "33"))
+RUN_S = float(env.read("SHARDRAG_CHAOS_S", "40") or 40)  # a longer run: SHARDRAG_CHAOS_S=600
+SEED = int(env.read("SHARDRAG_CHAOS_SEED", "33") or 33)
 CLIENTS = 3
 IDS_PER_CLIENT = 8
 
@@ -48,11 +49,11 @@ class Gateway:
 
     def start(self) -> None:
         home = tempfile.mkdtemp(prefix="gateway-home-")  # an empty disk: nothing of the last one
-        env = {**os.environ, "HOME": home, "TMPDIR": home}
+        environment = {**os.environ, "HOME": home, "TMPDIR": home}
         with open(self.log, "a") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "serving", "gateway", "--cluster", str(self.spec),
-                                             "--port", "0"], stdout=subprocess.PIPE, stderr=log, text=True, env=env,
-                                            cwd=home)
+                                             "--port", "0"], stdout=subprocess.PIPE, stderr=log, text=True,
+                                            env=environment, cwd=home)
         line = self.process.stdout.readline()
         assert line.startswith("SHARDRAG_READY "), Path(self.log).read_text()[-3000:]
         self.url = json.loads(line.split(" ", 1)[1])["url"]

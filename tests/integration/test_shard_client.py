@@ -65,6 +65,10 @@ def comparable(record):
     for name in ("pid", "started_at", "uptime_s", "load_s"):
         if hasattr(record, name):
             record = dataclasses.replace(record, **{name: None})
+    if getattr(record, "role", None) is not None:  # names differ by nature; the role itself must not
+        role = record.role
+        record = dataclasses.replace(record, role=dataclasses.replace(
+            role, replica="", primary="" if role.primary else None, in_sync=(), url=None))
     return record
 
 

@@ -99,7 +99,10 @@ def test_partial_recompute_stays_close_to_the_full_prefill(tiny):
                                 keep_logits=True)
         errors.append(float((blended.first_logits - full.first_logits).abs().max()))
     assert errors[-1] < 1e-4
-    assert errors[0] >= errors[2] >= errors[-1]  # more recompute, closer to the full prefill
+    # more recompute, closer to the full prefill — up to float32 noise: on this tiny model even no
+    # recompute can land within ~1e-7 of the full prefill, where the order of two such errors is noise
+    noise = 1e-6
+    assert errors[0] + noise >= errors[2] and errors[2] + noise >= errors[-1]
 
 
 def test_an_exact_repeat_is_an_exact_hit_not_a_blend(tiny):
