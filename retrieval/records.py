@@ -40,6 +40,7 @@ LEGACY_FRAME = struct.Struct("<II")  # length, crc32(body): WAL files written be
 LEGACY_BODY = struct.Struct("<QBI")  # seq, op, meta length
 MAX_RECORD_BYTES = 64 << 20
 _LENGTH = struct.Struct("<I")
+_SEQ_TERM = struct.Struct("<QQ")  # the head of a current body
 
 
 class FrameError(ValueError):
@@ -97,9 +98,16 @@ class WalRecord:
         return int(_LENGTH.unpack_from(frame, 4)[0])
 
     def sequenced(self, seq: int, term: int) -> WalRecord:
-        """This record at ``seq`` under ``term`` (a primary numbering what a gateway sent)."""
+        """This record at ``seq`` under ``term`` (a primary numbering what a gateway sent). A
+        record decoded from a current frame keeps its bytes: only the seq and term at the head of
+        the body and the checksum change (no second JSON encoding of its content)."""
+        frame = None
+        if self.frame is not None and self.frame[:4] == MAGIC:
+            body = _SEQ_TERM.pack(seq, term) + self.frame[FRAME.size + _SEQ_TERM.size:]
+            length = self.frame[4:8]
+            frame = MAGIC + length + _LENGTH.pack(zlib.crc32(body, zlib.crc32(length))) + body
         return WalRecord(seq, self.op, self.doc_id, self.title, self.text, self.metadata, self.vector, term,
-                         self.key, self.fingerprint, self.moved)
+                         self.key, self.fingerprint, self.moved, frame)
 
 
 def _record(seq: int, term: int, op: int, meta: dict[str, Any], body: memoryview, vector_at: int,

@@ -146,6 +146,11 @@ class StagedSync:
                 newest[shard][record.doc_id] = record
                 touched.add(record.doc_id)
                 count += 1
+        if ends is not None:
+            short = [shard for shard in range(len(positions)) if positions[shard] < ends[shard]]
+            if short:  # read from a replica that lags behind its primary's fence: never sync on that
+                raise ShardUnavailable(f"shards {short}: the writes up to the fence could not be read; run the "
+                                       "step again", field="version")
         upserts, deletes = fold(touched, newest)
         await self._replay(staged, upserts, deletes, generation)
         return count

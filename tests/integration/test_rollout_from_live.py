@@ -33,7 +33,8 @@ def test_a_version_built_from_the_live_collection_rolls_out_after_the_logs_rolle
     build_collection(root, documents, msmarco.vectors[:BUILT], msmarco.version, BuildConfig("live", 2),
                      show_progress=False)
     model = perturbed_checkpoint(default_model_dir(), tmp_path / "models" / "tuned", seed=1, scale=0.02)
-    config = GatewayConfig.from_dict({"gate": {"busy_share": 1.0, "sample": 10}, "rollout": {"drain_s": 0.5}})
+    config = GatewayConfig.from_dict({"gate": {"busy_share": 1.0, "sample": 10}, "rollout": {"drain_s": 0.5},
+                                      "encoder": {"workers": 1}})
     shard_args = ("--compact-after", "30", "--wal-retain", "0", "--wal-file-mb", "0.002")
     with LocalCluster(root, "live", replicas=2, gateway=config, workdir=tmp_path / "work",
                       shard_args=shard_args) as cluster, \
