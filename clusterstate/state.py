@@ -106,6 +106,22 @@ class ClusterState:
         raise CoordinatorUnavailable(f"shard {shard_id}: the cluster state kept changing under a compare-and-swap",
                                      shard=shard_id)
 
+    def shard_state(self, shard_id: int) -> tuple[ShardRecord, Claim | None, dict[str, dict[str, Any]]]:
+        """The shard's record, its primary's live claim and its live members, in one read (what a
+        replica's role looks at every tick)."""
+        key = self._shard_key(shard_id)
+        record, claim, members = ShardRecord(), None, {}
+        for entry in self.kv.prefix(key):
+            rest = entry.key[len(key):]
+            if rest == "":
+                record = ShardRecord.from_entry(entry)
+            elif rest == "/claim":
+                data = json.loads(entry.value)
+                claim = Claim(str(data["replica"]), int(data["term"]))
+            elif rest.startswith("/members/"):
+                members[unquote(rest[len("/members/"):])] = json.loads(entry.value)
+        return record, claim, members
+
     def claim(self, shard_id: int) -> Claim | None:
         entry = self.kv.get(self._shard_key(shard_id) + "/claim")
         if entry is None:

@@ -36,14 +36,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from index_shards import snapshots
 from index_shards.peers import PeerClient
-from index_shards.replica_log import Mark
 from index_shards.slot import VersionSlot
 from index_shards.writes import append_locked, maybe_compact
 from retrieval.contract import WriteReply, needed_copies
@@ -110,7 +107,6 @@ class PrimaryWriter:
         self.settings = settings or PrimarySettings()
         self._fence = 0  # writes sent under an older rollout generation than this are refused ...
         self._fence_until = 0.0  # ... until then (a fence lapses: its setter may die before it lifts it)
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"replicate-{versions.shard_id}")
         self._clock = clock
 
     # -- a write -------------------------------------------------------------------------------
@@ -194,38 +190,42 @@ class PrimaryWriter:
         prev = log.mark(records[0].seq - 1)
         payload = encode_records(records)
         others = [r for r in view.in_sync if r != view.replica]
-        sent: dict[str, Future[int]] = {
-            peer: self._pool.submit(self._send, view.urls.get(peer, ""), slot, view.term, prev, payload,
-                                    records[0].seq)
-            for peer in others}
-        append_locked(self.versions, slot, records)
         deadline = self._clock() + self.settings.replicate_timeout_s
-        failed = []
-        for peer, future in sent.items():
+        failed: list[str] = []
+        # the batch goes out to every replica first (the sends do not wait), then this replica logs
+        # and applies it while they do the same, then their answers are read: no thread handoff
+        waiting: dict[str, Callable[[float], int]] = {}
+        for peer in others:
+            url = view.urls.get(peer, "")
             try:
-                future.result(timeout=max(deadline - self._clock(), 0.0))
-            except (ShardragError, FutureTimeout, OSError) as exc:
-                logger.warning("shard %d: %s did not take seq %d..%d (%s); leaving the in-sync set",
-                               self.versions.shard_id, peer, records[0].seq, records[-1].seq,
-                               getattr(exc, "message", repr(exc)))
-                failed.append(peer)
+                if not url:
+                    raise ShardUnavailable("the replica is not registered as live (its lease lapsed)")
+                waiting[peer] = self.peers.send(url, slot.version_id, view.term, prev, payload,
+                                                self.settings.replicate_timeout_s)
+            except ShardragError as exc:
+                self._leaves(peer, records, exc, failed)
+        append_locked(self.versions, slot, records)
+        for peer, answer in waiting.items():
+            try:
+                try:
+                    answer(max(deadline - self._clock(), 0.001))
+                except ReplicaBehind:  # it misses earlier records: they go first, then the batch again
+                    url = view.urls[peer]
+                    self._send_log(url, slot, view.term, upto=records[0].seq - 1)
+                    self.peers.replicate(url, slot.version_id, view.term, prev, payload,
+                                         max(deadline - self._clock(), 0.001))
+            except ShardragError as exc:
+                self._leaves(peer, records, exc, failed)
         if failed and not self.role.drop_from_in_sync(failed, view.term):
             raise NotPrimary(f"shard {self.versions.shard_id}: a newer primary has taken over; this write's outcome "
                              "is unknown: retry it with the same idempotency_key", field="primary",
                              shard=self.versions.shard_id)
         return 1 + len(others) - len(failed)
 
-    def _send(self, peer: str, slot: VersionSlot, term: int, prev: Mark | None, payload: bytes, first_seq: int) -> int:
-        """One batch to one replica (``peer``: its URL); a replica that misses earlier records gets
-        them first."""
-        if not peer:
-            raise ShardUnavailable("the replica is not registered as live (its lease lapsed)")
-        timeout_s = self.settings.replicate_timeout_s
-        try:
-            return self.peers.replicate(peer, slot.version_id, term, prev, payload, timeout_s)
-        except ReplicaBehind:
-            self._send_log(peer, slot, term, upto=first_seq - 1)
-            return self.peers.replicate(peer, slot.version_id, term, prev, payload, timeout_s)
+    def _leaves(self, peer: str, records: Sequence[WalRecord], error: ShardragError, failed: list[str]) -> None:
+        logger.warning("shard %d: %s did not take seq %d..%d (%s); leaving the in-sync set", self.versions.shard_id,
+                       peer, records[0].seq, records[-1].seq, error.message)
+        failed.append(peer)
 
     def _send_log(self, peer: str, slot: VersionSlot, term: int, upto: int) -> int:
         """Send ``peer`` the records of this primary's log it misses, up to ``upto``; its applied
@@ -327,7 +327,7 @@ class PrimaryWriter:
         self.peers.restore(peer, slot.version_id, term, snapshot, force, self.settings.snapshot_timeout_s)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.peers.close()
 
 
 def decode_unsequenced(payload: bytes) -> list[WalRecord]:

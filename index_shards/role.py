@@ -194,15 +194,13 @@ class ShardRole:
     def tick(self) -> None:
         """One round: read the record, keep or take the claim, step down, bring replicas in."""
         assert self.state is not None and self._lease is not None
-        record = self.state.shard(self.shard_id)
+        record, claim, members = self.state.shard_state(self.shard_id)
         self.versions.observe_term(record.term)
-        if self.replica not in record.replicas:
+        if self.replica not in record.replicas or self.replica not in members:
             self._register()
             record = self._record
-        members = self.state.members(self.shard_id)
         self._urls = {**{r: str(d.get("url") or r) for r, d in members.items()}, self.replica: self.url}
         self._record = record
-        claim = self.state.claim(self.shard_id)
         if self._claimed_term and (record.term != self._claimed_term or record.primary != self.replica):
             logger.warning("shard %d: stepping down (term %d, primary %s)", self.shard_id, record.term, record.primary)
             self._claimed_term = 0
@@ -240,7 +238,7 @@ class ShardRole:
 
     def _elect(self, record: ShardRecord) -> None:
         assert self.state is not None and self._lease is not None
-        members = set(self.state.members(self.shard_id))
+        members = set(self._urls)
         bootstrap = record.term == 0
         if bootstrap:
             everyone = bool(self.replication) and len(members) >= self.replication
