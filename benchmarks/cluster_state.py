@@ -156,7 +156,7 @@ def gateways_p99(cluster: LocalCluster, extra: list[str], queries: np.ndarray, r
             "one_gateway_p99_ms": p99_one, "three_gateways_p99_ms": p99_three,
             "one_gateway_p50_ms": [r["p50_ms"] for r in one], "three_gateways_p50_ms": [r["p50_ms"] for r in three],
             "p99_ratio_median": float(np.median(p99_three) / np.median(p99_one)),
-            "errors": sum(r.get("errors", {}).get("count", 0) for r in one + three)}
+            "errors": sum(int(r.get("errors") or 0) for r in one + three)}
 
 
 def main() -> None:

@@ -20,11 +20,11 @@ import orjson
 
 from httpkit.auth import internal_headers
 from httpkit.tls import client_ssl_context
-from retrieval.contract import TIMEOUT_HEADER, SearchParams
+from retrieval.contract import TIMEOUT_HEADER, SearchParams, WriteReply
 from retrieval.errors import DeadlineExceeded, ShardUnavailable, error_for_status
 from retrieval.wire import CONTENT_TYPE, encode_vectors
 from serving.transport.client import ShardClient, ShardReply
-from serving.transport.http import JsonControlClient
+from serving.transport.http import HttpShardClient, JsonControlClient
 
 
 def _reply(body: bytes, shard_id: int, replica: str, started: float) -> ShardReply:
@@ -32,7 +32,44 @@ def _reply(body: bytes, shard_id: int, replica: str, started: float) -> ShardRep
     return ShardReply(shard_id, payload["version"], replica, payload["results"], (time.perf_counter() - started) * 1e3)
 
 
-class AiohttpShardClient(JsonControlClient):
+class _WritesThroughThePooledClient(JsonControlClient):
+    """The write path of these measured clients: the production pooled client's (what they are
+    measured on is the search path; the seam needs every method on every client)."""
+
+    _writes: HttpShardClient | None = None
+
+    def _pooled(self) -> HttpShardClient:
+        if self._writes is None:
+            self._writes = HttpShardClient()
+        return self._writes
+
+    async def primary_write(self, replica: str, shard_id: int, version: str, records: bytes, ack: str,
+                            generation: int, timeout_s: float) -> WriteReply:
+        return await self._pooled().primary_write(replica, shard_id, version, records, ack, generation, timeout_s)
+
+    async def writes_after(self, replica: str, version: str, after_seq: int, timeout_s: float) -> bytes:
+        return await self._pooled().writes_after(replica, version, after_seq, timeout_s)
+
+    async def snapshot(self, replica: str, version: str, timeout_s: float) -> bytes:
+        return await self._pooled().snapshot(replica, version, timeout_s)
+
+    async def fence(self, replica: str, generation: int, hold_s: float, timeout_s: float) -> dict[str, Any]:
+        return await self._pooled().fence(replica, generation, hold_s, timeout_s)
+
+    async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
+                       timeout_s: float) -> dict[str, Any] | None:
+        return await self._pooled().document(replica, shard_id, version, doc_id, timeout_s)
+
+    async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
+                           timeout_s: float) -> list[str]:
+        return await self._pooled().matching_ids(replica, shard_id, version, filter_canonical, limit, timeout_s)
+
+    async def close(self) -> None:
+        if self._writes is not None:
+            await self._writes.close()
+
+
+class AiohttpShardClient(_WritesThroughThePooledClient):
     def __init__(self, *, max_connections: int = 512) -> None:
         self._max_connections = max_connections
         self._session: Any = None
@@ -92,9 +129,10 @@ class AiohttpShardClient(JsonControlClient):
         if self._session is not None:
             await self._session.close()
             self._session = None
+        await super().close()
 
 
-class HttpxShardClient(JsonControlClient):
+class HttpxShardClient(_WritesThroughThePooledClient):
     def __init__(self, *, max_connections: int = 512) -> None:
         import httpx
 
@@ -137,6 +175,7 @@ class HttpxShardClient(JsonControlClient):
 
     async def close(self) -> None:
         await self._client.aclose()
+        await super().close()
 
 
 CLIENTS: dict[str, type[ShardClient]] = {"aiohttp": AiohttpShardClient, "httpx": HttpxShardClient}
