@@ -32,7 +32,12 @@ from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from retrieval.dirlock import DirLock
 from serving.gateway.config import GatewayConfig
-from serving.local.state import launch_version, lock_collection, with_collection_state
+from serving.local.state import (
+    launch_version,
+    lock_collection,
+    refuse_without_in_sync_replicas,
+    with_collection_state,
+)
 from serving.transport.inprocess import SCHEME, InProcessShardClient
 
 logger = logging.getLogger(__name__)
@@ -70,6 +75,9 @@ class EmbeddedCluster:
         self._lock = lock_collection(self.root, self.collection)
         stores: dict[str, ShardVersions] = {}
         try:
+            if self.writable:
+                refuse_without_in_sync_replicas(self.gateway_config, self.root, self.collection,
+                                                self.manifest.num_shards, 1)
             for shard_id, (name,) in enumerate(self.replica_names):
                 if progress:
                     print(f"loading shard {shard_id + 1}/{self.manifest.num_shards} ...", file=sys.stderr, flush=True)

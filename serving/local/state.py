@@ -12,11 +12,11 @@ from pathlib import Path
 from clusterstate import open_coordinator
 from clusterstate.local import LOCAL_STATE_FILE
 from clusterstate.state import ClusterState
-from index_shards.layout import collection_dir, local_cluster_state, resolve_version
+from index_shards.layout import collection_dir, local_cluster_state, replica_data_dir, resolve_version
 from index_shards.manifest import CollectionManifest
 from retrieval.atomic import atomic_write_bytes
 from retrieval.dirlock import DirLock
-from retrieval.errors import ShardragError
+from retrieval.errors import ConfigError, ShardragError
 from serving.gateway.config import GatewayConfig
 from serving.versions.store import read_legacy_rollout
 
@@ -44,6 +44,38 @@ def lock_collection(root: str | Path, collection: str) -> DirLock:
     """The exclusive lock of the process that serves the collection on this machine: a second
     ``shardrag serve`` of it (any backend) is refused, naming this one."""
     return DirLock(collection_dir(root, collection), f"collection {collection!r}").acquire()
+
+
+def refuse_without_in_sync_replicas(gateway: GatewayConfig, root: str | Path, collection: str, num_shards: int,
+                                    replicas: int) -> None:
+    """Refuse to start ``replicas`` replicas of each shard when, for some shard, none of them is in
+    the shard's in-sync set: only those hold every acknowledged write, so the shard could never
+    elect a primary (writes would wait forever) — or, with one replica and no election, would
+    serve and overwrite a history that lacks acknowledged writes. Typical cause: a collection
+    served with ``--replicas 2`` whose last primary was replica 1, started again with one."""
+    if not gateway.cluster.coordinator:
+        return
+    try:
+        records = ClusterState(open_coordinator(gateway.cluster.coordinator), collection).shards()
+    except ShardragError as exc:
+        logger.warning("cannot read the shards' in-sync sets (%s); the replicas will wait for them", exc.message)
+        return
+    for shard_id, record in sorted(records.items()):
+        if shard_id >= num_shards or record.term == 0 or not record.in_sync:
+            continue
+        starting = {replica_data_dir(root, collection, shard_id, r).name for r in range(replicas)}
+        if not starting & set(record.in_sync):
+            raise ConfigError(
+                f"shard {shard_id}: its acknowledged writes are held only by {', '.join(sorted(record.in_sync))} "
+                f"(term {record.term}), which is not among the {replicas} replica(s) this start runs; start with "
+                f"--replicas {_replicas_needed(record.in_sync, replicas)} so it rejoins and the others catch up "
+                "from it",
+                field="replicas")
+
+
+def _replicas_needed(in_sync: tuple[str, ...], replicas: int) -> int:
+    numbers = [int(name.rsplit("-r", 1)[1]) for name in in_sync if name.rsplit("-r", 1)[-1].isdigit()]
+    return max([replicas - 1, *numbers]) + 1
 
 
 def launch_version(root: str | Path, collection: str, version: str | None,

@@ -178,7 +178,11 @@ def test_shardrag_serve_backend_ray_cli(root, msmarco):
     import subprocess
     import sys
 
-    process = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--backend", "ray", "--collection", "rayc",
+    # a collection of its own: "rayc" was served with 2 replicas above, and whichever was its last
+    # primary holds the acknowledged writes (a 1-replica start without it is refused)
+    build_collection(root, msmarco.documents[:300], msmarco.vectors[:300], msmarco.version, BuildConfig("raycli", 2),
+                     show_progress=False)
+    process = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--backend", "ray", "--collection", "raycli",
                                 "--root", str(root), "--replicas", "1", "--port", "0", "--no-encoder", "--open"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
