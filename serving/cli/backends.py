@@ -19,12 +19,7 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     from httpkit.serve import serve_app
     from serving.gateway.app import create_app
     from serving.gateway.factory import GatewaySetup
-    from serving.local.state import (
-        active_version,
-        lock_collection,
-        refuse_without_in_sync_replicas,
-        with_collection_state,
-    )
+    from serving.local.state import active_version, claim_collection, with_collection_state
     from serving.transport.ray import RayShardCluster
 
     if args.generators or args.kv_nodes:
@@ -38,19 +33,13 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     root = root_of(args)
     config = with_collection_state(gateway_config(args), root, args.collection)
     # Ray on one machine shares the collection's local coordinator file; across hosts give etcd
-    lock = lock_collection(root, args.collection) if args.ray_address is None else None
-    try:
-        # the version the rollout state says is active (as the process backend starts on)
-        version = args.version or active_version(args.collection, config)
-        cluster = RayShardCluster(root, args.collection, version=version, replicas=replicas_of(args),
-                                  address=args.ray_address, faiss_threads=args.faiss_threads,
-                                  coordinator=config.cluster.coordinator)
-        refuse_without_in_sync_replicas(config, root, args.collection, cluster.manifest.num_shards,
-                                        replicas_of(args))
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
+    # the version the rollout state says is active (as the process backend starts on)
+    version = args.version or active_version(args.collection, config)
+    cluster = RayShardCluster(root, args.collection, version=version, replicas=replicas_of(args),
+                              address=args.ray_address, faiss_threads=args.faiss_threads,
+                              coordinator=config.cluster.coordinator)
+    lock = claim_collection(config, root, args.collection, cluster.manifest.num_shards, replicas_of(args),
+                            lock=args.ray_address is None)
     print(f"starting {cluster.manifest.num_shards} shards × {replicas_of(args)} replica actors on Ray "
           f"({args.ray_address or 'local'}) ...", file=sys.stderr, flush=True)
     cluster.start()

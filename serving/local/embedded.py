@@ -32,12 +32,7 @@ from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from retrieval.dirlock import DirLock
 from serving.gateway.config import GatewayConfig
-from serving.local.state import (
-    launch_version,
-    lock_collection,
-    refuse_without_in_sync_replicas,
-    with_collection_state,
-)
+from serving.local.state import claim_collection, launch_version, with_collection_state
 from serving.transport.inprocess import SCHEME, InProcessShardClient
 
 logger = logging.getLogger(__name__)
@@ -72,12 +67,10 @@ class EmbeddedCluster:
     def start(self, *, progress: bool = True) -> EmbeddedCluster:
         """Load (checksums verified) every shard; raises the first shard's load error, naming it.
         Takes the collection's lock first: a second server of it on this machine is refused."""
-        self._lock = lock_collection(self.root, self.collection)
+        self._lock = claim_collection(self.gateway_config, self.root, self.collection, self.manifest.num_shards,
+                                      1 if self.writable else None)
         stores: dict[str, ShardVersions] = {}
         try:
-            if self.writable:
-                refuse_without_in_sync_replicas(self.gateway_config, self.root, self.collection,
-                                                self.manifest.num_shards, 1)
             for shard_id, (name,) in enumerate(self.replica_names):
                 if progress:
                     print(f"loading shard {shard_id + 1}/{self.manifest.num_shards} ...", file=sys.stderr, flush=True)
@@ -87,7 +80,7 @@ class EmbeddedCluster:
         except BaseException:
             for store in stores.values():
                 store.close()
-            self._lock.release()
+            self.stop()
             raise
         self._client = InProcessShardClient(stores)
         logger.info("%d shards of %s loaded in process", len(stores), self.manifest.embedding_version.id)

@@ -27,14 +27,7 @@ from retrieval.dirlock import DirLock
 from retrieval.errors import ConfigError
 from serving.gateway.config import ClusterSpec, GatewayConfig
 from serving.local.child import Child, LaunchError
-from serving.local.state import (
-    active_version,
-    launch_version,
-    lock_collection,
-    refuse_without_in_sync_replicas,
-    with_collection_state,
-    write_api_keys,
-)
+from serving.local.state import active_version, claim_collection, launch_version, with_collection_state, write_api_keys
 
 logger = logging.getLogger(__name__)
 
@@ -135,11 +128,9 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         if self.shards or self._stopping.is_set():
             raise LaunchError("this LocalCluster was already started; make a new one")
-        if self.lock:
-            self._collection_lock = lock_collection(self.root, self.collection)
+        self._collection_lock = claim_collection(self.gateway_config, self.root, self.collection,
+                                                 self.manifest.num_shards, self.replicas, lock=self.lock)
         try:
-            refuse_without_in_sync_replicas(self.gateway_config, self.root, self.collection, self.manifest.num_shards,
-                                            self.replicas)
             self._start_shards()
             self._start_answer_path()
             self._start_gateway()

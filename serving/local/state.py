@@ -46,6 +46,22 @@ def lock_collection(root: str | Path, collection: str) -> DirLock:
     return DirLock(collection_dir(root, collection), f"collection {collection!r}").acquire()
 
 
+def claim_collection(gateway: GatewayConfig, root: str | Path, collection: str, num_shards: int, replicas: int | None,
+                     *, lock: bool = True) -> DirLock | None:
+    """Take the collection's lock (with ``lock``) and check that the ``replicas`` replicas to start
+    of each shard can hold its acknowledged writes (:func:`refuse_without_in_sync_replicas`; None:
+    replicas without data dirs, which take no writes). The lock is released when refused."""
+    held = lock_collection(root, collection) if lock else None
+    try:
+        if replicas is not None:
+            refuse_without_in_sync_replicas(gateway, root, collection, num_shards, replicas)
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
+    return held
+
+
 def refuse_without_in_sync_replicas(gateway: GatewayConfig, root: str | Path, collection: str, num_shards: int,
                                     replicas: int) -> None:
     """Refuse to start ``replicas`` replicas of each shard when, for some shard, none of them is in

@@ -42,7 +42,7 @@ from retrieval.errors import (
 from retrieval.filters import check_metadata, parse_filter
 from retrieval.records import DELETE, NOOP, encode_records
 from serving.transport.client import ShardClient
-from serving.versions.registry import VersionRegistry
+from serving.versions.registry import RegistryView, VersionRegistry
 from serving.writes.models import (
     MAX_DELETE_BY_FILTER,
     DeleteRequest,
@@ -82,8 +82,8 @@ class WriteService:
         return await self._replanned(lambda: self._upsert(request))
 
     async def _upsert(self, request: UpsertRequest) -> dict[str, Any]:
-        view = self.registry.view
-        versions = self._versions()
+        view = self.registry.view  # one view for the plan and the generation it is sent under
+        versions = self._versions(view)
         if len(versions) > 1 and any(d.vector is not None for d in request.documents):
             raise VersionConflict(f"versions {versions} are loaded (a rollout is under way): every write goes to "
                                   "each of them, embedded by its own encoder; send text, not vectors",
@@ -93,7 +93,8 @@ class WriteService:
             snapshot = view.snapshot(version)
             vectors = await vectors_for(request.documents, snapshot)
             plans[version] = route_upserts(request.documents, vectors, snapshot)
-        return await self._commit(plans, versions[0], [d.id for d in request.documents], request)
+        return await self._commit(plans, versions[0], [d.id for d in request.documents], request,
+                                  view.state.generation)
 
     async def delete(self, request: DeleteRequest) -> dict[str, Any]:
         if (request.ids is None) == (request.filter is None):
@@ -110,7 +111,7 @@ class WriteService:
 
     async def _delete(self, request: DeleteRequest, filter_canonical: str | None) -> dict[str, Any]:
         view = self.registry.view
-        versions = self._versions()
+        versions = self._versions(view)
         found: dict[int, list[str]] = {}  # shard → ids it holds (delete by filter, active version)
         if filter_canonical is not None:
             found = await self._matching(versions[0], filter_canonical)
@@ -132,7 +133,7 @@ class WriteService:
                     for shard in shards_holding(doc_id, topology.num_shards, topology.centroids is not None):
                         plan[shard].append(Item(DELETE, doc_id))
             plans[version] = plan
-        return await self._commit(plans, versions[0], ids, request)
+        return await self._commit(plans, versions[0], ids, request, view.state.generation)
 
     async def _replanned(self, attempt: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         """``attempt``, planned again with the cluster state reloaded each time a primary says the
@@ -231,10 +232,9 @@ class WriteService:
                 raise InvalidRequest(f"{where} is {size} bytes, over the limit of {self.settings.max_document_bytes}",
                                      field=where)
 
-    def _versions(self) -> list[str]:
+    def _versions(self, view: RegistryView) -> list[str]:
         """The versions writes go to: the active one first, then a staged one once it is synced
         (brought up to date, ``serving.writes.staging``) and the previous one while it is loaded."""
-        view = self.registry.view
         targets = view.state.write_targets()
         missing = [v for v in targets if v not in view.versions]
         if missing:
@@ -244,7 +244,10 @@ class WriteService:
 
     # -- sending --------------------------------------------------------------------------------
     async def _commit(self, plans: dict[str, dict[int, list[Item]]], active: str, ids: list[str],
-                      request: UpsertRequest | DeleteRequest) -> dict[str, Any]:
+                      request: UpsertRequest | DeleteRequest, generation: int) -> dict[str, Any]:
+        """Send the plans under ``generation``: that of the view they were made from, never a newer
+        one (a plan of the old view's versions sent under the new generation would pass a sync's
+        fence and reach only the active version)."""
         if not self.writable():
             raise ShardUnavailable("this gateway's registration in the cluster state has lapsed (cut off from it, or "
                                    "paused): it takes no writes until it has renewed it and reloaded the state; retry "
@@ -260,7 +263,6 @@ class WriteService:
                     parts.append((version, shard, encode_records([i.record(key, fingerprint) for i in items])))
                 elif key:  # the key is recorded on every shard: a retry finds every part it applied
                     parts.append((version, shard, encode_records([Item(NOOP, "").record(key, fingerprint)])))
-        generation = self.registry.view.state.generation
         results = await asyncio.gather(*(self.send(v, s, payload, request.write_ack, generation)
                                          for v, s, payload in parts), return_exceptions=True)
         replan = any(isinstance(r, _Replan) for r in results)
