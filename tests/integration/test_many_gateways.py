@@ -32,7 +32,7 @@ from tests.helpers.roles import primary_index
 from tests.integration.test_primaries import assert_converged
 
 pytestmark = pytest.mark.slow
-RUN_S = float(env.read("SHARDRAG_CHAOS_S", "40") or 40)  # a longer run: SHARDRAG_CHAOS_S=600
+RUN_S = float(env.read("SHARDRAG_CHAOS_S", "25") or 25)  # a longer run: SHARDRAG_CHAOS_S=600
 SEED = int(env.read("SHARDRAG_CHAOS_SEED", "33") or 33)
 CLIENTS = 3
 IDS_PER_CLIENT = 8
