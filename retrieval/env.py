@@ -46,7 +46,7 @@ VARIABLES: dict[str, str] = {
     "SHARDRAG_TRAIN_KILL_AT_STEP": "step at which that rank kills itself",
     "SHARDRAG_TRAIN_SLOW_RANK": "rank that sleeps in every micro-step's compute (a straggler, fault injection)",
     "SHARDRAG_TRAIN_SLOW_S": "how long that rank sleeps per micro-step, seconds (default 0.5)",
-    "SHARDRAG_CHAOS_S": "how long the many-gateway nemesis test runs, seconds (default 25; SHARDRAG_CHAOS_S=600 for a long run)",
+    "SHARDRAG_CHAOS_S": "how long the many-gateway nemesis test runs, seconds (default 25; 600 for a long run)",
     "SHARDRAG_CHAOS_SEED": "seed of that test's nemesis schedule and clients (printed, to replay a failure)",
     "SHARDRAG_FLOW_KILL_AFTER": "train --rollout: SIGKILL the flow right after this step's work (resume tests)",
 }
