@@ -37,6 +37,7 @@ class PrimaryDirectory:
         self.client = client
         self.probe_timeout_s = probe_timeout_s
         self._known: dict[int, tuple[str, int]] = {}  # shard → (primary, term), from the last look
+        self._why_none: dict[int, str] = {}  # shard → why the last look found no primary
         self._locks: dict[int, asyncio.Lock] = {}
 
     def primary(self, shard: int) -> str | None:
@@ -66,8 +67,28 @@ class PrimaryDirectory:
             found = primary_of({r: i for r, i in answers.items() if r != not_this})
             if found is None:
                 self._known.pop(shard, None)
+                self._why_none[shard] = why_no_primary(answers)
                 return None
             if found != self._known.get(shard):
                 logger.info("shard %d: primary %s (term %d)", shard, found[0], found[1])
             self._known[shard] = found
             return found[0]
+
+    def why_none(self, shard: int) -> str:
+        """What the last look at the shard found instead of a primary, for the error a write gives."""
+        return self._why_none.get(shard, "no primary yet (an election is under way)")
+
+
+def why_no_primary(answers: dict[str, ReplicaInfo | None]) -> str:
+    """Why a shard has no primary, from its replicas' roles: an election under way, or one that
+    cannot happen because no replica that holds every acknowledged write is answering."""
+    roles = [info.role for info in answers.values() if info is not None and info.role is not None]
+    if not roles:
+        return "no replica of the shard answered"
+    newest = max(roles, key=lambda role: role.term)
+    answering = {role.replica for role in roles}
+    if newest.term and newest.in_sync and not answering & set(newest.in_sync):
+        return (f"no primary: only {', '.join(newest.in_sync)} hold every acknowledged write (term {newest.term}) "
+                f"and none of them is answering ({', '.join(sorted(answering))} are); the shard takes writes again "
+                "once one of them is back")
+    return "no primary yet (an election is under way)"

@@ -292,6 +292,7 @@ class WriteService:
                                        "idempotency_key", shard=shard)
             primary = self.primaries.primary(shard) or await self.primaries.refresh(shard)
             if primary is None:
+                last_error = self.primaries.why_none(shard)
                 await asyncio.sleep(min(0.1, remaining))
                 continue
             try:
@@ -305,7 +306,8 @@ class WriteService:
             except (ShardUnavailable, DeadlineExceeded) as exc:
                 last_error = exc.message
                 await asyncio.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
-                await self.primaries.refresh(shard)
+                if await self.primaries.refresh(shard) is None:
+                    last_error = f"{exc.message}; {self.primaries.why_none(shard)}"
 
     async def fence_all(self, generation: int, hold_s: float) -> None:
         """Every shard's primary refuses writes sent under older rollout generations for ``hold_s``

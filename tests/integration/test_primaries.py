@@ -131,7 +131,8 @@ def test_an_ack_one_write_is_never_overwritten_while_its_only_holder_is_away(roo
             acked = http.post("/v1/documents", json={"documents": [{"id": "only-one", "vector": vector(3)}],
                                                      "write_ack": "one"})
             assert acked.status_code == 200, acked.text  # durable on the primary; the others left the in-sync set
-            assert role_of(urls[holder])["in_sync"] == [role_of(urls[holder])["replica"]]
+            holder_id = role_of(urls[holder])["replica"]
+            assert role_of(urls[holder])["in_sync"] == [holder_id]
             os.kill(cluster.shards[0][holder].process.pid, signal.SIGSTOP)
         finally:
             for i in others:
@@ -142,6 +143,7 @@ def test_an_ack_one_write_is_never_overwritten_while_its_only_holder_is_away(roo
             refused = http.post("/v1/documents", json={"documents": [{"id": "meanwhile", "vector": vector(4)}],
                                                        "write_ack": "one"})
             assert refused.status_code == 503, refused.text  # unavailable, never a divergent history
+            assert f"only {holder_id} hold every acknowledged write" in refused.json()["error"]["message"]
         finally:
             os.kill(cluster.shards[0][holder].process.pid, signal.SIGCONT)
         assert_converged(urls, version)
