@@ -15,6 +15,12 @@ And one that is not about searches: ``crash`` — ``after_wal_append`` | ``mid_c
 ``after_checkpoint``: the replica kills itself (SIGKILL, as ``kill -9`` would) the first time its
 write path reaches that point (index_shards.versions), for crash-recovery tests and drills.
 
+And one that breaks the write protocol on purpose: ``ignore_terms`` — **a deliberately broken
+build**, for proving that the history checker catches lost writes: as a replica it takes records
+from any primary, of any term, and answers a seq it already holds as taken whatever its content
+(no stale-term, diverged or prev check); as a primary it writes without a valid lease. Never in
+production: a deposed primary's acknowledged writes are then silently lost (``ignore_terms=1``).
+
 Spec string: comma-separated ``name=value``, e.g. ``stall=0.05:100,latency=lognormal:1:0.5``.
 Delays end early when the client disconnects (a cancelled hedge) or the request's deadline passes.
 """
@@ -59,6 +65,7 @@ class FaultConfig:
     slow_start_s: float = 0.0  # extra delay right after start, fading linearly to 0
     seed: int | None = None
     crash_at: str = "none"  # a write-path point where the replica kills itself (CRASH_POINTS)
+    ignore_terms: bool = False  # a deliberately broken build (module docstring): never in production
 
     def validate(self) -> FaultConfig:
         _parse_latency(self.latency)
@@ -120,6 +127,8 @@ class FaultConfig:
                     config = replace(config, slow_start_s=float(value))
                 elif name == "crash":
                     config = replace(config, crash_at=value)
+                elif name == "ignore_terms":
+                    config = replace(config, ignore_terms=value.lower() in ("1", "true", "yes"))
                 elif name == "seed":
                     config = replace(config, seed=int(value))
                 else:

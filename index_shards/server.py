@@ -124,7 +124,8 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
     versions = shard if isinstance(shard, ShardVersions) else ShardVersions(
         shard, max_versions=config.max_versions, device=config.device, filter_exact_max=config.filter_exact_max,
         data_dir=config.data_dir, compact_after=config.compact_after, wal_retain=config.wal_retain,
-        wal_file_bytes=config.wal_file_bytes, crash_point=faults.crash_point, mmap=config.mmap)
+        wal_file_bytes=config.wal_file_bytes, crash_point=faults.crash_point, mmap=config.mmap,
+        ignore_terms=lambda: faults.config.ignore_terms)
     replica = config.replica_id or (Path(config.data_dir).name if config.data_dir else "local")
     role = ShardRole(versions, replica, state, peers or HttpPeers(), replication=config.replication,
                      lease_s=config.lease_s)

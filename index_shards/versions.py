@@ -81,7 +81,8 @@ class ShardVersions:
                  memory_headroom: float = 0.2, filter_exact_max: int | None = None,
                  data_dir: str | Path | None = None, compact_after: int = COMPACT_AFTER,
                  wal_retain: int = WAL_RETAIN, wal_file_bytes: int = SEGMENT_BYTES,
-                 crash_point: Callable[[str], None] | None = None, mmap: bool = True) -> None:
+                 crash_point: Callable[[str], None] | None = None, mmap: bool = True,
+                 ignore_terms: Callable[[], bool] | None = None) -> None:
         """``data_dir``: where this replica keeps its write-ahead logs and compacted bases (one folder
         per version), held by this process alone (a second one is refused, naming the holder);
         None: the replica is read-only. ``compact_after``: segment documents plus tombstones that
@@ -96,6 +97,7 @@ class ShardVersions:
         self.wal_retain = max(0, wal_retain)
         self.wal_file_bytes = max(1, wal_file_bytes)  # a WAL file past this size is closed, a new one begun
         self.crash_point = crash_point or (lambda point: None)
+        self.ignore_terms = ignore_terms or (lambda: False)  # the broken build of index_shards.faults
         self.filter_exact_max = filter_exact_max  # None: each shard's default (index_shards.filtered)
         if filter_exact_max is not None:
             first.filtered.exact_scan_max = filter_exact_max

@@ -48,6 +48,8 @@ VARIABLES: dict[str, str] = {
     "SHARDRAG_TRAIN_SLOW_S": "how long that rank sleeps per micro-step, seconds (default 0.5)",
     "SHARDRAG_CHAOS_S": "how long the many-gateway nemesis test runs, seconds (default 25; 600 for a long run)",
     "SHARDRAG_CHAOS_SEED": "seed of that test's nemesis schedule and clients (printed, to replay a failure)",
+    "SHARDRAG_NEMESIS_S": "how long the across-hosts nemesis test runs, seconds (default 60)",
+    "SHARDRAG_NEMESIS_SEED": "seed of the across-hosts nemesis schedule and clients (printed, to replay a failure)",
     "SHARDRAG_FLOW_KILL_AFTER": "train --rollout: SIGKILL the flow right after this step's work (resume tests)",
 }
 

@@ -32,11 +32,14 @@ def _root(args: argparse.Namespace) -> Path:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from training.config import TrainConfig
-    from training.launch import launch_local, launch_ray
+    from training.launch import Nodes, launch_local, launch_ray
 
     if args.rollout and args.backend == "ray":
         raise ConfigError("--rollout runs the local launcher; train with --backend ray, then build and roll out",
                           field="backend")
+    if args.nnodes > 1 and (args.rollout or args.backend == "ray"):
+        raise ConfigError("--nnodes runs torchrun on each host; Ray places its own workers, and --rollout runs on "
+                          "one host: train across hosts first, then build and roll out", field="nnodes")
     config = TrainConfig(
         root=str(_root(args)), collection=args.collection, version=args.version,
         model=args.model or ("" if args.rollout else "default"),
@@ -54,7 +57,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.backend == "ray":
         summary = launch_ray(config, args.nproc)
     else:
-        launch_local(config, args.nproc, max_restarts=args.max_restarts)
+        nodes = Nodes(args.nnodes, args.node_rank, args.master_addr or "", args.master_port)
+        launch_local(config, args.nproc, max_restarts=args.max_restarts, nodes=nodes)
+        if args.node_rank > 0:  # node 0's rank 0 writes the summary and the export
+            print(f"node {args.node_rank}: its ranks finished; node 0 has the export", file=sys.stderr)
+            return 0
         summary = json.loads((Path(config.out) / "summary.json").read_text())
     exported = summary.get("exported", {})
     print(json.dumps({"exported": exported, "loss_first": summary.get("loss_first"),
@@ -131,7 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--collection", required=True)
     train.add_argument("--root", help=f"where collections live [env SHARDRAG_ROOT, default ./{DEFAULT_ROOT}]")
     train.add_argument("--version", help="the collection version whose slices to read (default: newest)")
-    train.add_argument("--nproc", type=int, default=2, help="ranks = slices (default 2)")
+    train.add_argument("--nproc", type=int, default=2, help="ranks on this host; all hosts' ranks = slices (default 2)")
+    train.add_argument("--nnodes", type=int, default=1, help="hosts in the job: run this command on each with its "
+                       "--node-rank (default 1: this host alone)")
+    train.add_argument("--node-rank", type=int, default=0, help="this host's number, 0..nnodes-1 (0: the master)")
+    train.add_argument("--master-addr", help="address of node 0, which every host can reach (with --nnodes > 1)")
+    train.add_argument("--master-port", type=int, default=29500, help="rendezvous port on node 0 (default 29500)")
     train.add_argument("--backend", choices=("local", "ray"), default="local",
                        help="local: torchrun on this machine; ray: Ray Train TorchTrainer (pip install -e '.[ray]')")
     train.add_argument("--model", "--encoder", dest="model", help="initial encoder checkpoint (default MiniLM)")

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ class LocalCluster:
         internal_token: str | None = None,
         tls: tuple[str, str, str] | None = None,
         lock: bool = True,
+        placement: Callable[[str], tuple[str, list[str]]] | None = None,
     ) -> None:
         """``api_keys`` ("read:<key>", "admin:<key>"): the gateway requires them (None: open).
         ``internal_token``: shard servers, kv-nodes and generators accept only calls that carry it
@@ -69,7 +71,8 @@ class LocalCluster:
         (read :attr:`gateway_url`). ``lock``: hold the collection's exclusive lock while running
         (a second cluster of the same collection on this machine is refused, naming this one).
         The shard servers coordinate through ``gateway.cluster.coordinator`` (default: the
-        collection's local coordinator file)."""
+        collection's local coordinator file). ``placement``: child name → (address it binds, command
+        prefix that runs it there), e.g. a host of ``serving.local.netns``; default: ``host``, here."""
         if replicas < 1:
             raise ConfigError("replicas must be ≥ 1", field="replicas")
         if kv_nodes < 0 or generators < 0:
@@ -88,6 +91,7 @@ class LocalCluster:
         self.collection = collection
         self.replicas = replicas
         self.host = host
+        self.place = placement or (lambda name: (host, []))
         self.gateway_port = gateway_port
         self.gateway_port_fallback = gateway_port_fallback
         self.gateway_config = gateway
@@ -152,8 +156,9 @@ class LocalCluster:
                     # A restarted replica comes back with the version active *now*, so it serves at
                     # once instead of waiting for the gateways to reconcile it after a rollout.
                     directory = shard_dir(self._active_version_dir(), shard_id)
-                    return [self.python, "-m", "index_shards", "serve", "--dir", str(directory), "--host", self.host,
-                            "--port", str(port), "--faiss-threads", str(self.faiss_threads),
+                    address, prefix = self.place(f"shard-{shard_id}-r{replica}")
+                    return [*prefix, self.python, "-m", "index_shards", "serve", "--dir", str(directory),
+                            "--host", address, "--port", str(port), "--faiss-threads", str(self.faiss_threads),
                             "--data-dir", str(self.replica_data_dir(shard_id, replica)),
                             "--coordinator", str(self.gateway_config.cluster.coordinator),
                             "--replicas", str(self.replicas), *self.shard_args]
@@ -188,8 +193,9 @@ class LocalCluster:
     def _start_answer_path(self) -> None:
         """kv-nodes first (the generators need their URLs), then the generator workers."""
         for index in range(self.kv_node_count):
-            def kv_argv(port: int) -> list[str]:
-                return [self.python, "-m", "serving", "kv-node", "--host", self.host, "--port", str(port),
+            def kv_argv(port: int, name: str = f"kv-node-{index}") -> list[str]:
+                address, prefix = self.place(name)
+                return [*prefix, self.python, "-m", "serving", "kv-node", "--host", address, "--port", str(port),
                         "--budget-mb", str(self.kv_node_budget_mb)]
 
             child = Child(f"kv-node-{index}", kv_argv, self.workdir / f"kv-node-{index}.log")
@@ -201,9 +207,10 @@ class LocalCluster:
         # A restarted kv-node comes back on its old port, so these URLs stay valid.
         node_urls = ",".join(str(c.ready["url"]) for c in self.kv_nodes)  # type: ignore[index]
         for index in range(self.generator_count):
-            def gen_argv(port: int) -> list[str]:
-                return [self.python, "-m", "serving", "generator", "--model", self.generator_model, "--host", self.host,
-                        "--port", str(port), "--kv-nodes", node_urls, *self.generator_args]
+            def gen_argv(port: int, name: str = f"generator-{index}") -> list[str]:
+                address, prefix = self.place(name)
+                return [*prefix, self.python, "-m", "serving", "generator", "--model", self.generator_model,
+                        "--host", address, "--port", str(port), "--kv-nodes", node_urls, *self.generator_args]
 
             child = Child(f"generator-{index}", gen_argv, self.workdir / f"generator-{index}.log")
             child.start(self.env)
@@ -223,7 +230,8 @@ class LocalCluster:
 
         def argv(port: int) -> list[str]:
             fallback = ["--port-fallback"] if self.gateway_port_fallback else []
-            return [self.python, "-m", "serving", "gateway", "--cluster", str(spec_path), "--host", self.host,
+            address, prefix = self.place("gateway")
+            return [*prefix, self.python, "-m", "serving", "gateway", "--cluster", str(spec_path), "--host", address,
                     "--port", str(port), *fallback]
 
         self.gateway = Child("gateway", argv, self.workdir / "gateway.log", port=self.gateway_port)
@@ -318,11 +326,8 @@ class LocalCluster:
         self._stopping.set()
         if self.gateway is not None:
             self.gateway.stop()
-        for child in self.generators + self.kv_nodes:
+        for child in [*self.generators, *self.kv_nodes, *(c for group in self.shards for c in group)]:
             child.stop()
-        for group in self.shards:
-            for child in group:
-                child.stop()
         if self._collection_lock is not None:
             self._collection_lock.release()
             self._collection_lock = None

@@ -1,138 +1,15 @@
-"""A real etcd cluster for tests: 1 or 3 members on 127.0.0.1, free ports, data in a temp dir.
-
-The binary is Debian's ``etcd-server`` (``scripts/install-system-deps.sh`` installs it; the
-README's test command runs that script). Members can be SIGKILLed and restarted on their old
-ports and data, as the chaos tests need.
-
-    with EtcdCluster(tmp_path, members=3) as etcd:
-        kv = EtcdKV(etcd.client_urls)
-"""
+"""The real etcd cluster of the tests (``serving.local.etcd``), and the test's check that it is
+installed (a failure naming the install script, never a skip: CI installs it)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import time
-from pathlib import Path
-
-import httpx
 import pytest
 
-ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+from serving.local.etcd import MISSING, EtcdCluster, EtcdMember, etcd_available, free_port
 
-
-def etcd_available() -> bool:
-    return os.access(ETCD, os.X_OK)
+__all__ = ["EtcdCluster", "EtcdMember", "etcd_available", "free_port", "require_etcd"]
 
 
 def require_etcd() -> None:
     if not etcd_available():
-        pytest.fail("etcd is not installed: run `bash scripts/install-system-deps.sh` (Debian's etcd-server), "
-                    "as the README's test command does")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class EtcdMember:
-    def __init__(self, name: str, directory: Path, client_port: int, peer_port: int, initial_cluster: str) -> None:
-        self.name = name
-        self.directory = directory
-        self.client_url = f"http://127.0.0.1:{client_port}"
-        self.peer_url = f"http://127.0.0.1:{peer_port}"
-        self.initial_cluster = initial_cluster
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log = directory / f"{name}.log"
-
-    def start(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        argv = [ETCD, "--name", self.name, "--data-dir", str(self.directory / f"{self.name}.data"),
-                "--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url,
-                "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
-                "--initial-cluster", self.initial_cluster, "--initial-cluster-token", "shardrag-test",
-                "--initial-cluster-state", "new", "--heartbeat-interval", "100", "--election-timeout", "1000",
-                "--log-level", "warn"]
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-
-
-class EtcdCluster:
-    def __init__(self, directory: Path, members: int = 1) -> None:
-        require_etcd()
-        self.directory = Path(directory) / "etcd"
-        ports = [(free_port(), free_port()) for _ in range(members)]
-        initial = ",".join(f"m{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
-        self.members = [EtcdMember(f"m{i}", self.directory, client, peer, initial)
-                        for i, (client, peer) in enumerate(ports)]
-
-    @property
-    def client_urls(self) -> list[str]:
-        return [m.client_url for m in self.members]
-
-    @property
-    def spec(self) -> str:
-        """The ``--coordinator`` value naming every member."""
-        return "etcd://" + ",".join(url[len("http://"):] for url in self.client_urls)
-
-    def start(self, timeout_s: float = 30.0) -> EtcdCluster:
-        for member in self.members:
-            member.start()
-        self.wait_healthy(timeout_s)
-        return self
-
-    def wait_healthy(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            problems = []
-            for member in self.members:
-                if not member.alive:
-                    continue
-                try:
-                    answer = httpx.post(f"{member.client_url}/v3/kv/range", json={"key": "Lw=="}, timeout=1.0)
-                    if answer.status_code != 200:
-                        problems.append(f"{member.name}: {answer.status_code}")
-                except httpx.HTTPError as exc:
-                    problems.append(f"{member.name}: {exc!r}")
-            if not problems:
-                return
-            if time.monotonic() > deadline:
-                logs = "\n".join(m.log.read_text()[-2000:] for m in self.members if m.log.exists())
-                raise RuntimeError(f"etcd did not become healthy: {problems}\n{logs}")
-            time.sleep(0.1)
-
-    def restart(self, index: int) -> None:
-        self.members[index].start()
-
-    def stop(self) -> None:
-        for member in self.members:
-            member.stop()
-
-    def __enter__(self) -> EtcdCluster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        pytest.fail(MISSING)

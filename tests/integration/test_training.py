@@ -207,3 +207,36 @@ def test_compressed_gradients_bf16_autocast_and_a_straggler_reported(setup, tmp_
     assert spread["median_s"][1] >= spread["median_s"][0] + 0.1  # rank 1 sleeps 0.15 s per step
     assert spread["straggler_events"] > 0
     assert {rank for event in summary["history"]["stragglers"] for rank in event["ranks"]} == {1}
+
+
+def test_two_ranks_on_two_namespaced_hosts_end_like_the_same_training_on_one_host(setup, tmp_path):
+    """`shardrag train --nnodes 2` on two hosts (network namespaces, gloo over their own addresses,
+    one rank each reading its own slice) ends with the weights of `--nproc 2` on one host."""
+    import subprocess
+    import sys
+
+    from serving.local.netns import Network, unavailable_reason
+
+    if (reason := unavailable_reason()) is not None:
+        pytest.skip(f"no network namespaces: {reason}")
+    root, tiny = setup
+    flags = ["--collection", "slices", "--root", str(root), "--model", str(tiny), "--max-steps", "12",
+             "--batch-size", "8", "--lr", "1e-3", "--warmup-steps", "3", "--max-length", "64",
+             "--checkpoint-every", "4", "--export-name", "tiny-trained"]
+    shardrag = [sys.executable, "-c", "import sys; from serving.cli import main; sys.exit(main())", "train"]
+    one = subprocess.run([*shardrag, *flags, "--out", str(tmp_path / "one"), "--nproc", "2"], capture_output=True,
+                         text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    with Network() as net:
+        hosts = [net.add_host(f"trainer-{i}") for i in range(2)]
+        runs = [subprocess.Popen([*host.prefix, *shardrag, *flags, "--out", str(tmp_path / "two"), "--nproc", "1",
+                                  "--nnodes", "2", "--node-rank", str(i), "--master-addr", hosts[0].address],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for i, host in enumerate(hosts)]
+        outputs = [run.communicate(timeout=600) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], "\n".join(err[-2000:] for _, err in outputs)
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["world"] == 2
+    a = load_file(str(tmp_path / "one" / "tiny-trained" / "model.safetensors"))
+    b = load_file(str(tmp_path / "two" / "tiny-trained" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
