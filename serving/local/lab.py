@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
 from retrieval.errors import ConfigError
 from serving.gateway.config import GatewayConfig
 from serving.local.child import Child
@@ -121,6 +123,24 @@ class Lab:
     def shard_urls(self) -> list[list[str]]:
         assert self.cluster is not None
         return [[str(c.url) for c in group] for group in self.cluster.shards]
+
+    def digests(self, timeout_s: float = 90.0) -> dict[int, dict[str, tuple[str, int]]]:
+        """Each replica's (digest, applied seq) once every shard's replicas agree, or the last seen at
+        the deadline (the history checker reports what differs)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            digests: dict[int, dict[str, tuple[str, int]]] = {}
+            for shard, urls in enumerate(self.shard_urls):
+                digests[shard] = {}
+                for index, url in enumerate(urls):
+                    try:
+                        answer = httpx.get(f"{url}/admin/digest", timeout=30).json()
+                        digests[shard][f"r{index}"] = (str(answer["sha256"]), int(answer["applied_seq"]))
+                    except (httpx.HTTPError, ValueError, KeyError) as exc:
+                        digests[shard][f"r{index}"] = (f"unreadable: {exc!r}", -1)
+            if all(len(set(d.values())) == 1 for d in digests.values()) or time.monotonic() > deadline:
+                return digests
+            time.sleep(0.5)
 
     def describe(self) -> dict[str, object]:
         assert self.net is not None and self.etcd is not None

@@ -83,7 +83,7 @@ class Nemesis:
         self.lab, self.history, self.steps, self.seed = lab, history, steps, seed
         self.on_step = on_step or (lambda text: print(f"nemesis: {text}", flush=True))
         self.latency_ms = latency_ms
-        self.done: list[tuple[Step, str, float]] = []  # (step, what it hit, seconds until healed)
+        self.done: list[tuple[Step, str, float, float]] = []  # (step, what it hit, began, healed: history time)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="nemesis")
         self.error: BaseException | None = None
@@ -162,10 +162,10 @@ class Nemesis:
             lab.etcd.members[step.target].kill()
             heal = partial(lab.etcd.restart, step.target)
         self._log(f"start {step.kind} {hit} for {step.hold_s:.1f} s")
-        began = time.monotonic()
+        began = self.history.now()
         self._stop.wait(step.hold_s)
         heal()
-        self.done.append((step, hit, time.monotonic() - began))
+        self.done.append((step, hit, began, self.history.now()))
         self._log(f"heal  {step.kind} {hit}")
 
     def primary(self, shard: int, timeout_s: float = 30.0) -> int:

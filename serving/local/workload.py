@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -159,3 +160,27 @@ class Workload:
                     raise RuntimeError(f"reading {doc_id} after the run: {answer.status_code} {answer.text[:300]}")
                 final[doc_id] = title_n(answer.json()["title"]) if answer.status_code == 200 else None
         return final
+
+
+def roll_out(gateways: Callable[[], Sequence[str]], history: History, version: str, model: str,
+             queries: Sequence[str], deadline: float) -> str:
+    """Stage ``version`` and activate it through whichever gateway answers (a partition may cut one),
+    each attempt in the history; "done", or why not by ``deadline`` (monotonic)."""
+    for step, body in (("stage", {"version": version, "model": model}),
+                       ("activate", {"version": version, "queries": list(queries)})):
+        while True:
+            urls = gateways()
+            url = urls[int(time.monotonic()) % len(urls)]
+            try:
+                answer = httpx.post(f"{url}/admin/rollout/{step}", json=body, timeout=60)
+                if answer.status_code == 200:
+                    history.event(f"rollout {step} {version[:24]} done via {url}")
+                    break
+                reason = f"{answer.status_code} {answer.text[:200]}"
+            except httpx.HTTPError as exc:
+                reason = repr(exc)
+            history.event(f"rollout {step} via {url} not yet: {reason}")
+            if time.monotonic() > deadline:
+                return f"{step} did not finish: {reason}"
+            time.sleep(1.0)
+    return "done"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import shutil
 import time
 
-import httpx
 import pytest
 
 from index_shards.build import BuildConfig, build_collection
@@ -28,7 +27,7 @@ from serving.local.history import History, check
 from serving.local.lab import Lab
 from serving.local.nemesis import Nemesis, plan
 from serving.local.netns import unavailable_reason
-from serving.local.workload import Workload
+from serving.local.workload import Workload, roll_out
 from tests.helpers.checkpoints import perturbed_checkpoint
 from tests.helpers.etcd import require_etcd
 
@@ -74,46 +73,6 @@ def gateway_config() -> GatewayConfig:
         "gate": {"min_overlap": 0.3, "sample": 10, "busy_share": 1.0}})
 
 
-def converged_digests(lab: Lab, timeout_s: float = 90.0) -> dict[int, dict[str, tuple[str, int]]]:
-    """Each replica's (digest, applied seq) once every shard's replicas agree (or the last seen
-    at the deadline: the checker reports what differs)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        digests: dict[int, dict[str, tuple[str, int]]] = {}
-        for shard, urls in enumerate(lab.shard_urls):
-            digests[shard] = {}
-            for index, url in enumerate(urls):
-                try:
-                    answer = httpx.get(f"{url}/admin/digest", timeout=30).json()
-                    digests[shard][f"r{index}"] = (answer["sha256"], int(answer["applied_seq"]))
-                except (httpx.HTTPError, ValueError, KeyError) as exc:
-                    digests[shard][f"r{index}"] = (f"unreadable: {exc!r}", -1)
-        if all(len(set(d.values())) == 1 for d in digests.values()) or time.monotonic() > deadline:
-            return digests
-        time.sleep(0.5)
-
-
-def roll_out(lab: Lab, history: History, versions: dict, deadline: float) -> str:
-    """Stage V2 and activate it through whichever gateway answers (a partition may cut one)."""
-    for step, body in (("stage", {"version": versions["v2"], "model": versions["v2_model"]}),
-                       ("activate", {"version": versions["v2"], "queries": versions["queries"]})):
-        while True:
-            url = lab.gateway_urls[int(time.monotonic()) % len(lab.gateway_urls)]
-            try:
-                answer = httpx.post(f"{url}/admin/rollout/{step}", json=body, timeout=60)
-                if answer.status_code == 200:
-                    history.event(f"rollout {step} {versions['v2'][:24]} done via {url}")
-                    break
-                reason = f"{answer.status_code} {answer.text[:200]}"
-            except httpx.HTTPError as exc:
-                reason = repr(exc)
-            history.event(f"rollout {step} via {url} not yet: {reason}")
-            if time.monotonic() > deadline:
-                return f"{step} did not finish: {reason}"
-            time.sleep(1.0)
-    return "done"
-
-
 def test_the_checker_finds_no_anomaly_across_hosts_under_the_nemesis_with_a_rollout(tmp_path, versions):
     with new_lab(versions, tmp_path, etcd_members=3) as lab:
         history = History()
@@ -124,13 +83,14 @@ def test_the_checker_finds_no_anomaly_across_hosts_under_the_nemesis_with_a_roll
         started = time.monotonic()
         try:
             time.sleep(RUN_S / 4)
-            rollout = roll_out(lab, history, versions, deadline=started + RUN_S + 30)
+            rollout = roll_out(lambda: lab.gateway_urls, history, versions["v2"], versions["v2_model"],
+                               versions["queries"], deadline=started + RUN_S + 30)
             time.sleep(max(0.0, started + RUN_S - time.monotonic()))
         finally:
             nemesis.stop()
             workload.stop()
         lab.etcd.wait_healthy(60)
-        digests = converged_digests(lab)
+        digests = lab.digests()
         report = check(history, workload.final_state(lab.gateway_urls[0]), digests)
         counts = report.counts
         print(f"rollout: {rollout}; {counts}")
@@ -167,7 +127,7 @@ def test_the_checker_catches_the_lost_writes_of_a_build_without_term_checks(tmp_
         workload.stop()
         net.heal()
         history.event("healed")
-        report = check(history, workload.final_state(lab.gateway_urls[0]), converged_digests(lab, 30))
+        report = check(history, workload.final_state(lab.gateway_urls[0]), lab.digests(30))
         print(report.text())
         assert not report.ok, f"the broken build lost nothing: {report.counts}; replicas {urls}"
         assert {"lost-write", "stale-session-read", "diverged-replicas"} & {a.kind for a in report.anomalies}
@@ -193,7 +153,7 @@ def test_a_one_way_partition_of_a_primary_ends_with_a_new_primary_and_no_lost_wr
         history.event("healed")
         time.sleep(3)
         workload.stop()
-        report = check(history, workload.final_state(lab.gateway_urls[0]), converged_digests(lab))
+        report = check(history, workload.final_state(lab.gateway_urls[0]), lab.digests())
         print(report.counts)
         assert report.ok, report.text()
         acked_after = [op for op in history.ops if op.outcome == "ok" and op.kind in ("upsert", "delete")
