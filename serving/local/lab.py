@@ -179,3 +179,39 @@ class Lab:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m serving.local.lab``: a lab by hand (README "A five-node cluster on one machine")."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m serving.local.lab", description=(
+        "Run a built collection across hosts on this machine (root): every etcd member, shard replica and "
+        "gateway in a network namespace of its own; prints each host's namespace and address, then serves "
+        "until Ctrl-C, which stops every process and removes every namespace."))
+    parser.add_argument("--root", default="shardrag-data", help="where collections live (default shardrag-data)")
+    parser.add_argument("--collection", required=True)
+    parser.add_argument("--version", help="embedding version to serve (default: the newest)")
+    parser.add_argument("--replicas", type=int, default=3, help="replicas per shard (default 3)")
+    parser.add_argument("--gateways", type=int, default=1, help="gateways (default 1)")
+    parser.add_argument("--etcd", type=int, default=1, help="etcd members (default 1; 3 to survive one's loss)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    with Lab(args.root, args.collection, version=args.version, replicas=args.replicas, gateways=args.gateways,
+             etcd_members=args.etcd) as lab:
+        print(json.dumps(lab.describe(), indent=1), flush=True)
+        assert lab.net is not None
+        host = next(iter(lab.net.hosts.values()))
+        print(f"\ncut a host:  ip netns exec {host.netns} ip route add <address>/32 via {lab.net.sink} dev eth0"
+              f"\ntake it down: ip -n {host.netns} link set eth0 down\nCtrl-C stops everything.", flush=True)
+        try:
+            while True:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            print("stopping ...", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
