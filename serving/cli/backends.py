@@ -4,6 +4,7 @@ embedded in the gateway's own process."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -43,6 +44,8 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     print(f"starting {cluster.manifest.num_shards} shards × {replicas_of(args)} replica actors on Ray "
           f"({args.ray_address or 'local'}) ...", file=sys.stderr, flush=True)
     cluster.start()
+    print("replica actors on Ray nodes: " + json.dumps({str(s): nodes for s, nodes in enumerate(cluster.nodes)}),
+          file=sys.stderr, flush=True)
     setup = GatewaySetup(config, cluster.replica_names, shard_client=cluster.client())
     try:
         serve_app(create_app(setup), host=args.host, port=args.port, name="gateway", log_level="warning",

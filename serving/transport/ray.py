@@ -161,6 +161,8 @@ class RayShardCluster:
         self.max_versions = max_versions
         self.ray_init = ray_init or {}
         self.actors: list[list[Any]] = []
+        self.nodes: list[list[str]] = []  # shard → the node address each replica actor runs on
+        self.placement_groups: list[Any] = []
         self._started_ray = False
 
     def actor_name(self, shard_id: int, replica: int) -> str:
@@ -185,11 +187,12 @@ class RayShardCluster:
         pending = []
         for shard_id in range(self.manifest.num_shards):
             group = []
+            spread = self._spread(ray, gpus)
             for replica in range(self.replicas):
                 actor = actor_class.options(
                     name=self.actor_name(shard_id, replica), namespace=self.namespace, num_cpus=self.cpus_per_replica,
                     num_gpus=gpus, max_restarts=self.max_restarts, max_task_retries=0, max_concurrency=4,
-                    get_if_exists=False,
+                    get_if_exists=False, scheduling_strategy=spread(replica),
                 ).remote(str(shard_dir(self.version_dir, shard_id)), "auto" if gpus else "cpu", self.max_versions,
                          self.faiss_threads, self._data_dir(shard_id, replica),
                          f"{SCHEME}{self.actor_name(shard_id, replica)}", self._coordinator(), self.namespace,
@@ -198,12 +201,28 @@ class RayShardCluster:
                 pending.append(actor.ready.remote())
             self.actors.append(group)
         try:
-            ray.get(pending, timeout=ready_timeout_s)
+            ready = ray.get(pending, timeout=ready_timeout_s)
         except Exception:
             self.stop()
             raise
+        self.nodes = [[str(r.get("node_ip")) for r in ready[s * self.replicas:(s + 1) * self.replicas]]
+                      for s in range(self.manifest.num_shards)]
         logger.info("%d shard replica actors ready (%s GPU each)", len(pending), gpus)
         return self
+
+    def _spread(self, ray: Any, gpus: float) -> Any:
+        """Where replica i of the next shard goes: with at least as many live nodes as replicas, a
+        placement group of one bundle per replica on distinct nodes (STRICT_SPREAD: losing a node
+        costs each shard one replica at most); else Ray's best-effort SPREAD."""
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        if len(nodes) < max(2, self.replicas):
+            return lambda replica: "SPREAD"
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = {"CPU": self.cpus_per_replica, **({"GPU": gpus} if gpus else {})}
+        group = ray.util.placement_group([dict(bundle) for _ in range(self.replicas)], strategy="STRICT_SPREAD")
+        self.placement_groups.append(group)
+        return lambda replica: PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=replica)
 
     def _data_dir(self, shard_id: int, replica: int) -> str | None:
         if not self.writable:
@@ -235,6 +254,12 @@ class RayShardCluster:
                 except Exception:  # noqa: BLE001 - already gone
                     pass
         self.actors = []
+        for group in self.placement_groups:
+            try:
+                ray.util.remove_placement_group(group)
+            except Exception:  # noqa: BLE001 - the cluster may be gone
+                pass
+        self.placement_groups = []
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False

@@ -60,7 +60,10 @@ class ShardReplica:
                               lease_s=lease_s).start(name)
 
     def ready(self) -> dict[str, Any]:
-        return {"shard_id": self.versions.shard_id, "versions": self.versions.ready_ids()}
+        import ray
+
+        return {"shard_id": self.versions.shard_id, "versions": self.versions.ready_ids(),
+                "node_ip": ray.util.get_node_ip_address()}
 
     def search(self, vectors: np.ndarray, params: SearchParams) -> SearchReply:
         return self.versions.search(vectors, params)
