@@ -203,6 +203,11 @@ class ShardRole:
         self._record = record
         if self._claimed_term and (record.term != self._claimed_term or record.primary != self.replica):
             logger.warning("shard %d: stepping down (term %d, primary %s)", self.shard_id, record.term, record.primary)
+            # Our claim lives on our lease, and an election starts only while no claim is held: left
+            # in place it would keep the shard without a primary for as long as this replica lives
+            # (a rival that moved the record on then finds "the claim was taken"). Dropped first, so
+            # a failure to drop it is retried next round.
+            self.state.drop_claim(self.shard_id, Claim(self.replica, self._claimed_term))
             self._claimed_term = 0
         if self._claimed_term:
             if claim is None:  # our lease lapsed and a new one was taken: claim again under it

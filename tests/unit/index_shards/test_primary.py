@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -252,3 +253,27 @@ def test_concurrent_writers_never_interleave_a_batch(cluster, shard_dir_built):
     records = list(primary.versions.slot(version).log.records_after(0))
     batches = [r.doc_id.rsplit("-", 1)[0] for r in records if r.op == UPSERT]
     assert all(batches[i] == batches[i + 1] == batches[i + 2] for i in range(0, len(batches), 3))
+
+
+def test_a_primary_whose_record_moved_on_drops_its_claim_so_the_shard_elects_again(cluster):
+    """The race the across-hosts nemesis found: a replica promotes itself in the shard record while
+    the old primary renews its claim (its lease had lapsed and came back), so the claim stays the
+    old primary's. The old primary steps down on the record — and must drop its claim too, or no
+    election starts (one runs only while no claim is held) for as long as it lives."""
+    old = cluster.all_in_sync()
+    state = ClusterState(cluster.kv, "c")
+    rival = next(name for name in cluster.names if name != old.replica)
+
+    def promote_rival(current):
+        return replace(current, term=current.term + 1, primary=rival)
+
+    moved = state.update_shard(0, promote_rival)
+    assert moved is not None and state.shard_state(0)[1] is not None  # the old claim is still there
+    deadline = time.monotonic() + 15
+    while True:
+        primaries = [r for r in cluster.roles.values() if r.view().is_primary]
+        if primaries and primaries[0].view().term > moved.term:
+            break
+        assert time.monotonic() < deadline, ("no primary after the record moved on", state.shard_state(0))
+        time.sleep(0.05)
+    assert not old.view().is_primary or old.view().term > moved.term
