@@ -2,8 +2,9 @@
 namespace of its own (`ray start --block --node-ip-address`), an etcd member on a fourth host, and
 `shardrag serve --backend ray --ray-address` on the head's host spreading each shard's 3 replica
 actors over the 3 nodes (a STRICT_SPREAD placement group per shard). One worker node is then cut
-from every other host: queries keep being answered by the replicas on the other nodes (200, partial at worst) or by its deadline (504 naming the shard that
-missed it), never an error or a hang. Skipped, naming why, where namespaces cannot be made."""
+from every other host: each query is answered by the replicas on the other nodes (200, partial at
+worst) or at its deadline (504 naming the shard that missed it), never with an error or a hang.
+Skipped, naming why, where namespaces cannot be made."""
 
 from __future__ import annotations
 
