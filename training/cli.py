@@ -50,7 +50,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         refresh_every=args.refresh_every, negatives_depth=args.negatives_depth,
         synthetic_queries=args.synthetic_queries, synthetic_max=args.synthetic_max, round_trip_k=args.round_trip_k,
-        seed=args.seed,
+        seed=args.seed, threads=args.threads,
     ).validate()
     if args.rollout:
         return _train_and_roll_out(args, config)
@@ -144,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--node-rank", type=int, default=0, help="this host's number, 0..nnodes-1 (0: the master)")
     train.add_argument("--master-addr", help="address of node 0, which every host can reach (with --nnodes > 1)")
     train.add_argument("--master-port", type=int, default=29500, help="rendezvous port on node 0 (default 29500)")
+    train.add_argument("--threads", type=int, default=0, help="CPU threads per rank (default 0: this host's cores / "
+                       "its ranks); the same on every host makes a run across hosts repeat a one-host run exactly")
     train.add_argument("--backend", choices=("local", "ray"), default="local",
                        help="local: torchrun on this machine; ray: Ray Train TorchTrainer (pip install -e '.[ray]')")
     train.add_argument("--model", "--encoder", dest="model", help="initial encoder checkpoint (default MiniLM)")

@@ -57,6 +57,8 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be ≥ 1", field=name)
+        if self.threads < 0:
+            raise ConfigError("threads must be ≥ 0 (0: this host's cores / its ranks)", field="threads")
         if self.bucket_cap_mb <= 0:
             raise ConfigError("bucket_cap_mb must be > 0", field="bucket_cap_mb")
         if self.lr <= 0 or self.scale <= 0:

@@ -222,7 +222,8 @@ def test_two_ranks_on_two_namespaced_hosts_end_like_the_same_training_on_one_hos
     root, tiny = setup
     flags = ["--collection", "slices", "--root", str(root), "--model", str(tiny), "--max-steps", "12",
              "--batch-size", "8", "--lr", "1e-3", "--warmup-steps", "3", "--max-length", "64",
-             "--checkpoint-every", "4", "--export-name", "tiny-trained"]
+             "--checkpoint-every", "4", "--export-name", "tiny-trained",
+             "--threads", "1"]  # by default a rank takes cores / ranks on its host: 1 here, 2 on each host there
     shardrag = [sys.executable, "-c", "import sys; from serving.cli import main; sys.exit(main())", "train"]
     one = subprocess.run([*shardrag, *flags, "--out", str(tmp_path / "one"), "--nproc", "2"], capture_output=True,
                          text=True, timeout=600)
@@ -239,6 +240,6 @@ def test_two_ranks_on_two_namespaced_hosts_end_like_the_same_training_on_one_hos
     a = load_file(str(tmp_path / "one" / "tiny-trained" / "model.safetensors"))
     b = load_file(str(tmp_path / "two" / "tiny-trained" / "model.safetensors"))
     assert a.keys() == b.keys()
-    # Measured 1.6e-5 (2026-12-03): above the 1e-5 the restart test holds one host to, because the
-    # gradients are reduced in another order between hosts (rounding, amplified by 12 Adam steps)
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 5e-5
+    difference = max(float((a[k] - b[k]).abs().max()) for k in a)
+    print(f"max |weight difference| between one host and two: {difference:.3g}")
+    assert difference < 1e-5  # the restart test's tolerance
