@@ -1,7 +1,10 @@
 """API keys, the internal token, per-key rate limits, and the ASGI guard that applies them.
 
-* **API keys** (gateway): lines ``scope:key`` with scope ``read`` (query, answer, cluster view)
-  or ``admin`` (everything, incl. rollouts). From ``SHARDRAG_API_KEYS`` (comma-separated) or
+* **API keys** (gateway): lines ``scope:key`` with scope ``read`` (query, answer, cluster view),
+  ``write`` (documents too) or ``admin`` (everything, incl. rollouts and collections), optionally
+  followed by ``collections=a+b`` (only those collections, through ``/v1/collections/<name>/…``),
+  ``tenant=T`` (only tenant T's documents: serving.gateway.tenancy) and ``rps=N`` (the key's own
+  requests-per-second quota, 429 naming it). From ``SHARDRAG_API_KEYS`` (comma-separated) or
   ``SHARDRAG_API_KEYS_FILE`` (one per line, ``#`` comments). Only sha256 digests are kept, and
   a presented key is compared against every digest with ``hmac.compare_digest`` (no early
   exit): the time taken does not depend on which key, or how much of one, matched. Keys are
@@ -29,7 +32,7 @@ import orjson
 
 from httpkit.asgi import Receive, Scope, Send
 from retrieval import env as environment
-from retrieval.errors import ConfigError, Forbidden, RateLimited, ShardragError, Unauthorized
+from retrieval.errors import ConfigError, Forbidden, QuotaExceeded, RateLimited, ShardragError, Unauthorized
 
 SCOPES = ("read", "write", "admin")  # write: documents in and out (and read); admin: everything
 TOKEN_HEADER = b"x-shardrag-token"
@@ -45,23 +48,54 @@ def _digest(secret: str) -> bytes:
 class ApiKey:
     scope: str
     digest: bytes
+    collections: frozenset[str] | None = None  # the collections it may use (None: every one)
+    tenant: str | None = None  # confined to documents of this tenant (serving.gateway.tenancy)
+    max_rps: float = 0.0  # its own requests-per-second quota (0: only the gateway-wide rate limit)
 
     @property
     def key_id(self) -> str:
         return self.digest.hex()[:8]
 
+    @property
+    def scoped(self) -> bool:
+        """Limited to named collections or to a tenant: such a key uses ``/v1/collections/...`` only."""
+        return self.collections is not None or self.tenant is not None
+
+
+KEY_ATTRIBUTES = ("collections", "tenant", "rps")
+SCOPE_KEY = "shardrag.key"  # the ASGI scope entry the guard leaves the caller's ApiKey in
+
+
+def _parse_entry(number: int, entry: str) -> ApiKey:
+    """``scope:secret [collections=a+b] [tenant=acme] [rps=20]`` (names joined by "+": entries of
+    SHARDRAG_API_KEYS are comma-separated)"""
+    head, *attributes = entry.strip().split()
+    scope, sep, secret = head.partition(":")
+    if not sep or scope not in SCOPES:
+        raise ConfigError(f"API key entry {number} must be 'read:<key>', 'write:<key>' or 'admin:<key>'",
+                          field="api_keys")
+    if len(secret) < 16:
+        raise ConfigError(f"API key entry {number} is shorter than 16 characters", field="api_keys")
+    found: dict[str, str] = {}
+    for attribute in attributes:
+        name, eq, value = attribute.partition("=")
+        if not eq or name not in KEY_ATTRIBUTES or not value or name in found:
+            raise ConfigError(f"API key entry {number}: {attribute!r} is not one of collections=a+b tenant=T rps=N",
+                              field="api_keys")
+        found[name] = value
+    try:
+        max_rps = float(found.get("rps", "0"))
+    except ValueError:
+        max_rps = -1.0
+    if not math.isfinite(max_rps) or max_rps < 0:
+        raise ConfigError(f"API key entry {number}: rps must be a number ≥ 0", field="api_keys")
+    collections = frozenset(c for c in found["collections"].split("+") if c) if "collections" in found else None
+    return ApiKey(scope, _digest(secret), collections, found.get("tenant"), max_rps)
+
 
 class KeyRing:
     def __init__(self, entries: list[str]) -> None:
-        keys = []
-        for number, entry in enumerate(entries, start=1):
-            scope, sep, secret = entry.strip().partition(":")
-            if not sep or scope not in SCOPES:
-                raise ConfigError(f"API key entry {number} must be 'read:<key>', 'write:<key>' or 'admin:<key>'",
-                                  field="api_keys")
-            if len(secret) < 16:
-                raise ConfigError(f"API key entry {number} is shorter than 16 characters", field="api_keys")
-            keys.append(ApiKey(scope, _digest(secret)))
+        keys = [_parse_entry(number, entry) for number, entry in enumerate(entries, start=1) if entry.strip()]
         if not keys:
             raise ConfigError("no API keys given", field="api_keys")
         self.keys = keys
@@ -136,9 +170,49 @@ def gateway_policy(method: str, path: str) -> str | None:
         return _OPEN
     if path.startswith("/admin"):
         return "admin"
-    if method == "POST" and path.startswith("/v1/documents"):
+    name, rest = collection_path(path)
+    if name is not None and rest == "" and method in ("PUT", "DELETE"):
+        return "admin"  # create or drop a collection
+    if method == "POST" and (path.startswith("/v1/documents") or rest.startswith("/documents")):
         return "write"
     return "read"
+
+
+COLLECTIONS_PATH = "/v1/collections/"
+
+
+def collection_path(path: str) -> tuple[str | None, str]:
+    """``/v1/collections/<name><rest>`` → (name, rest); any other path → (None, "")."""
+    if not path.startswith(COLLECTIONS_PATH):
+        return None, ""
+    name, slash, rest = path[len(COLLECTIONS_PATH):].partition("/")
+    return (name or None), slash + rest
+
+
+def check_key_reach(key: ApiKey, method: str, path: str) -> None:
+    """A scoped key reaches only its collections, through ``/v1/collections/<name>/…`` (and the list
+    of collections, which the gateway filters for it); anything else is 403 naming its scope."""
+    if not key.scoped:
+        return
+    name, rest = collection_path(path)
+    if name is None:
+        if path == "/v1/collections" and method == "GET":
+            return
+        raise Forbidden(f"this key is scoped to {_reach(key)}: use /v1/collections/<name>/…", field="authorization")
+    if key.collections is not None and name not in key.collections:
+        raise Forbidden(f"this key may not use collection {name!r} (it is scoped to {_reach(key)})",
+                        field="authorization")
+    if key.tenant is not None and rest == "" and method != "GET":
+        raise Forbidden("a tenant-scoped key cannot create or drop collections", field="authorization")
+
+
+def _reach(key: ApiKey) -> str:
+    parts = []
+    if key.collections is not None:
+        parts.append("collections " + ", ".join(sorted(key.collections)))
+    if key.tenant is not None:
+        parts.append(f"tenant {key.tenant!r}")
+    return " and ".join(parts)
 
 
 def internal_policy(method: str, path: str) -> str | None:
@@ -157,6 +231,7 @@ class AuthGuard:
         self.keys = keys
         self.internal_digest = _digest(internal_token) if internal_token else None
         self.limiter = limiter
+        self._key_limiters: dict[bytes, RateLimiter] = {}  # keys with their own rps quota
 
     def __getattr__(self, name: str) -> Any:  # behave like the wrapped app (routes, openapi, state)
         return getattr(self.app, name)
@@ -192,7 +267,20 @@ class AuthGuard:
         if needed == "write" and key.scope not in ("write", "admin"):
             raise Forbidden(f"{scope.get('method')} {scope.get('path')} needs a write key (or admin); this key is "
                             f"{key.scope}", field="authorization")
+        check_key_reach(key, scope.get("method", ""), scope.get("path", ""))
+        scope[SCOPE_KEY] = key
+        if key.max_rps > 0:
+            self._own_quota(key)
         return f"key:{key.key_id}"
+
+    def _own_quota(self, key: ApiKey) -> None:
+        limiter = self._key_limiters.get(key.digest)
+        if limiter is None:
+            limiter = self._key_limiters.setdefault(key.digest, RateLimiter(key.max_rps, max(1.0, key.max_rps)))
+        wait_s = limiter.take(key.key_id)
+        if wait_s > 0:
+            raise QuotaExceeded(f"key {key.key_id} is limited to {key.max_rps:g} requests/s; retry in {wait_s:.2f} s",
+                                retry_after_s=wait_s, field="rps")
 
     def _routed(self, scope: Scope) -> bool:
         """Whether some route serves this method and path. Unknown paths and methods go to the

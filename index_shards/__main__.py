@@ -1,4 +1,5 @@
 """``python -m index_shards serve --dir SHARD_DIR --host 127.0.0.1 --port 0``
+``python -m index_shards node --data-dir DIR --coordinator file:///PATH`` (replicas of any collection)
 ``python -m index_shards pack --dir SHARD_DIR --out shard-0.tar.gz`` / ``fetch --url URL --dest DIR``
 
 Loads one shard directory (refusing it if its checksums do not match) and serves it. With
@@ -80,6 +81,34 @@ def build_parser() -> argparse.ArgumentParser:
                             "(see index_shards/faults.py; default off) [env SHARDRAG_FAULTS]")
     serve.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     serve.set_defaults(func=cmd_serve)
+
+    node = commands.add_parser("node", help="host replicas of any collection the cluster state places here "
+                                "(created and dropped at run time through the gateway's collections API)")
+    node.add_argument("--data-dir", required=True, help="the node's folder: every hosted replica's build, WAL "
+                                                        "and compactions live under it")
+    node.add_argument("--coordinator", default=env.read("SHARDRAG_COORDINATOR"),
+                      help="the cluster state: etcd://HOST:PORT[,...] or file:///PATH (required) "
+                           "[env SHARDRAG_COORDINATOR]")
+    node.add_argument("--node-id", default=env.read("SHARDRAG_NODE_ID"),
+                      help="this node's stable name in placements (default: the name of --data-dir) "
+                           "[env SHARDRAG_NODE_ID]")
+    node.add_argument("--host", default=env.read("SHARDRAG_HOST", "127.0.0.1"),
+                      help="address to bind (default 127.0.0.1) [env SHARDRAG_HOST]")
+    node.add_argument("--port", type=int, default=int(env.read("SHARDRAG_PORT", "0") or 0),
+                      help="port to bind; 0 picks a free one (default 0) [env SHARDRAG_PORT]")
+    node.add_argument("--port-file", help="write {url, port, pid} here once serving")
+    node.add_argument("--advertise-url", default=env.read("SHARDRAG_ADVERTISE_URL"),
+                      help="the URL gateways and peers reach this node at (default: the bound address) "
+                           "[env SHARDRAG_ADVERTISE_URL]")
+    node.add_argument("--device", choices=("auto", "cpu", "gpu"), default=env.read("SHARDRAG_DEVICE", "auto"),
+                      help="where FAISS searches; auto = GPU when FAISS reports one (default auto)")
+    node.add_argument("--faiss-threads", type=int, default=1, help="OpenMP threads for FAISS (default 1)")
+    node.add_argument("--lease-s", type=float, default=3.0,
+                      help="primary leases of the hosted replicas and the node's own (default 3)")
+    node.add_argument("--compact-after", type=int, default=20_000,
+                      help="documents + deletes in a replica's write segment that start a compaction (default 20000)")
+    node.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    node.set_defaults(func=cmd_node)
 
     pack = commands.add_parser("pack", help="write a verified shard directory as one .tar.gz (to publish it)")
     pack.add_argument("--dir", required=True, help="shard directory (holds manifest.json)")
@@ -164,6 +193,41 @@ def cmd_serve(args: argparse.Namespace) -> int:
         extra_ready=lambda: {"shard_id": shard.manifest.shard_id, "version": shard.version_id},
         on_ready=start_role,
     )
+    return 0
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    if not args.coordinator:
+        raise ConfigError("--coordinator is required: the node hosts what the cluster state places on it",
+                          field="coordinator")
+    if args.lease_s <= 0:
+        raise ConfigError("--lease-s must be > 0", field="lease_s")
+    if args.compact_after < 1:
+        raise ConfigError("--compact-after must be ≥ 1", field="compact_after")
+    from pathlib import Path
+
+    import faiss
+
+    from clusterstate import open_coordinator
+    from httpkit.serve import serve_app
+    from index_shards.node import Node, create_node_app
+    from index_shards.server import ShardServerConfig
+
+    faiss.omp_set_num_threads(max(1, args.faiss_threads))
+    node_id = args.node_id or Path(args.data_dir).resolve().name
+    config = ShardServerConfig(faiss_threads=args.faiss_threads, device=args.device, lease_s=args.lease_s,
+                               compact_after=args.compact_after)
+    node = Node(open_coordinator(args.coordinator), node_id, args.data_dir, config)
+
+    def start(url: str) -> None:
+        node.start(args.advertise_url or url)
+
+    try:
+        serve_app(create_node_app(node), host=args.host, port=args.port, port_file=args.port_file,
+                  name=f"node-{node_id}", log_level=args.log_level, extra_ready=lambda: {"node_id": node_id},
+                  on_ready=start)
+    finally:
+        node.stop()
     return 0
 
 

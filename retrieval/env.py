@@ -41,6 +41,7 @@ VARIABLES: dict[str, str] = {
     "SHARDRAG_COORDINATOR": "the cluster state of shard servers and gateways: etcd://HOST:PORT[,...] or file:///PATH",
     "SHARDRAG_ADVERTISE_URL": "the URL a shard server is reached at by gateways and its shard's other replicas",
     "SHARDRAG_REPLICA_ID": "a shard server's stable name in its shard's in-sync set (default: its data dir's name)",
+    "SHARDRAG_NODE_ID": "a node's stable name in collection placements (default: its data dir's name)",
     # training (test hooks for restarts)
     "SHARDRAG_TRAIN_KILL_RANK": "rank that SIGKILLs itself once (restart tests)",
     "SHARDRAG_TRAIN_KILL_AT_STEP": "step at which that rank kills itself",

@@ -14,7 +14,9 @@ body ``{"error": {"code", "message", "field"?, "shard"?}}`` using ``status_code`
     ├── Unauthorized                401      no API key / internal token, or an unknown one
     ├── Forbidden                   403      a key whose scope does not cover the endpoint
     ├── RateLimited                 429      the key's rate limit is exceeded (``retry_after_s``)
+    │   └── QuotaExceeded           429      a collection's or key's quota (documents, requests/s) is used up
     ├── NotFound                    404      unknown collection / version / document
+    ├── Conflict                    409      a name already taken (a collection created twice)
     ├── VersionConflict             409      embedding version not held / not mergeable
     │   └── RolloutRefused          409      a rollout command that makes no sense now (reason given)
     ├── ReplicaBehind               409      a replica has not applied the writes a request needs yet
@@ -106,6 +108,17 @@ class RateLimited(ShardragError):
     def __init__(self, message: str, *, retry_after_s: float, field: str | None = "rate_limit") -> None:
         super().__init__(message, field=field)
         self.retry_after_s = retry_after_s
+
+
+class QuotaExceeded(RateLimited):
+    """A quota of a collection or key is used up; the message names the limit."""
+
+    code = "quota_exceeded"
+
+
+class Conflict(ShardragError):
+    status_code = 409
+    code = "conflict"
 
 
 class NotFound(ShardragError):

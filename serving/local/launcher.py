@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import ssl
 import sys
 import tempfile
 import threading
@@ -28,7 +27,15 @@ from retrieval.dirlock import DirLock
 from retrieval.errors import ConfigError
 from serving.gateway.config import ClusterSpec, GatewayConfig
 from serving.local.child import Child, LaunchError
-from serving.local.state import active_version, claim_collection, launch_version, with_collection_state, write_api_keys
+from serving.local.nodes import start_nodes
+from serving.local.state import (
+    active_version,
+    claim_collection,
+    launch_version,
+    wait_for_encoder,
+    with_collection_state,
+    write_api_keys,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +69,7 @@ class LocalCluster:
         tls: tuple[str, str, str] | None = None,
         lock: bool = True,
         placement: Callable[[str], tuple[str, list[str]]] | None = None,
+        nodes: int = 0,
     ) -> None:
         """``api_keys`` ("read:<key>", "admin:<key>"): the gateway requires them (None: open).
         ``internal_token``: shard servers, kv-nodes and generators accept only calls that carry it
@@ -72,7 +80,10 @@ class LocalCluster:
         (a second cluster of the same collection on this machine is refused, naming this one).
         The shard servers coordinate through ``gateway.cluster.coordinator`` (default: the
         collection's local coordinator file). ``placement``: child name → (address it binds, command
-        prefix that runs it there), e.g. a host of ``serving.local.netns``; default: ``host``, here."""
+        prefix that runs it there), e.g. a host of ``serving.local.netns``; default: ``host``, here.
+        ``nodes``: node processes (``python -m index_shards node``) that host the collections created
+        at run time (``PUT /v1/collections/{name}``), each keeping its files under
+        ``<root>/<collection>/nodes/node-<i>``."""
         if replicas < 1:
             raise ConfigError("replicas must be ≥ 1", field="replicas")
         if kv_nodes < 0 or generators < 0:
@@ -107,6 +118,8 @@ class LocalCluster:
         self.generator_args = tuple(generator_args)
         self.shard_args = tuple(shard_args)  # extra flags of every `python -m index_shards serve`
         self.shards: list[list[Child]] = []
+        self.node_count = nodes
+        self.nodes: list[Child] = []
         self.kv_nodes: list[Child] = []
         self.generators: list[Child] = []
         self.gateway: Child | None = None
@@ -136,6 +149,9 @@ class LocalCluster:
                                                  self.manifest.num_shards, self.replicas, lock=self.lock)
         try:
             self._start_shards()
+            self.nodes = start_nodes(self.node_count, self.root / self.collection / "nodes", self.gateway_config,
+                                     self.place, self.python, self.faiss_threads, self.workdir, self.env,
+                                     self.ready_timeout_s)
             self._start_answer_path()
             self._start_gateway()
         except BaseException:
@@ -238,24 +254,8 @@ class LocalCluster:
         self.gateway.start(self.gateway_env)
         deadline = time.monotonic() + self.ready_timeout_s
         self.gateway.wait_ready(deadline)
-        self._wait_for_encoder(deadline)
-
-    def _wait_for_encoder(self, deadline: float) -> None:
-        """Text queries work once the gateway's encoder is loaded (torch import: seconds)."""
-        if not self.gateway_config.encoder.load:
-            return
-        import httpx
-
-        while True:
-            verify = ssl.create_default_context(cafile=self.tls[2]) if self.tls else True
-            state = httpx.get(f"{self.gateway_url}/healthz", timeout=5, verify=verify).json().get("encoder")
-            if state == "ready":
-                return
-            if state != "loading":
-                raise LaunchError(f"the gateway's query encoder is {state}:\n{self.gateway.log_tail()}")  # type: ignore[union-attr]
-            if time.monotonic() > deadline:
-                raise LaunchError("the gateway's query encoder did not load in time")
-            time.sleep(0.2)
+        if self.gateway_config.encoder.load:  # text queries work once the gateway's encoder is loaded
+            wait_for_encoder(self.gateway_url, deadline, self.tls[2] if self.tls else None, self.gateway.log_tail)
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -276,7 +276,7 @@ class LocalCluster:
         return [str(c.ready["url"]) for c in self.generators if c.ready]
 
     def children(self) -> list[Child]:
-        return ([c for group in self.shards for c in group] + self.kv_nodes + self.generators
+        return ([c for group in self.shards for c in group] + self.nodes + self.kv_nodes + self.generators
                 + ([self.gateway] if self.gateway else []))
 
     def status(self) -> list[dict[str, Any]]:
@@ -326,7 +326,7 @@ class LocalCluster:
         self._stopping.set()
         if self.gateway is not None:
             self.gateway.stop()
-        for child in [*self.generators, *self.kv_nodes, *(c for group in self.shards for c in group)]:
+        for child in [*self.generators, *self.kv_nodes, *self.nodes, *(c for group in self.shards for c in group)]:
             child.stop()
         if self._collection_lock is not None:
             self._collection_lock.release()

@@ -6,6 +6,7 @@ process serves a collection at a time: :func:`lock_collection`."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -125,3 +126,25 @@ def write_api_keys(workdir: Path, keys: list[str]) -> Path:
     atomic_write_bytes(path, ("\n".join(keys) + "\n").encode())
     path.chmod(0o600)
     return path
+
+
+def wait_for_encoder(gateway_url: str, deadline: float, ca_file: str | None, log_tail: Callable[[], str]) -> None:
+    """Block until the gateway's query encoder is loaded (torch import: seconds); LaunchError when
+    it failed or the deadline passed."""
+    import ssl
+    import time
+
+    import httpx
+
+    from serving.local.child import LaunchError
+
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
+    while True:
+        state = httpx.get(f"{gateway_url}/healthz", timeout=5, verify=verify).json().get("encoder")
+        if state == "ready":
+            return
+        if state != "loading":
+            raise LaunchError(f"the gateway's query encoder is {state}:\n{log_tail()}")
+        if time.monotonic() > deadline:
+            raise LaunchError("the gateway's query encoder did not load in time")
+        time.sleep(0.2)

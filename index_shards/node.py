@@ -1,0 +1,218 @@
+"""A node: one shard-server process that hosts replicas of any (collection, shard) the cluster
+state places on it, loading and dropping them at run time.
+
+    /c/<collection>/<shard>/...   that replica's shard server (every route of index_shards.server)
+    GET /v1/node                  the node's id and the replicas it hosts
+    GET /healthz                  liveness
+
+A replica's URL is the node's URL plus ``/c/<collection>/<shard>``, so the gateways' shard client
+and the replicas' peer calls reach it exactly as they reach a one-shard process.
+
+The node registers itself (``/shardrag-meta/nodes/<id>``, on a lease) and reconciles every
+``reconcile_s``: a new collection's replica is created empty (an empty build of its dimension,
+metric and FAISS factory, then a write-ahead log), a dropped collection's replica is stopped and
+its files removed. Only a successful read of the cluster state drives a drop — a coordinator that
+does not answer changes nothing. On disk::
+
+    <data dir>/collections/<uid>/<name>/<version>/shard-<i>/       the (empty) base build
+    <data dir>/collections/<uid>/<name>/replicas/shard-<i>-<node>/ the replica's WAL and compactions
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from clusterstate.collections import Collections, CollectionSpec, spec_version
+from clusterstate.kv import KV
+from clusterstate.lease import LeaseKeeper
+from clusterstate.state import ClusterState
+from httpkit.asgi import Receive, Scope, Send
+from httpkit.auth import guard_from_env, internal_policy
+from index_shards.build import BuildConfig, build_collection
+from index_shards.layout import resolve_version, shard_dir
+from index_shards.server import ShardServer, ShardServerConfig, create_server
+from index_shards.shard import Shard
+from retrieval.dirlock import DirLock
+from retrieval.errors import NotFound, ShardragError
+
+logger = logging.getLogger(__name__)
+
+SlotKey = tuple[str, int]  # (collection, shard)
+
+
+@dataclass(slots=True)
+class Slot:
+    spec: CollectionSpec
+    shard_id: int
+    server: ShardServer
+
+
+class Node:
+    """The replicas a node hosts, kept equal to what the cluster state places on it."""
+
+    def __init__(self, kv: KV, node_id: str, data_dir: str | Path, server_config: ShardServerConfig,
+                 *, reconcile_s: float = 0.5) -> None:
+        self.kv = kv
+        self.node_id = node_id
+        self.collections = Collections(kv)
+        Path(data_dir).mkdir(parents=True, exist_ok=True)
+        # One process per node folder: a second one would reconcile (and remove) the same files.
+        self._dir_lock = DirLock(data_dir, f"node {node_id}").acquire()
+        self.root = Path(data_dir) / "collections"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.server_config = server_config
+        self.reconcile_s = reconcile_s
+        self.url = ""
+        self.slots: dict[SlotKey, Slot] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lease: LeaseKeeper | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self, url: str) -> Node:
+        self.url = url
+        self._lease = LeaseKeeper(self.kv, max(2.0, self.server_config.lease_s), name=f"node-{self.node_id}",
+                                  on_new_lease=lambda lease: self.collections.register_node(self.node_id, url, lease))
+        self._lease.start()
+        self.collections.register_node(self.node_id, url, self._lease.lease)
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"node-{self.node_id}")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._lock:
+            for key in list(self.slots):
+                self._unload(key)
+        if self._lease is not None:
+            self._lease.stop()
+        self._dir_lock.release()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+            except ShardragError as exc:
+                logger.warning("node %s: reconcile failed: %s", self.node_id, exc.message)
+            except Exception:  # noqa: BLE001 - the loop must keep the node in step
+                logger.exception("node %s: reconcile failed", self.node_id)
+            self._stop.wait(self.reconcile_s)
+
+    # -- reconcile ------------------------------------------------------------------------------
+    def wanted(self, specs: list[CollectionSpec]) -> dict[SlotKey, CollectionSpec]:
+        return {(spec.name, shard_id): spec for spec in specs
+                for shard_id, nodes in enumerate(spec.placement) if self.node_id in nodes}
+
+    def reconcile(self) -> None:
+        """Host what the placements give this node, drop the rest (files included)."""
+        wanted = self.wanted(self.collections.list())  # raises when the state cannot be read: nothing changes
+        with self._lock:
+            for key, slot in list(self.slots.items()):
+                spec = wanted.get(key)
+                if spec is None or spec.uid != slot.spec.uid:
+                    self._unload(key)
+            for key, spec in wanted.items():
+                if key not in self.slots and not self._stop.is_set():
+                    try:
+                        self._host(spec, key[1])
+                    except ShardragError as exc:
+                        logger.error("node %s: cannot host %s shard %d: %s", self.node_id, key[0], key[1], exc.message)
+            keep = {spec.uid for spec in wanted.values()}
+            for directory in self.root.iterdir():
+                if directory.name not in keep and not directory.name.startswith("."):
+                    logger.warning("node %s: removing %s (its collection was dropped)", self.node_id, directory)
+                    shutil.rmtree(directory, ignore_errors=True)
+
+    def _host(self, spec: CollectionSpec, shard_id: int) -> None:
+        root = self.root / spec.uid
+        version = spec_version(spec)
+        try:
+            version_directory, _ = resolve_version(root, spec.name, version.id)
+        except NotFound:
+            build_collection(root, [], np.zeros((0, spec.dim), dtype=np.float32), version,
+                             BuildConfig(spec.name, num_shards=spec.shards, partitioner=spec.partitioner,
+                                         factory=spec.factory, metric=spec.metric), show_progress=False)
+            version_directory, _ = resolve_version(root, spec.name, version.id)
+        config = self.server_config
+        shard = Shard.load(shard_dir(version_directory, shard_id), device=config.device, mmap=config.mmap)
+        data_dir = root / spec.name / "replicas" / f"shard-{shard_id}-{self.node_id}"
+        server = create_server(shard, replace(config, data_dir=str(data_dir), replica_id=self.node_id,
+                                              replication=spec.replicas), state=ClusterState(self.kv, spec.state_name))
+        server.role.start(self.replica_url(spec.name, shard_id))
+        self.slots = {**self.slots, (spec.name, shard_id): Slot(spec, shard_id, server)}
+        logger.info("node %s: hosting %s shard %d", self.node_id, spec.name, shard_id)
+
+    def _unload(self, key: SlotKey) -> None:
+        slot = self.slots[key]
+        self.slots = {k: v for k, v in self.slots.items() if k != key}
+        slot.server.role.stop()
+        slot.server.versions.close()
+        logger.info("node %s: dropped %s shard %d", self.node_id, key[0], key[1])
+
+    def replica_url(self, collection: str, shard_id: int) -> str:
+        return f"{self.url}/c/{collection}/{shard_id}"
+
+    def describe(self) -> dict[str, Any]:
+        return {"node_id": self.node_id, "url": self.url,
+                "replicas": [{"collection": name, "shard": shard_id, "uid": slot.spec.uid,
+                              "url": self.replica_url(name, shard_id)}
+                             for (name, shard_id), slot in sorted(self.slots.items())]}
+
+
+def create_node_app(node: Node) -> Any:
+    """The node's ASGI app: ``/c/<collection>/<shard>/…`` to that replica's server, the rest here."""
+
+    async def send_json(send: Send, status: int, payload: Any) -> None:
+        body = orjson.dumps(payload)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def own(scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if path == "/healthz":
+            await send_json(send, 200, {"status": "ok", "node_id": node.node_id, "replicas": len(node.slots)})
+        elif path == "/v1/node":
+            await send_json(send, 200, node.describe())
+        else:
+            await send_json(send, 404, NotFound(f"no route {path}", field="path").to_dict())
+
+    guarded_own = guard_from_env(own, internal_policy)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:  # the node's replicas start and stop with the node itself, not here
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        path: str = scope.get("path", "")
+        if scope["type"] == "http" and path.startswith("/c/"):
+            name, _, rest = path[3:].partition("/")
+            shard, _, tail = rest.partition("/")
+            slot = node.slots.get((name, int(shard))) if shard.isdigit() else None
+            if slot is None:
+                error = NotFound(f"node {node.node_id} hosts no replica of {name!r} shard {shard}", field="collection")
+                await send_json(send, 404, error.to_dict())
+                return
+            # The replica's server routes on the path below the prefix (its fast path matches
+            # exact paths), as if it ran on its own.
+            inner = dict(scope, path="/" + tail, raw_path=("/" + tail).encode())
+            await slot.server.app(inner, receive, send)
+            return
+        await guarded_own(scope, receive, send)
+
+    return app

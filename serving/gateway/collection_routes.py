@@ -1,0 +1,218 @@
+"""The collections API of the gateway.
+
+    PUT    /v1/collections/{name}                 create (CollectionCreate): placed on the live nodes,
+                                                  answered once a replica of every shard serves it
+    GET    /v1/collections                        every collection (those a scoped key may use)
+    GET    /v1/collections/{name}                 its definition, placement and live documents
+    DELETE /v1/collections/{name}                 drop it (its nodes remove its replicas and files)
+    POST   /v1/collections/{name}/query           as POST /v1/query
+    POST   /v1/collections/{name}/documents       as POST /v1/documents
+    POST   /v1/collections/{name}/documents/delete
+    GET    /v1/collections/{name}/documents/{id}
+
+The collection the gateway was started with answers under its own name too (and keeps the
+``/v1/query`` … paths). A tenant-scoped key is confined by serving.gateway.tenancy; which
+collections a key may reach is checked before a route runs (httpkit.auth).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, Path, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from clusterstate.collections import NAME_PATTERN, CollectionSpec, Quotas, vector_version
+from httpkit.api import ERROR_RESPONSES
+from httpkit.asgi import read_request_body
+from httpkit.auth import SCOPE_KEY, ApiKey
+from httpkit.responses import json_response
+from retrieval.errors import Forbidden, InvalidRequest
+from serving.gateway.collections import CollectionStack, live_count
+from serving.gateway.query import QueryService, parse_body
+from serving.gateway.tenancy import (
+    confine_delete,
+    confine_filter,
+    confine_hits,
+    confine_ids,
+    confine_upsert,
+    stored_id,
+)
+from serving.writes.models import DeleteRequest, UpsertRequest
+from serving.writes.service import WriteService
+
+NamePath = Annotated[str, Path(pattern=NAME_PATTERN.pattern, description="collection name")]
+
+
+class QuotasModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_documents: int = Field(0, ge=0, description="live documents the collection may hold (0: no limit)")
+    max_rps: float = Field(0.0, ge=0, le=1e6, description="requests per second per gateway (0: no limit)")
+
+
+class CollectionCreate(BaseModel):
+    """Give ``dim`` (a vector-only collection: clients send vectors) or ``model`` (text is embedded
+    by that encoder; it must be one this gateway serves)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dim: int | None = Field(None, ge=1, le=65536, description="vector dimension (vector-only collections)")
+    model: str | None = Field(None, min_length=1, max_length=200, description="encoder that embeds text")
+    metric: Literal["ip", "l2"] = Field("ip", description="ip (cosine on normalised vectors) or l2")
+    shards: int = Field(1, ge=1, le=64, description="slices of the index")
+    replicas: int = Field(1, ge=1, le=7, description="copies of each slice, on distinct nodes")
+    factory: str = Field("Flat", min_length=1, max_length=100,
+                         description="FAISS index factory string (one that needs no training while empty: Flat, "
+                                     "HNSW32, ...)")
+    partitioner: Literal["hash"] = Field("hash", description="how ids map to shards")
+    tenant_field: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$",
+                                     description="payload field holding each document's tenant (tenant-scoped keys)")
+    quotas: QuotasModel = Field(default_factory=QuotasModel)
+
+    @model_validator(mode="after")
+    def _one_space(self) -> CollectionCreate:
+        if (self.dim is None) == (self.model is None):
+            raise ValueError("give exactly one of dim (vector-only) and model (text)")
+        return self
+
+
+def _key(request: Request) -> ApiKey | None:
+    key: ApiKey | None = request.scope.get(SCOPE_KEY)
+    return key
+
+
+def add_collection_routes(app: FastAPI, gateway: Callable[[], Any]) -> None:
+    """``gateway()``: the running Gateway (serving.gateway.factory)."""
+
+    def default_name() -> str:
+        return str(gateway().registry.view.snapshot(gateway().registry.view.state.active).topology.collection)
+
+    def model_version(model: str) -> dict[str, Any]:
+        """The embedding version of ``model`` as this gateway serves it (422 when it serves no such model)."""
+        view = gateway().registry.view
+        models = {name: version for version, name in view.state.models.items() if version in view.versions}
+        if model not in models:
+            raise InvalidRequest(f"this gateway embeds with {sorted(models)}; model {model!r} is not among them",
+                                 field="model")
+        version: dict[str, Any] = view.snapshot(models[model]).topology.version.to_dict()
+        return version
+
+    async def services(name: str, request: Request) -> tuple[QueryService, WriteService, CollectionStack | None,
+                                                              str | None, str | None]:
+        """(queries, writes, stack or None for the default collection, tenant field, the key's tenant)."""
+        key = _key(request)
+        tenant = key.tenant if key is not None else None
+        if name == default_name():
+            if tenant is not None:
+                raise Forbidden(f"collection {name!r} has no tenant field: a tenant-scoped key cannot use it",
+                                field="authorization")
+            return gateway().queries, gateway().writes, None, None, None
+        stack = await gateway().collections.get(name)
+        if tenant is not None and stack.spec.tenant_field is None:
+            raise Forbidden(f"collection {name!r} has no tenant field: a tenant-scoped key cannot use it",
+                            field="authorization")
+        stack.admit()
+        return stack.queries, stack.writes, stack, stack.spec.tenant_field, tenant
+
+    @app.put("/v1/collections/{name}", status_code=201, summary="Create a collection (empty, writable at once)",
+             responses=ERROR_RESPONSES)
+    async def create_collection(name: NamePath, body: CollectionCreate) -> Response:
+        if name == default_name():
+            raise InvalidRequest(f"{name!r} is the collection this gateway was started with", field="name")
+        version = model_version(body.model) if body.model else vector_version(body.dim or 0, body.metric).to_dict()
+        spec = CollectionSpec(name=name, dim=int(version["dim"]), metric=body.metric, model=body.model,
+                              version=version if body.model else None, shards=body.shards, replicas=body.replicas,
+                              factory=body.factory, partitioner=body.partitioner, tenant_field=body.tenant_field,
+                              quotas=Quotas(body.quotas.max_documents, body.quotas.max_rps))
+        collections = gateway().collections
+        placed = await asyncio.to_thread(collections.collections.create, spec)
+        await collections.wait_ready(placed)
+        return json_response(collections.describe(placed), status_code=201)
+
+    @app.get("/v1/collections", summary="Every collection (a scoped key sees those it may use)",
+             responses=ERROR_RESPONSES)
+    async def list_collections(request: Request) -> Response:
+        key = _key(request)
+        specs = await asyncio.to_thread(gateway().collections.collections.list)
+        rows = [gateway().collections.describe(s) for s in specs
+                if key is None or key.collections is None or s.name in key.collections]
+        default = default_name()
+        if key is None or not key.scoped or (key.collections is not None and default in key.collections
+                                              and key.tenant is None):
+            rows.insert(0, {"name": default, "default": True})
+        return json_response({"collections": rows})
+
+    @app.get("/v1/collections/{name}", summary="A collection: definition, placement, replicas, live documents",
+             responses=ERROR_RESPONSES)
+    async def show_collection(name: NamePath) -> Response:
+        if name == default_name():
+            return json_response({"name": name, "default": True, "cluster": "/v1/cluster"})
+        collections = gateway().collections
+        stack = await collections.get(name)
+        await stack.registry.refresh()
+        active = stack.registry.view.state.active
+        shards = [{"shard": shard, "replicas": list(group),
+                   "documents": max((live_count(stack.registry.infos.get(r), active) for r in group), default=0)}
+                  for shard, group in enumerate(stack.replicas)]
+        return json_response({**collections.describe(stack.spec), "active_version": active, "shard_replicas": shards,
+                              "documents": sum(s["documents"] for s in shards)})
+
+    @app.delete("/v1/collections/{name}", summary="Drop a collection: its replicas and files go from every node",
+                responses=ERROR_RESPONSES)
+    async def drop_collection(name: NamePath) -> Response:
+        if name == default_name():
+            raise InvalidRequest(f"{name!r} is the collection this gateway was started with; stop the cluster "
+                                 "to retire it", field="name")
+        collections = gateway().collections
+        existed = await asyncio.to_thread(collections.collections.drop, name)
+        await collections.forget(name)
+        if not existed:
+            raise InvalidRequest(f"no collection {name!r}", field="name") from None
+        return json_response({"dropped": name})
+
+    limits = lambda: gateway().config.limits  # noqa: E731 - read when a request comes
+    write_limit = lambda: gateway().config.writes.max_body_bytes  # noqa: E731
+
+    @app.post("/v1/collections/{name}/query", summary="Top-k documents of the collection for a text or a vector",
+              responses=ERROR_RESPONSES)
+    async def query(name: NamePath, request: Request) -> Response:
+        queries, _, _, tenant_field, tenant = await services(name, request)
+        parsed = queries.parse(await read_request_body(request, limits().max_body_bytes))
+        if tenant is not None and tenant_field is not None:
+            parsed = parsed.model_copy(update={"filter": confine_filter(parsed.filter, tenant_field, tenant)})
+            return json_response(confine_hits(await queries.query(parsed), tenant))
+        return json_response(await queries.query(parsed))
+
+    @app.post("/v1/collections/{name}/documents", summary="Upsert documents into the collection",
+              responses=ERROR_RESPONSES)
+    async def upsert(name: NamePath, request: Request) -> Response:
+        _, writes, stack, tenant_field, tenant = await services(name, request)
+        parsed = parse_body(UpsertRequest, await read_request_body(request, write_limit()))
+        if tenant_field is not None:
+            parsed = confine_upsert(parsed, tenant_field, tenant)
+        if stack is not None:
+            await stack.check_room(len(parsed.documents))
+        reply = await writes.upsert(parsed)
+        return json_response(confine_ids(reply, tenant) if tenant is not None else reply)
+
+    @app.post("/v1/collections/{name}/documents/delete", summary="Delete documents of the collection by id or filter",
+              responses=ERROR_RESPONSES)
+    async def delete(name: NamePath, request: Request) -> Response:
+        _, writes, _, tenant_field, tenant = await services(name, request)
+        parsed = parse_body(DeleteRequest, await read_request_body(request, write_limit()))
+        if tenant is not None and tenant_field is not None:
+            parsed = confine_delete(parsed, tenant_field, tenant)
+        reply = await writes.delete(parsed)
+        return json_response(confine_ids(reply, tenant) if tenant is not None else reply)
+
+    @app.get("/v1/collections/{name}/documents/{doc_id:path}", summary="One document of the collection",
+             responses=ERROR_RESPONSES)
+    async def get_document(name: NamePath, doc_id: str, request: Request) -> Response:
+        _, writes, _, tenant_field, tenant = await services(name, request)
+        if tenant is not None and tenant_field is not None:
+            found = await writes.get(stored_id(tenant, doc_id))  # in its namespace: never another tenant's
+            return json_response({**found, "id": doc_id})
+        return json_response(await writes.get(doc_id))

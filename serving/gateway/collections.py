@@ -1,0 +1,215 @@
+"""The collections created at run time, as this gateway serves them: per collection a
+:class:`CollectionStack` (version registry, fan-out, query and write services) over the parts
+every collection shares (the shard client and its balancer, the encoder service, metrics).
+
+The specs and the live nodes are read from the cluster state (clusterstate.collections); a
+stack is built on the first request for its collection and rebuilt when its spec (uid) or its
+replicas' URLs change, so a collection created or dropped through another gateway is seen here
+within one ``refresh_s``, and a restarted node's new address within the same. Nothing here is
+state that correctness depends on: every stack can be thrown away and built again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterstate.collections import Collections, CollectionSpec
+from clusterstate.kv import KV
+from clusterstate.state import ClusterState, RolloutStoreOnKV
+from httpkit.auth import RateLimiter
+from retrieval.contract import ReplicaInfo
+from retrieval.errors import NotFound, QuotaExceeded, ShardragError, ShardUnavailable
+from serving.encoding.service import EncoderService
+from serving.gateway.config import GatewayConfig
+from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.query import QueryService
+from serving.shardcall.call import ShardCaller
+from serving.shardcall.ejection import OutlierDetector
+from serving.shardcall.fanout import FanOut
+from serving.shardcall.policies import make_balancer
+from serving.transport.client import ShardClient
+from serving.versions.registry import VersionRegistry
+from serving.versions.topology import fetch_info
+from serving.writes.service import WriteService
+
+logger = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 30.0  # how long a create waits for every shard's replicas to come up
+
+
+def replica_urls(spec: CollectionSpec, nodes: dict[str, str]) -> tuple[tuple[str, ...], ...]:
+    """Per shard the URLs of its replicas on the live nodes (a node not live is left out)."""
+    return tuple(tuple(f"{nodes[n]}/c/{spec.name}/{shard}" for n in group if n in nodes)
+                 for shard, group in enumerate(spec.placement))
+
+
+def live_count(info: ReplicaInfo | None, version: str) -> int:
+    """A replica's live documents of ``version``: its base, plus its write segment, less tombstones."""
+    held = info.held().get(version) if info is not None else None
+    if held is None:
+        return 0
+    return max(0, (held.count or 0) + (held.segment or 0) - (held.tombstones or 0))
+
+
+@dataclass(slots=True)
+class CollectionStack:
+    spec: CollectionSpec
+    replicas: tuple[tuple[str, ...], ...]
+    registry: VersionRegistry
+    queries: QueryService
+    writes: WriteService
+    limiter: RateLimiter | None
+    poll: asyncio.Future[None] | None = None
+    counted_at: float = 0.0
+    live_documents: int = 0
+    closed: bool = field(default=False)
+
+    def admit(self) -> None:
+        """The collection's requests-per-second quota (per gateway) → 429 naming it."""
+        if self.limiter is not None:
+            wait_s = self.limiter.take(self.spec.name)
+            if wait_s > 0:
+                raise QuotaExceeded(f"collection {self.spec.name!r} is limited to {self.spec.quotas.max_rps:g} "
+                                    f"requests/s; retry in {wait_s:.2f} s", retry_after_s=wait_s, field="max_rps")
+
+    async def check_room(self, new_documents: int) -> None:
+        """The collection's document quota: live documents (read from the replicas, at most once a
+        second) plus this write's must fit → 429 naming the limit."""
+        limit = self.spec.quotas.max_documents
+        if limit <= 0:
+            return
+        if time.monotonic() - self.counted_at > 1.0:
+            await self.registry.refresh()
+            active = self.registry.view.state.active
+            counts = [max((live_count(self.registry.infos.get(r), active) for r in group), default=0)
+                      for group in self.replicas]
+            self.live_documents, self.counted_at = sum(counts), time.monotonic()
+        if self.live_documents + new_documents > limit:
+            raise QuotaExceeded(f"collection {self.spec.name!r} holds at most {limit} documents "
+                                f"({self.live_documents} live, {new_documents} in this write)",
+                                retry_after_s=60.0, field="max_documents")
+
+    async def close(self) -> None:
+        self.closed = True
+        if self.poll is not None:
+            self.poll.cancel()
+        for encoder in self.registry.encoders.values():  # the shared encoder service stays
+            encoder.close()
+        await self.writes.close()
+
+
+class CollectionStacks:
+    def __init__(self, kv: KV, config: GatewayConfig, client: ShardClient, detector: OutlierDetector,
+                 encoders: EncoderService | None, metrics: GatewayMetrics, writable: Callable[[], bool], *,
+                 refresh_s: float = 1.0) -> None:
+        self.kv = kv
+        self.collections = Collections(kv)
+        self.config = config
+        self.client = client
+        self.detector = detector  # shared: a replica URL names one replica of one collection
+        self.encoders = encoders
+        self.metrics = metrics
+        self.writable = writable
+        self.refresh_s = refresh_s
+        self.stacks: dict[str, CollectionStack] = {}
+        self._building: dict[str, asyncio.Lock] = {}
+
+    async def get(self, name: str) -> CollectionStack:
+        """The collection's stack (built on first use); 404 when the cluster state has no such collection."""
+        stack = self.stacks.get(name)
+        if stack is not None and not stack.closed:
+            return stack
+        lock = self._building.setdefault(name, asyncio.Lock())
+        async with lock:
+            stack = self.stacks.get(name)
+            if stack is not None and not stack.closed:
+                return stack
+            spec = await asyncio.to_thread(self.collections.get, name)
+            if spec is None:
+                raise NotFound(f"no collection {name!r}", field="collection")
+            nodes = await asyncio.to_thread(self.collections.nodes)
+            stack = await self._build(spec, replica_urls(spec, nodes))
+            self.stacks[name] = stack
+            return stack
+
+    async def _build(self, spec: CollectionSpec, replicas: tuple[tuple[str, ...], ...]) -> CollectionStack:
+        config = self.config
+        missing = [shard for shard, group in enumerate(replicas) if not group]
+        if missing:
+            raise ShardUnavailable(f"collection {spec.name!r}: no live node hosts shard(s) {missing}",
+                                   shard=missing[0])
+        state = ClusterState(self.kv, spec.state_name)
+        registry = VersionRegistry(replicas, self.client, RolloutStoreOnKV(state),
+                                   encoders=self.encoders if spec.model else None,
+                                   default_model=spec.model or "", discovery_timeout_s=config.discovery_timeout_s,
+                                   probe_timeout_s=config.probe_timeout_s)
+        await registry.start()
+        caller = ShardCaller(self.client, make_balancer(config.calls.balancer), self.detector, config.hedging,
+                             on_not_eligible=registry.mark_not_eligible)
+        fanout = FanOut(replicas, caller, coalesce=config.calls.coalesce, max_batch=config.calls.max_batch,
+                        max_inflight_per_replica=config.calls.max_inflight_per_replica,
+                        topk_probability=config.calls.topk_probability)
+        queries = QueryService(config.limits, registry, fanout, self.metrics, recent_queries=100)
+        writes = WriteService(registry, self.client, config.writes, writable=self.writable)
+        quota = spec.quotas.max_rps
+        limiter = RateLimiter(quota, max(1.0, quota)) if quota > 0 else None
+        stack = CollectionStack(spec, replicas, registry, queries, writes, limiter)
+        stack.poll = asyncio.ensure_future(registry.poll_forever(config.rollout.poll_interval_s))
+        return stack
+
+    async def wait_ready(self, spec: CollectionSpec, timeout_s: float = READY_TIMEOUT_S) -> CollectionStack:
+        """A new collection's stack once every replica it placed answers (503 naming the
+        replicas still missing after ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        waiting: list[str] = []
+        while time.monotonic() < deadline:
+            nodes = await asyncio.to_thread(self.collections.nodes)
+            urls = [url for group in replica_urls(spec, nodes) for url in group]
+            infos = await asyncio.gather(*(fetch_info(self.client, url, self.config.probe_timeout_s) for url in urls))
+            waiting = [url for url, info in zip(urls, infos, strict=True) if info is None]
+            if len(urls) == spec.shards * spec.replicas and not waiting:
+                return await self.get(spec.name)
+            await asyncio.sleep(0.1)
+        raise ShardUnavailable(f"collection {spec.name!r} is recorded, but its replicas did not come up within "
+                               f"{timeout_s:.0f} s: {waiting or 'nodes of its placement are not live'}",
+                               field="collection")
+
+    async def refresh_forever(self) -> None:
+        """Follow the cluster state: stacks of dropped collections go, stacks whose spec or
+        replica URLs changed are rebuilt on their next request."""
+        revision = -1
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            try:
+                current = await asyncio.to_thread(self.kv.revision)
+                if current == revision:
+                    continue
+                revision = current
+                specs = {s.name: s for s in await asyncio.to_thread(self.collections.list)}
+                nodes = await asyncio.to_thread(self.collections.nodes)
+            except ShardragError as exc:
+                logger.warning("collections refresh: %s", exc.message)
+                continue
+            for name, stack in list(self.stacks.items()):
+                spec = specs.get(name)
+                if spec is None or spec.uid != stack.spec.uid or replica_urls(spec, nodes) != stack.replicas:
+                    self.stacks.pop(name, None)
+                    await stack.close()
+
+    async def forget(self, name: str) -> None:
+        stack = self.stacks.pop(name, None)
+        if stack is not None:
+            await stack.close()
+
+    async def close(self) -> None:
+        for name in list(self.stacks):
+            await self.forget(name)
+
+    def describe(self, spec: CollectionSpec) -> dict[str, Any]:
+        stack = self.stacks.get(spec.name)
+        return {**spec.to_dict(), "served_here": stack is not None and not stack.closed}

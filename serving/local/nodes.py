@@ -1,0 +1,34 @@
+"""The local launcher's node processes: ``python -m index_shards node``, each hosting replicas of
+the collections created at run time (clusterstate.collections), coordinating through the same
+cluster state as the launched collection's replicas."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from serving.gateway.config import GatewayConfig
+from serving.local.child import Child
+
+
+def start_nodes(count: int, nodes_dir: Path, gateway: GatewayConfig, place: Callable[[str], tuple[str, list[str]]],
+                python: str, faiss_threads: int, workdir: Path, env: dict[str, str],
+                ready_timeout_s: float) -> list[Child]:
+    """Start ``count`` nodes (``node-<i>``, files under ``nodes_dir/node-<i>``) and wait until each
+    reports ready; a restarted node comes back on its old port and with its old files."""
+    children = []
+    for index in range(count):
+        def argv(port: int, name: str = f"node-{index}") -> list[str]:
+            address, prefix = place(name)
+            return [*prefix, python, "-m", "index_shards", "node", "--data-dir", str(nodes_dir / name),
+                    "--host", address, "--port", str(port), "--coordinator", str(gateway.cluster.coordinator),
+                    "--faiss-threads", str(faiss_threads)]
+
+        child = Child(f"node-{index}", argv, workdir / f"node-{index}.log")
+        child.start(env)
+        children.append(child)
+    deadline = time.monotonic() + ready_timeout_s
+    for child in children:
+        child.wait_ready(deadline)
+    return children
