@@ -101,7 +101,7 @@ class CollectionSpec:
 
 def place(shards: int, replicas: int, nodes: Sequence[str], load: Mapping[str, int]) -> tuple[tuple[str, ...], ...]:
     """Per shard ``replicas`` distinct nodes, least loaded first (ties by id, so every caller
-    places alike); 503 naming the shortfall when fewer nodes live than a shard needs."""
+    places alike); 422 when fewer nodes live than a shard needs copies, 503 when none does."""
     if len(nodes) < replicas:
         raise ShardUnavailable(f"{replicas} replicas per shard need {replicas} live nodes; {len(nodes)} live",
                           field="replicas")

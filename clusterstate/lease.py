@@ -14,6 +14,7 @@ call it: the holder registers once it has the keeper.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -33,7 +34,7 @@ class LeaseKeeper:
         self.kv = kv
         self.ttl_s = ttl_s
         self.name = name
-        self.on_new_lease = on_new_lease
+        self._listeners: list[Callable[[int], None]] = [on_new_lease] if on_new_lease is not None else []
         self._clock = clock
         self.lease = 0
         self._valid_until = 0.0
@@ -66,8 +67,18 @@ class LeaseKeeper:
                 self.lease = self.kv.grant(self.ttl_s)
                 ttl, fresh = self.ttl_s, True
             self._valid_until = sent + ttl * (1.0 - SAFETY_MARGIN)
-        if fresh and replaced and self.on_new_lease is not None:
-            self.on_new_lease(self.lease)
+        if fresh and replaced:
+            for listener in list(self._listeners):
+                listener(self.lease)
+
+    def subscribe(self, on_new_lease: Callable[[int], None]) -> None:
+        """Another holder of keys on this lease (the replicas of one node share their node's lease):
+        told, like ``on_new_lease``, when a lapsed lease was replaced."""
+        self._listeners.append(on_new_lease)
+
+    def unsubscribe(self, on_new_lease: Callable[[int], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(on_new_lease)
 
     def _run(self) -> None:
         while not self._stop.wait(self.ttl_s / 3.0):

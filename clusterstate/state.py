@@ -152,6 +152,10 @@ class ClusterState:
         key = f"{self._shard_key(shard_id)}/members/{quote(replica, safe='')}"
         self.kv.put(key, json.dumps({"replica": replica, **details}).encode(), lease=lease)
 
+    def unregister_member(self, shard_id: int, replica: str) -> None:
+        """A replica leaving while its lease lives on (a node's shared lease): its member key goes now."""
+        self.kv.delete(f"{self._shard_key(shard_id)}/members/{quote(replica, safe='')}")
+
     def members(self, shard_id: int) -> dict[str, dict[str, Any]]:
         """Live replicas of the shard (their lease holds) → what they registered."""
         prefix = f"{self._shard_key(shard_id)}/members/"

@@ -8,11 +8,12 @@ state places on it, loading and dropping them at run time.
 A replica's URL is the node's URL plus ``/c/<collection>/<shard>``, so the gateways' shard client
 and the replicas' peer calls reach it exactly as they reach a one-shard process.
 
-The node registers itself (``/shardrag-meta/nodes/<id>``, on a lease) and reconciles every
-``reconcile_s``: a new collection's replica is created empty (an empty build of its dimension,
-metric and FAISS factory, then a write-ahead log), a dropped collection's replica is stopped and
-its files removed. Only a successful read of the cluster state drives a drop — a coordinator that
-does not answer changes nothing. On disk::
+The node registers itself (``/shardrag-meta/nodes/<id>``, on a lease) and reconciles whenever the
+cluster state's revision moves (looked at every ``reconcile_s``): a new collection's replica is
+created empty (an empty build of its dimension, metric and FAISS factory, then a write-ahead
+log), a dropped collection's replica is stopped and its files removed. Its replicas share the
+node's lease (one renewal keeps them all). Only a successful read of the cluster state drives a
+drop — a coordinator that does not answer changes nothing. On disk::
 
     <data dir>/collections/<uid>/<name>/<version>/shard-<i>/       the (empty) base build
     <data dir>/collections/<uid>/<name>/replicas/shard-<i>-<node>/ the replica's WAL and compactions
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ from retrieval.errors import NotFound, ShardragError
 logger = logging.getLogger(__name__)
 
 SlotKey = tuple[str, int]  # (collection, shard)
+FULL_RECONCILE_S = 5.0
 
 
 @dataclass(slots=True)
@@ -59,7 +62,7 @@ class Node:
     """The replicas a node hosts, kept equal to what the cluster state places on it."""
 
     def __init__(self, kv: KV, node_id: str, data_dir: str | Path, server_config: ShardServerConfig,
-                 *, reconcile_s: float = 0.5) -> None:
+                 *, reconcile_s: float = 0.1) -> None:
         self.kv = kv
         self.node_id = node_id
         self.collections = Collections(kv)
@@ -80,7 +83,8 @@ class Node:
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, url: str) -> Node:
         self.url = url
-        self._lease = LeaseKeeper(self.kv, max(2.0, self.server_config.lease_s), name=f"node-{self.node_id}",
+        # One lease for the node and every replica on it: one renewal a third of a TTL keeps them all.
+        self._lease = LeaseKeeper(self.kv, self.server_config.lease_s, name=f"node-{self.node_id}",
                                   on_new_lease=lambda lease: self.collections.register_node(self.node_id, url, lease))
         self._lease.start()
         self.collections.register_node(self.node_id, url, self._lease.lease)
@@ -100,9 +104,15 @@ class Node:
         self._dir_lock.release()
 
     def _run(self) -> None:
+        seen, reconciled_at = -1, 0.0
         while not self._stop.is_set():
             try:
-                self.reconcile()
+                # A cheap look at the store's revision every tick; a full reconcile when it moved
+                # (a collection created or dropped shows within a tick) and every few seconds anyway.
+                revision = self.kv.revision()
+                if revision != seen or time.monotonic() - reconciled_at > FULL_RECONCILE_S:
+                    self.reconcile()
+                    seen, reconciled_at = revision, time.monotonic()
             except ShardragError as exc:
                 logger.warning("node %s: reconcile failed: %s", self.node_id, exc.message)
             except Exception:  # noqa: BLE001 - the loop must keep the node in step
@@ -148,7 +158,8 @@ class Node:
         shard = Shard.load(shard_dir(version_directory, shard_id), device=config.device, mmap=config.mmap)
         data_dir = root / spec.name / "replicas" / f"shard-{shard_id}-{self.node_id}"
         server = create_server(shard, replace(config, data_dir=str(data_dir), replica_id=self.node_id,
-                                              replication=spec.replicas), state=ClusterState(self.kv, spec.state_name))
+                                              replication=spec.replicas), state=ClusterState(self.kv, spec.state_name),
+                               lease=self._lease)
         server.role.start(self.replica_url(spec.name, shard_id))
         self.slots = {**self.slots, (spec.name, shard_id): Slot(spec, shard_id, server)}
         logger.info("node %s: hosting %s shard %d", self.node_id, spec.name, shard_id)

@@ -31,6 +31,7 @@ primary of its shard on its own, forever.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -52,9 +53,11 @@ logger = logging.getLogger(__name__)
 class ShardRole:
     def __init__(self, versions: ShardVersions, replica: str, state: ClusterState | None, peers: PeerClient, *,
                  url: str | None = None, replication: int = 0, lease_s: float = 3.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, shared_lease: LeaseKeeper | None = None) -> None:
         """``replica``: this replica's stable id; ``url``: where peers reach it (default: the id, as
-        in one process; set by :meth:`start` once a server knows its address)."""
+        in one process; set by :meth:`start` once a server knows its address). ``shared_lease``: a
+        started lease this replica's keys hang on instead of its own (a node's replicas share the
+        node's: they live and die with one process, and one renewal keeps them all)."""
         self.versions = versions
         self.replica = replica
         self.url = url or replica
@@ -69,6 +72,7 @@ class ShardRole:
         self._claimed_term = 0  # the term this replica claimed the shard for (0: none)
         self._claim_lease = 0  # the lease the claim hangs on: a new lease holds no claim until it is renewed
         self._lease: LeaseKeeper | None = None
+        self._shared_lease = shared_lease
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = clock()
@@ -152,7 +156,10 @@ class ShardRole:
     def _join(self) -> None:
         """Take a lease and register (retried every tick until the cluster state answers)."""
         assert self.state is not None
-        if self._lease is None:
+        if self._lease is None and self._shared_lease is not None:
+            self._shared_lease.subscribe(self._on_new_lease)
+            self._lease = self._shared_lease
+        elif self._lease is None:
             self._lease = LeaseKeeper(self.state.kv, self.lease_s, name=f"shard-{self.shard_id}:{self.replica}",
                                       on_new_lease=self._on_new_lease).start()
         self._register()
@@ -296,7 +303,13 @@ class ShardRole:
                     self.state.drop_claim(self.shard_id, Claim(self.replica, self._claimed_term))
                 except (CoordinatorUnavailable, LeaseExpired):
                     pass
-            self._lease.stop()
+            if self._lease is self._shared_lease:  # the lease lives on: take this replica's keys off it
+                self._lease.unsubscribe(self._on_new_lease)
+                if self.state is not None:
+                    with contextlib.suppress(CoordinatorUnavailable):
+                        self.state.unregister_member(self.shard_id, self.replica)
+            else:
+                self._lease.stop()
         self.writer.close()
 
 

@@ -113,12 +113,13 @@ class ShardServer:
 
 
 def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None = None, *,
-                  state: Any = None, peers: PeerClient | None = None) -> ShardServer:
+                  state: Any = None, peers: PeerClient | None = None, lease: Any = None) -> ShardServer:
     """The shard server's ASGI app (a fast path for search and writes around a FastAPI app), over a
     version store and the replica's role in its shard. ``state``: the cluster state
     (clusterstate.state.ClusterState) the role coordinates through; None: this replica is the only
     one, the primary of its shard on its own. The role starts with :meth:`ShardRole.start`, given
-    the URL the server is reached at once it listens."""
+    the URL the server is reached at once it listens. ``lease``: a started LeaseKeeper the role
+    shares (a node's) instead of taking its own."""
     config = config or ShardServerConfig()
     faults = FaultInjector(config.faults)
     versions = shard if isinstance(shard, ShardVersions) else ShardVersions(
@@ -128,7 +129,7 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
         ignore_terms=lambda: faults.config.ignore_terms)
     replica = config.replica_id or (Path(config.data_dir).name if config.data_dir else "local")
     role = ShardRole(versions, replica, state, peers or HttpPeers(), replication=config.replication,
-                     lease_s=config.lease_s)
+                     lease_s=config.lease_s, shared_lease=lease)
     shard_id = versions.shard_id
     metrics = ShardMetrics.create(shard_id)
     metrics.documents.labels(shard=str(shard_id)).set(versions.get(versions.ready_ids()[0]).manifest.count)

@@ -79,6 +79,11 @@ class CollectionCreate(BaseModel):
         return self
 
 
+def _body(model: str) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model}"}}}}}
+
+
 def _key(request: Request) -> ApiKey | None:
     key: ApiKey | None = request.scope.get(SCOPE_KEY)
     return key
@@ -177,7 +182,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any]) -> None:
     write_limit = lambda: gateway().config.writes.max_body_bytes  # noqa: E731
 
     @app.post("/v1/collections/{name}/query", summary="Top-k documents of the collection for a text or a vector",
-              responses=ERROR_RESPONSES)
+              responses=ERROR_RESPONSES, openapi_extra=_body("QueryRequest"))
     async def query(name: NamePath, request: Request) -> Response:
         queries, _, _, tenant_field, tenant = await services(name, request)
         parsed = queries.parse(await read_request_body(request, limits().max_body_bytes))
@@ -187,7 +192,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any]) -> None:
         return json_response(await queries.query(parsed))
 
     @app.post("/v1/collections/{name}/documents", summary="Upsert documents into the collection",
-              responses=ERROR_RESPONSES)
+              responses=ERROR_RESPONSES, openapi_extra=_body("UpsertRequest"))
     async def upsert(name: NamePath, request: Request) -> Response:
         _, writes, stack, tenant_field, tenant = await services(name, request)
         parsed = parse_body(UpsertRequest, await read_request_body(request, write_limit()))
@@ -199,7 +204,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any]) -> None:
         return json_response(confine_ids(reply, tenant) if tenant is not None else reply)
 
     @app.post("/v1/collections/{name}/documents/delete", summary="Delete documents of the collection by id or filter",
-              responses=ERROR_RESPONSES)
+              responses=ERROR_RESPONSES, openapi_extra=_body("DeleteRequest"))
     async def delete(name: NamePath, request: Request) -> Response:
         _, writes, _, tenant_field, tenant = await services(name, request)
         parsed = parse_body(DeleteRequest, await read_request_body(request, write_limit()))

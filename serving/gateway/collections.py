@@ -39,7 +39,8 @@ from serving.writes.service import WriteService
 
 logger = logging.getLogger(__name__)
 
-READY_TIMEOUT_S = 30.0  # how long a create waits for every shard's replicas to come up
+READY_TIMEOUT_S = 30.0
+COLLECTION_POLL_S = 5.0  # how often a created collection's replicas are re-read (eligibility, counts)  # how long a create waits for every shard's replicas to come up
 
 
 def replica_urls(spec: CollectionSpec, nodes: dict[str, str]) -> tuple[tuple[str, ...], ...]:
@@ -159,20 +160,27 @@ class CollectionStacks:
         quota = spec.quotas.max_rps
         limiter = RateLimiter(quota, max(1.0, quota)) if quota > 0 else None
         stack = CollectionStack(spec, replicas, registry, queries, writes, limiter)
-        stack.poll = asyncio.ensure_future(registry.poll_forever(config.rollout.poll_interval_s))
+        # Slower than the launched collection's poll: a created collection has no rollouts to follow,
+        # and a moved replica (a restarted node) rebuilds the stack through refresh_forever.
+        stack.poll = asyncio.ensure_future(registry.poll_forever(max(config.rollout.poll_interval_s,
+                                                                     COLLECTION_POLL_S)))
         return stack
 
     async def wait_ready(self, spec: CollectionSpec, timeout_s: float = READY_TIMEOUT_S) -> CollectionStack:
-        """A new collection's stack once every replica it placed answers (503 naming the
-        replicas still missing after ``timeout_s``)."""
+        """A new collection's stack once every replica it placed answers and each shard has its
+        primary (503 naming the replicas still missing after ``timeout_s``)."""
         deadline = time.monotonic() + timeout_s
         waiting: list[str] = []
         while time.monotonic() < deadline:
             nodes = await asyncio.to_thread(self.collections.nodes)
             urls = [url for group in replica_urls(spec, nodes) for url in group]
             infos = await asyncio.gather(*(fetch_info(self.client, url, self.config.probe_timeout_s) for url in urls))
-            waiting = [url for url, info in zip(urls, infos, strict=True) if info is None]
-            if len(urls) == spec.shards * spec.replicas and not waiting:
+            by_url = dict(zip(urls, infos, strict=True))
+            waiting = [url for url, info in by_url.items() if info is None]
+            # ready: every replica answers and every shard has its primary (a first write goes straight through)
+            primaries = {info.shard_id for info in by_url.values()
+                         if info is not None and info.role is not None and info.role.is_primary}
+            if len(urls) == spec.shards * spec.replicas and not waiting and len(primaries) == spec.shards:
                 return await self.get(spec.name)
             await asyncio.sleep(0.1)
         raise ShardUnavailable(f"collection {spec.name!r} is recorded, but its replicas did not come up within "
