@@ -102,9 +102,12 @@ class CollectionSpec:
 def place(shards: int, replicas: int, nodes: Sequence[str], load: Mapping[str, int]) -> tuple[tuple[str, ...], ...]:
     """Per shard ``replicas`` distinct nodes, least loaded first (ties by id, so every caller
     places alike); 422 when fewer nodes live than a shard needs copies, 503 when none does."""
-    if len(nodes) < replicas:
-        raise ShardUnavailable(f"{replicas} replicas per shard need {replicas} live nodes; {len(nodes)} live",
-                          field="replicas")
+    if not nodes:
+        raise ShardUnavailable("no node is live to host a collection (start some: shardrag serve --nodes N, or "
+                               "python -m index_shards node)", field="replicas")
+    if len(nodes) < replicas:  # a request this cluster cannot place, as asked
+        raise InvalidRequest(f"{replicas} replicas per shard need {replicas} live nodes; {len(nodes)} live",
+                             field="replicas")
     counts = Counter({node: load.get(node, 0) for node in nodes})
     placement = []
     for _ in range(shards):

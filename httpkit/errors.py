@@ -17,6 +17,17 @@ from retrieval.errors import ShardragError, validation_error_body
 logger = logging.getLogger(__name__)
 
 
+def _allowed_methods(request: Request) -> str:
+    """The methods of the path template the request's path resolves to (Starlette's first match):
+    every route declared with that template, not only the first one's."""
+    routes = [r for r in request.app.routes
+              if getattr(r, "path_regex", None) is not None and r.path_regex.match(request.url.path)]
+    if not routes:
+        return ""
+    template = routes[0].path
+    return ", ".join(sorted({m for r in routes if r.path == template for m in (getattr(r, "methods", None) or ())}))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ShardragError)
     async def _shardrag_error(request: Request, exc: ShardragError) -> JSONResponse:
@@ -31,6 +42,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         headers: Any = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # every method some route takes on this path, not only the first route's
+            headers = {**(headers or {}), "allow": _allowed_methods(request)}
         return JSONResponse({"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code,
                             headers=headers)
 

@@ -25,11 +25,11 @@ from fastapi import FastAPI, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from clusterstate.collections import NAME_PATTERN, CollectionSpec, Quotas, vector_version
-from httpkit.api import ERROR_RESPONSES
+from httpkit.api import ERROR_RESPONSES, ErrorResponse
 from httpkit.asgi import read_request_body
 from httpkit.auth import SCOPE_KEY, ApiKey
 from httpkit.responses import json_response
-from retrieval.errors import Forbidden, InvalidRequest
+from retrieval.errors import Forbidden, InvalidRequest, NotFound
 from serving.gateway.collections import CollectionStack, live_count
 from serving.gateway.query import QueryService, parse_body
 from serving.gateway.tenancy import (
@@ -43,6 +43,8 @@ from serving.gateway.tenancy import (
 from serving.writes.models import DeleteRequest, UpsertRequest
 from serving.writes.service import WriteService
 
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES, 404: {"model": ErrorResponse, "description": "no such collection (or document)"}}
 NamePath = Annotated[str, Path(pattern=NAME_PATTERN.pattern, description="collection name")]
 
 
@@ -57,16 +59,19 @@ class CollectionCreate(BaseModel):
     """Give ``dim`` (a vector-only collection: clients send vectors) or ``model`` (text is embedded
     by that encoder; it must be one this gateway serves)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Exactly one of the two (the schema's oneOf says so); neither takes null.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [{"required": ["dim"]},
+                                                                          {"required": ["model"]}]})
 
-    dim: int | None = Field(None, ge=1, le=65536, description="vector dimension (vector-only collections)")
-    model: str | None = Field(None, min_length=1, max_length=200, description="encoder that embeds text")
+    dim: int = Field(None, ge=1, le=65536, description="vector dimension (vector-only collections)")  # type: ignore[assignment]
+    model: str = Field(None, min_length=1, max_length=200,  # type: ignore[assignment]
+                       description="encoder that embeds text (one this gateway serves)")
     metric: Literal["ip", "l2"] = Field("ip", description="ip (cosine on normalised vectors) or l2")
-    shards: int = Field(1, ge=1, le=64, description="slices of the index")
+    shards: int = Field(1, ge=1, le=16, description="slices of the index")
     replicas: int = Field(1, ge=1, le=7, description="copies of each slice, on distinct nodes")
-    factory: str = Field("Flat", min_length=1, max_length=100,
-                         description="FAISS index factory string (one that needs no training while empty: Flat, "
-                                     "HNSW32, ...)")
+    factory: str = Field("Flat", pattern=r"^(Flat|HNSW(4|8|16|24|32|48|64))$",
+                         description="FAISS index: Flat (exact) or HNSW<M> — kinds a collection that starts "
+                                     "empty can hold without training")
     partitioner: Literal["hash"] = Field("hash", description="how ids map to shards")
     tenant_field: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$",
                                      description="payload field holding each document's tenant (tenant-scoped keys)")
@@ -123,7 +128,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any]) -> None:
         return stack.queries, stack.writes, stack, stack.spec.tenant_field, tenant
 
     @app.put("/v1/collections/{name}", status_code=201, summary="Create a collection (empty, writable at once)",
-             responses=ERROR_RESPONSES)
+             responses=RESPONSES)
     async def create_collection(name: NamePath, body: CollectionCreate) -> Response:
         if name == default_name():
             raise InvalidRequest(f"{name!r} is the collection this gateway was started with", field="name")
@@ -138,7 +143,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any]) -> None:
         return json_response(collections.describe(placed), status_code=201)
 
     @app.get("/v1/collections", summary="Every collection (a scoped key sees those it may use)",
-             responses=ERROR_RESPONSES)
+             responses=RESPONSES)
     async def list_collections(request: Request) -> Response:
         key = _key(request)
         specs = await asyncio.to_thread(gateway().collections.collections.list)
@@ -151,7 +156,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any]) -> None:
         return json_response({"collections": rows})
 
     @app.get("/v1/collections/{name}", summary="A collection: definition, placement, replicas, live documents",
-             responses=ERROR_RESPONSES)
+             responses=RESPONSES)
     async def show_collection(name: NamePath) -> Response:
         if name == default_name():
             return json_response({"name": name, "default": True, "cluster": "/v1/cluster"})
@@ -166,7 +171,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any]) -> None:
                               "documents": sum(s["documents"] for s in shards)})
 
     @app.delete("/v1/collections/{name}", summary="Drop a collection: its replicas and files go from every node",
-                responses=ERROR_RESPONSES)
+                responses=RESPONSES)
     async def drop_collection(name: NamePath) -> Response:
         if name == default_name():
             raise InvalidRequest(f"{name!r} is the collection this gateway was started with; stop the cluster "
@@ -175,36 +180,45 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any]) -> None:
         existed = await asyncio.to_thread(collections.collections.drop, name)
         await collections.forget(name)
         if not existed:
-            raise InvalidRequest(f"no collection {name!r}", field="name") from None
+            raise NotFound(f"no collection {name!r}", field="name")
         return json_response({"dropped": name})
 
     limits = lambda: gateway().config.limits  # noqa: E731 - read when a request comes
     write_limit = lambda: gateway().config.writes.max_body_bytes  # noqa: E731
 
     @app.post("/v1/collections/{name}/query", summary="Top-k documents of the collection for a text or a vector",
-              responses=ERROR_RESPONSES, openapi_extra=_body("QueryRequest"))
+              responses=RESPONSES, openapi_extra=_body("QueryRequest"))
     async def query(name: NamePath, request: Request) -> Response:
-        queries, _, _, tenant_field, tenant = await services(name, request)
+        queries, _, stack, tenant_field, tenant = await services(name, request)
         parsed = queries.parse(await read_request_body(request, limits().max_body_bytes))
+        if stack is not None and stack.spec.model is None and parsed.text is not None:
+            raise InvalidRequest(f"collection {name!r} holds vectors only (no encoder): send a vector", field="text")
         if tenant is not None and tenant_field is not None:
             parsed = parsed.model_copy(update={"filter": confine_filter(parsed.filter, tenant_field, tenant)})
             return json_response(confine_hits(await queries.query(parsed), tenant))
         return json_response(await queries.query(parsed))
 
     @app.post("/v1/collections/{name}/documents", summary="Upsert documents into the collection",
-              responses=ERROR_RESPONSES, openapi_extra=_body("UpsertRequest"))
+              responses=RESPONSES, openapi_extra=_body("UpsertRequest"))
     async def upsert(name: NamePath, request: Request) -> Response:
         _, writes, stack, tenant_field, tenant = await services(name, request)
         parsed = parse_body(UpsertRequest, await read_request_body(request, write_limit()))
+        if stack is not None and stack.spec.model is None:
+            for number, document in enumerate(parsed.documents):
+                if document.vector is None:
+                    raise InvalidRequest(f"collection {name!r} holds vectors only (no encoder): give each document "
+                                         "a vector", field=f"documents.{number}.vector")
         if tenant_field is not None:
             parsed = confine_upsert(parsed, tenant_field, tenant)
         if stack is not None:
             await stack.check_room(len(parsed.documents))
         reply = await writes.upsert(parsed)
+        if stack is not None:
+            stack.note_written(len(parsed.documents))
         return json_response(confine_ids(reply, tenant) if tenant is not None else reply)
 
     @app.post("/v1/collections/{name}/documents/delete", summary="Delete documents of the collection by id or filter",
-              responses=ERROR_RESPONSES, openapi_extra=_body("DeleteRequest"))
+              responses=RESPONSES, openapi_extra=_body("DeleteRequest"))
     async def delete(name: NamePath, request: Request) -> Response:
         _, writes, _, tenant_field, tenant = await services(name, request)
         parsed = parse_body(DeleteRequest, await read_request_body(request, write_limit()))
@@ -214,7 +228,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any]) -> None:
         return json_response(confine_ids(reply, tenant) if tenant is not None else reply)
 
     @app.get("/v1/collections/{name}/documents/{doc_id:path}", summary="One document of the collection",
-             responses=ERROR_RESPONSES)
+             responses=RESPONSES)
     async def get_document(name: NamePath, doc_id: str, request: Request) -> Response:
         _, writes, _, tenant_field, tenant = await services(name, request)
         if tenant is not None and tenant_field is not None:

@@ -39,8 +39,8 @@ from serving.writes.service import WriteService
 
 logger = logging.getLogger(__name__)
 
-READY_TIMEOUT_S = 30.0
-COLLECTION_POLL_S = 5.0  # how often a created collection's replicas are re-read (eligibility, counts)  # how long a create waits for every shard's replicas to come up
+READY_TIMEOUT_S = 30.0  # how long a create waits for every shard's replicas to come up
+COLLECTION_POLL_S = 5.0  # how often a created collection's replicas are re-read (eligibility, counts)
 
 
 def replica_urls(spec: CollectionSpec, nodes: dict[str, str]) -> tuple[tuple[str, ...], ...]:
@@ -94,6 +94,11 @@ class CollectionStack:
             raise QuotaExceeded(f"collection {self.spec.name!r} holds at most {limit} documents "
                                 f"({self.live_documents} live, {new_documents} in this write)",
                                 retry_after_s=60.0, field="max_documents")
+
+    def note_written(self, documents: int) -> None:
+        """A write went through: count its documents until the next read of the replicas (an id
+        that replaced one counts twice until then: the quota errs on the side of its limit)."""
+        self.live_documents += documents
 
     async def close(self) -> None:
         self.closed = True

@@ -32,7 +32,7 @@ def cluster(tmp_path_factory, msmarco):
     # embedding 1,000 documents of 100,000 characters each.
     config = GatewayConfig.from_dict({"limits": {"min_timeout_ms": 1000},
                                       "writes": {"max_documents": 4, "max_text_chars": 300}})
-    with LocalCluster(root, "fuzz", replicas=1, gateway=config, workdir=tmp_path_factory.mktemp("work"),
+    with LocalCluster(root, "fuzz", replicas=1, gateway=config, workdir=tmp_path_factory.mktemp("work"), nodes=1,
                       api_keys=[f"admin:{ADMIN}", f"read:{READ}"], internal_token=secrets.token_urlsafe(32)) as running:
         yield running
 
