@@ -43,3 +43,30 @@ def test_policies_and_internal_headers():
     assert internal_policy("POST", "/v1/search") == "internal" and internal_policy("GET", "/healthz") is None
     assert internal_headers({"SHARDRAG_INTERNAL_TOKEN": "t"}) == {"x-shardrag-token": "t"}
     assert internal_headers({}) == {}
+
+
+def test_scoped_keys_parse_and_reach_their_collections_only():
+    from httpkit.auth import check_key_reach
+    from retrieval.errors import Forbidden
+
+    ring = KeyRing([f"write:{READ} collections=docs+faq tenant=acme rps=2.5", f"admin:{ADMIN}"])
+    scoped = ring.find(READ)
+    assert scoped.collections == frozenset({"docs", "faq"}) and scoped.tenant == "acme" and scoped.max_rps == 2.5
+    assert scoped.scoped and not ring.find(ADMIN).scoped
+    for method, path in (("POST", "/v1/collections/docs/query"), ("GET", "/v1/collections"),
+                         ("GET", "/v1/collections/faq/documents/x")):
+        check_key_reach(scoped, method, path)
+    for method, path in (("POST", "/v1/collections/other/query"), ("POST", "/v1/query"), ("GET", "/v1/cluster"),
+                         ("DELETE", "/v1/collections/docs"), ("PUT", "/v1/collections/docs")):
+        with pytest.raises(Forbidden):
+            check_key_reach(scoped, method, path)
+    check_key_reach(ring.find(ADMIN), "DELETE", "/v1/collections/docs")
+    assert gateway_policy("PUT", "/v1/collections/docs") == "admin"
+    assert gateway_policy("POST", "/v1/collections/docs/documents/delete") == "write"
+    assert gateway_policy("POST", "/v1/collections/docs/query") == "read"
+
+
+@pytest.mark.parametrize("attributes", ["colors=red", "tenant=", "rps=-1", "rps=x", "tenant=a tenant=b"])
+def test_bad_key_attributes_are_config_errors(attributes):
+    with pytest.raises(ConfigError):
+        KeyRing([f"read:{READ} {attributes}"])
