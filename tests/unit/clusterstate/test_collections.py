@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clusterstate.collections import CollectionSpec, Collections, Quotas, check_name, place
+from clusterstate.collections import Collections, CollectionSpec, Quotas, check_name, place
 from clusterstate.local import LocalKV
 from clusterstate.state import ClusterState, ShardRecord
 from retrieval.errors import Conflict, InvalidRequest, ShardUnavailable

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clusterstate.collections import CollectionSpec, Collections
+from clusterstate.collections import Collections, CollectionSpec
 from clusterstate.local import LocalKV
 from index_shards.node import Node
 from index_shards.server import ShardServerConfig
