@@ -7,6 +7,9 @@ with the same methods.
         for event in client.answer_stream("how do I open a file"):   # RetrievalEvent, TokenEvent..., DoneEvent
             ...
 
+        docs = client.collection("docs")                             # the same data methods, on one collection
+        client.create_collection("docs", dim=384, tenant_field="tenant")
+
     async with AsyncShardragClient("http://127.0.0.1:8000") as client:
         answer = await client.answer("how do I open a file")      # an Answer
         async for event in client.answer_stream("..."): ...
@@ -16,6 +19,7 @@ Errors come back as the shardrag error the gateway named (status → class), wit
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -27,6 +31,8 @@ from retrieval.client_types import (
     SSEDecoder,
     answer_body,
     check,
+    collection_body,
+    collection_path,
     query_body,
     rollout_error,
     write_body,
@@ -66,6 +72,35 @@ class ShardragClient:
         self.base_url = base_url.rstrip("/")
         headers, verify = _connection(api_key, verify)
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers, verify=verify)
+        self._data = "/v1"  # where query and documents live: the launched collection's paths
+
+    def collection(self, name: str) -> ShardragClient:
+        """The same client on collection ``name`` (``/v1/collections/{name}/...``): query, upsert,
+        delete and get go there. It shares this client's connection (close this one)."""
+        view = copy.copy(self)
+        view._data = collection_path(name)
+        return view
+
+    # -- collections (create and drop need an admin key) ----------------------------------
+    def create_collection(self, name: str, *, dim: int | None = None, model: str | None = None, metric: str = "ip",
+                          shards: int = 1, replicas: int = 1, factory: str = "Flat", tenant_field: str | None = None,
+                          max_documents: int = 0, max_rps: float = 0.0) -> dict[str, Any]:
+        """Create an empty collection (``dim``: vector-only; ``model``: text, embedded by that encoder);
+        answers once every shard's replicas serve it."""
+        body = collection_body(dim=dim, model=model, metric=metric, shards=shards, replicas=replicas,
+                               factory=factory, tenant_field=tenant_field, max_documents=max_documents,
+                               max_rps=max_rps)
+        return self._check(self._http.put(collection_path(name), content=_json(body), headers=JSON))
+
+    def list_collections(self) -> list[dict[str, Any]]:
+        collections: list[dict[str, Any]] = self._check(self._http.get("/v1/collections"))["collections"]
+        return collections
+
+    def get_collection(self, name: str) -> dict[str, Any]:
+        return self._check(self._http.get(collection_path(name)))
+
+    def drop_collection(self, name: str) -> dict[str, Any]:
+        return self._check(self._http.delete(collection_path(name)))
 
     def __enter__(self) -> ShardragClient:
         return self
@@ -104,7 +139,7 @@ class ShardragClient:
         body = query_body(text=text, vector=vector, k=k, top_m=top_m, nprobe=nprobe, ef_search=ef_search,
                           timeout_ms=timeout_ms, with_text=with_text, version=version, filter=filter,
                           with_metadata=with_metadata, min_seq=min_seq)
-        return self._check(self._post("/v1/query", body))
+        return self._check(self._post(f"{self._data}/query", body))
 
     def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
                idempotency_key: str | None = None) -> dict[str, Any]:
@@ -112,19 +147,19 @@ class ShardragClient:
         ``{"ids", "seq", "version"}`` once ``write_ack`` replicas of each touched shard have them
         fsynced. Needs a key with the ``write`` scope."""
         body = write_body(documents=documents, write_ack=write_ack, idempotency_key=idempotency_key)
-        return self._check(self._post("/v1/documents", body))
+        return self._check(self._post(f"{self._data}/documents", body))
 
     def delete(self, ids: Sequence[str] | None = None, *, filter: dict[str, Any] | None = None,
                write_ack: str = "majority", idempotency_key: str | None = None) -> dict[str, Any]:
         """Delete by ``ids`` or by ``filter`` (every live document it selects); same reply as upsert."""
         body = write_body(ids, filter=filter, write_ack=write_ack, idempotency_key=idempotency_key)
-        return self._check(self._post("/v1/documents/delete", body))
+        return self._check(self._post(f"{self._data}/documents/delete", body))
 
     def get(self, doc_id: str) -> dict[str, Any]:
         """One document with its metadata and seq (raises NotFound when absent or deleted)."""
         from urllib.parse import quote
 
-        return self._check(self._http.get(f"/v1/documents/{quote(doc_id, safe='')}"))
+        return self._check(self._http.get(f"{self._data}/documents/{quote(doc_id, safe='')}"))
 
     # -- rollout (admin scope) ---------------------------------------------------------------
     def rollout_status(self) -> dict[str, Any]:
@@ -188,6 +223,33 @@ class AsyncShardragClient:
         self.base_url = base_url.rstrip("/")
         headers, verify = _connection(api_key, verify)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=headers, verify=verify)
+        self._data = "/v1"
+
+    def collection(self, name: str) -> AsyncShardragClient:
+        view = copy.copy(self)
+        view._data = collection_path(name)
+        return view
+
+    async def create_collection(self, name: str, *, dim: int | None = None, model: str | None = None,
+                                metric: str = "ip", shards: int = 1, replicas: int = 1, factory: str = "Flat",
+                                tenant_field: str | None = None, max_documents: int = 0,
+                                max_rps: float = 0.0) -> dict[str, Any]:
+        body = collection_body(dim=dim, model=model, metric=metric, shards=shards, replicas=replicas,
+                               factory=factory, tenant_field=tenant_field, max_documents=max_documents,
+                               max_rps=max_rps)
+        response = await self._http.put(collection_path(name), content=_json(body), headers=JSON)
+        return check(response.status_code, response.content, response.headers)
+
+    async def list_collections(self) -> list[dict[str, Any]]:
+        collections: list[dict[str, Any]] = (await self._get("/v1/collections"))["collections"]
+        return collections
+
+    async def get_collection(self, name: str) -> dict[str, Any]:
+        return await self._get(collection_path(name))
+
+    async def drop_collection(self, name: str) -> dict[str, Any]:
+        response = await self._http.delete(collection_path(name))
+        return check(response.status_code, response.content, response.headers)
 
     async def __aenter__(self) -> AsyncShardragClient:
         return self
@@ -211,24 +273,24 @@ class AsyncShardragClient:
                     timeout_ms: int | None = None, with_text: bool = True, version: str | None = None,
                     filter: dict[str, Any] | None = None, with_metadata: bool = False,
                     min_seq: dict[str, int] | None = None) -> dict[str, Any]:
-        return await self._post("/v1/query", query_body(
+        return await self._post(f"{self._data}/query", query_body(
             text=text, vector=vector, k=k, top_m=top_m, nprobe=nprobe, ef_search=ef_search, timeout_ms=timeout_ms,
             with_text=with_text, version=version, filter=filter, with_metadata=with_metadata, min_seq=min_seq))
 
     async def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
                      idempotency_key: str | None = None) -> dict[str, Any]:
-        return await self._post("/v1/documents", write_body(documents=documents, write_ack=write_ack,
+        return await self._post(f"{self._data}/documents", write_body(documents=documents, write_ack=write_ack,
                                                             idempotency_key=idempotency_key))
 
     async def delete(self, ids: Sequence[str] | None = None, *, filter: dict[str, Any] | None = None,
                      write_ack: str = "majority", idempotency_key: str | None = None) -> dict[str, Any]:
-        return await self._post("/v1/documents/delete", write_body(ids, filter=filter, write_ack=write_ack,
+        return await self._post(f"{self._data}/documents/delete", write_body(ids, filter=filter, write_ack=write_ack,
                                                                    idempotency_key=idempotency_key))
 
     async def get(self, doc_id: str) -> dict[str, Any]:
         from urllib.parse import quote
 
-        return await self._get(f"/v1/documents/{quote(doc_id, safe='')}")
+        return await self._get(f"{self._data}/documents/{quote(doc_id, safe='')}")
 
     async def rollout_status(self) -> dict[str, Any]:
         return await self._get("/admin/rollout")

@@ -15,8 +15,8 @@ ROLLOUT_ACTIONS = ("stage", "activate", "retire", "abort", "rollback")
 
 
 def check(status: int, content: bytes, headers: Any) -> dict[str, Any]:
-    """The JSON body of a 200, or the shardrag error the gateway named (status → class, field)."""
-    if status == 200:
+    """The JSON body of a 2xx, or the shardrag error the gateway named (status → class, field)."""
+    if 200 <= status < 300:
         payload: dict[str, Any] = json.loads(content)
         return payload
     raise error_for_status(status, content, retry_after_s=float(headers.get("retry-after", "1")))
@@ -63,6 +63,24 @@ def write_body(ids: Sequence[str] | None = None, *, documents: Sequence[dict[str
     if idempotency_key is not None:
         body["idempotency_key"] = idempotency_key
     return body
+
+
+def collection_body(*, dim: int | None = None, model: str | None = None, metric: str = "ip", shards: int = 1,
+                    replicas: int = 1, factory: str = "Flat", tenant_field: str | None = None,
+                    max_documents: int = 0, max_rps: float = 0.0) -> dict[str, Any]:
+    """``PUT /v1/collections/{name}``'s body: exactly one of ``dim`` (vector-only) and ``model``."""
+    body: dict[str, Any] = {"metric": metric, "shards": shards, "replicas": replicas, "factory": factory,
+                            "quotas": {"max_documents": max_documents, "max_rps": max_rps}}
+    for name, value in (("dim", dim), ("model", model), ("tenant_field", tenant_field)):
+        if value is not None:
+            body[name] = value
+    return body
+
+
+def collection_path(name: str) -> str:
+    from urllib.parse import quote
+
+    return f"/v1/collections/{quote(name, safe='')}"
 
 
 def answer_body(question: str, *, k: int, max_new_tokens: int, stream: bool, use_cache: bool,

@@ -8,6 +8,7 @@ from pathlib import Path
 from index_shards.layout import DEFAULT_ROOT
 from serving.cli.build import cmd_build, cmd_export_onnx
 from serving.cli.cluster import cmd_demo, cmd_serve
+from serving.cli.collections import add_collections_command
 from serving.cli.common import DEFAULT_URL
 from serving.cli.operate import add_operate_commands
 from serving.cli.processes import cmd_gateway, cmd_generator, cmd_kv_node
@@ -200,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--with-metadata", action="store_true", help="print each hit's metadata")
     query.set_defaults(func=cmd_query)
     add_write_commands(commands)
+    add_collections_command(commands)
     add_tune_command(commands)
     add_operate_commands(commands)
 

@@ -76,3 +76,53 @@ def test_fifty_collections_survive_a_restart_and_dropped_ones_leave_no_files(tmp
     on_disk = {d.name for d in node_dirs}
     assert on_disk and not on_disk & set(dropped.values()), "a dropped collection left files on a node"
     assert len({p.name for p in (root / "base" / "nodes").glob("node-*/collections/*")}) == len(kept)
+
+
+def test_the_cli_and_both_clients_manage_collections(tmp_path):
+    import asyncio
+    import subprocess
+    import sys
+
+    from retrieval.client import AsyncShardragClient, ShardragClient
+    from retrieval.errors import NotFound
+
+    root = tmp_path / "root"
+    docs, vectors, version = random_corpus(40, 8)
+    build_collection(root, docs, vectors, version, BuildConfig("base", 1), show_progress=False)
+    with LocalCluster(root, "base", replicas=1, gateway=CONFIG, nodes=1, workdir=tmp_path / "work") as cluster:
+        url = cluster.gateway_url
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "serving", "collections", *args, "--url", url],
+                                  capture_output=True, text=True, timeout=120)
+
+        created = cli("create", "notes", "--dim", "8", "--shards", "2", "--tenant-field", "team")
+        assert created.returncode == 0 and "created notes: 8 dims, 2 shard(s)" in created.stdout, created.stderr
+        refused = cli("create", "notes", "--dim", "8")
+        assert refused.returncode == 2 and "already exists" in refused.stderr
+        with ShardragClient(url) as client:
+            notes = client.collection("notes")
+            batch, vecs = documents(8, 7)
+            notes.upsert([{**d, "metadata": {"team": "red"}} for d in batch])
+            assert notes.query(vector=vecs[2].tolist(), k=1)["hits"][0]["doc_id"] == "red::doc-2"
+            assert notes.get("red::doc-2")["metadata"]["team"] == "red"
+            assert client.get_collection("notes")["documents"] == DOCS
+        listed = cli("list")
+        assert "base" in listed.stdout and "notes" in listed.stdout and "tenant field 'team'" in listed.stdout
+        assert f"{DOCS} documents" in cli("show", "notes").stdout
+
+        async def with_the_async_client() -> None:
+            async with AsyncShardragClient(url) as client:
+                await client.create_collection("scratch", dim=3, factory="HNSW16")
+                scratch = client.collection("scratch")
+                await scratch.upsert([{"id": "a", "vector": [1.0, 0.0, 0.0]}])
+                assert (await scratch.query(vector=[1.0, 0.0, 0.0], k=1))["hits"][0]["doc_id"] == "a"
+                assert {c["name"] for c in await client.list_collections()} == {"base", "notes", "scratch"}
+                await client.drop_collection("scratch")
+                with pytest.raises(NotFound):
+                    await client.get_collection("scratch")
+
+        asyncio.run(with_the_async_client())
+        dropped = cli("drop", "notes", "--yes")
+        assert dropped.returncode == 0 and "dropped notes" in dropped.stdout
+        assert "notes" not in cli("list").stdout

@@ -1,0 +1,87 @@
+"""``shardrag collections create|list|show|drop``: collections created at run time, through a
+running gateway (the nodes of its cluster host them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from serving.cli.common import DEFAULT_URL, gateway_url
+
+
+def add_collections_command(commands: Any) -> None:
+    collections = commands.add_parser(
+        "collections", help="create, list, show and drop collections of a running cluster",
+        description="Collections created at run time: placed on the cluster's nodes (shardrag serve --nodes N), "
+                    "empty and writable at once, kept in the cluster state so every gateway serves them. Data "
+                    "goes to /v1/collections/NAME/query and /v1/collections/NAME/documents. Creating and "
+                    "dropping need an admin key.")
+    common = argparse.ArgumentParser(add_help=False)  # every action takes these, after its own arguments
+    common.add_argument("--url", help=f"gateway URL [env SHARDRAG_URL, default {DEFAULT_URL}]")
+    common.add_argument("--api-key", default=None, help="API key [env SHARDRAG_API_KEY]")
+    common.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    common.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    actions = collections.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="create an empty collection", parents=[common])
+    create.add_argument("name", help="1-63 characters: a-z, 0-9, '_', '-'")
+    space = create.add_mutually_exclusive_group(required=True)
+    space.add_argument("--dim", type=int, help="vector dimension: a vector-only collection (clients send vectors)")
+    space.add_argument("--model", help="an encoder the gateway serves: text is embedded by it")
+    create.add_argument("--metric", choices=("ip", "l2"), default="ip", help="ip (cosine, normalised) or l2")
+    create.add_argument("--shards", type=int, default=1, help="slices of the index (default 1)")
+    create.add_argument("--replicas", type=int, default=1, help="copies of each slice, on distinct nodes (default 1)")
+    create.add_argument("--factory", default="Flat", help="Flat (exact, default) or HNSW<M>, e.g. HNSW32")
+    create.add_argument("--tenant-field", default=None,
+                        help="payload field holding each document's tenant: keys with tenant=T see only T's")
+    create.add_argument("--max-documents", type=int, default=0, help="document quota (default 0: none)")
+    create.add_argument("--max-rps", type=float, default=0.0, help="requests/s quota per gateway (default 0: none)")
+    actions.add_parser("list", help="every collection (a scoped key sees its own)", parents=[common])
+    show = actions.add_parser("show", help="definition, placement, replicas and live documents", parents=[common])
+    show.add_argument("name")
+    drop = actions.add_parser("drop", help="drop a collection: its replicas and files go from every node",
+                              parents=[common])
+    drop.add_argument("name")
+    drop.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    collections.set_defaults(func=cmd_collections)
+
+
+def cmd_collections(args: argparse.Namespace) -> int:
+    from retrieval.client import ShardragClient
+
+    with ShardragClient(gateway_url(args), timeout_s=args.timeout, api_key=args.api_key) as client:
+        if args.action == "create":
+            answer: Any = client.create_collection(
+                args.name, dim=args.dim, model=args.model, metric=args.metric, shards=args.shards,
+                replicas=args.replicas, factory=args.factory, tenant_field=args.tenant_field,
+                max_documents=args.max_documents, max_rps=args.max_rps)
+            summary = (f"created {answer['name']}: {answer['dim']} dims, {answer['shards']} shard(s) × "
+                       f"{answer['replicas']} replica(s) on {sorted({n for g in answer['placement'] for n in g})}")
+        elif args.action == "list":
+            answer = client.list_collections()
+            summary = "\n".join(_row(row) for row in answer) or "(no collections)"
+        elif args.action == "show":
+            answer = client.get_collection(args.name)
+            summary = _row(answer) + "".join(f"\n  shard {s['shard']}: {s['documents']} documents on "
+                                             f"{', '.join(s['replicas'])}" for s in answer.get("shard_replicas", []))
+        else:
+            if not args.yes and sys.stdin.isatty():
+                typed = input(f"drop collection {args.name!r} and all its documents? type its name: ")
+                if typed.strip() != args.name:
+                    print("not dropped", file=sys.stderr)
+                    return 1
+            answer = client.drop_collection(args.name)
+            summary = f"dropped {args.name}"
+    print(json.dumps(answer, indent=1) if args.json else summary)
+    return 0
+
+
+def _row(row: dict[str, Any]) -> str:
+    if row.get("default"):
+        return f"{row['name']:24s} (the collection the cluster was started with)"
+    tenant = f", tenant field {row['tenant_field']!r}" if row.get("tenant_field") else ""
+    documents = f", {row['documents']} documents" if "documents" in row else ""
+    space = row.get("model") or "vectors"
+    return (f"{row['name']:24s} {row['dim']} dims ({space}, {row['metric']}), {row['shards']} shard(s) × "
+            f"{row['replicas']}{tenant}{documents}")
