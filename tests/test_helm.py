@@ -270,3 +270,18 @@ def test_training_without_a_shared_index_claim_is_refused(helm, tmp_path):
                              "--set", "index.source=url", "--set", "index.baseUrl=https://x/y"],
                             capture_output=True, text=True)
     assert result.returncode != 0 and "index.source=pvc" in result.stderr
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_one_node_statefulset_hosts_the_collections_created_at_run_time(rendered, profile):
+    nodes = [s for s in of_kind(rendered[profile], "StatefulSet")
+             if s["metadata"]["labels"]["app.kubernetes.io/component"] == "node"]
+    assert [s["metadata"]["name"] for s in nodes] == ["rel-shardrag-node"]
+    args = container(nodes[0], "node")["args"]
+    assert args[:4] == ["python", "-m", "index_shards", "node"]
+    assert args[args.index("--coordinator") + 1] == ETCD and args[args.index("--node-id") + 1] == "$(POD_NAME)"
+    assert args[args.index("--advertise-url") + 1].startswith(
+        f"{'https' if profile == 'large' else 'http'}://$(POD_NAME).rel-shardrag-node.search.svc")
+    claims = {c["metadata"]["name"] for c in nodes[0]["spec"]["volumeClaimTemplates"]}
+    mounts = {m["name"]: m["mountPath"] for m in container(nodes[0], "node")["volumeMounts"]}
+    assert claims == {"node"} and mounts["node"] == args[args.index("--data-dir") + 1]
