@@ -7,6 +7,8 @@ the local coordinator behind the same interface.
     lease       LeaseKeeper: a lease renewed in the background, and how long it can be trusted
     state       ClusterState: rollout state, per shard its primary, term and in-sync set, live
                 replicas and gateways, all changed by compare-and-swap
+    collections Collections: the collections created at run time (definition, placement, uid)
+                and the live nodes that host them
 
 ``open_coordinator("etcd://h1:2379,h2:2379")`` or ``open_coordinator(None, local_path=...)``.
 

@@ -1,6 +1,7 @@
 """One slice of the index: partitioning, FAISS build, on-disk layout + manifest, load/verify,
-the version store of a replica (``versions``), search, fault injection, and the shard server
-process (``python -m index_shards serve``).
+the version store of a replica (``versions``), search, fault injection, the shard server
+process (``python -m index_shards serve``), and the node that hosts replicas of any collection
+placed on it at run time (``node``, ``python -m index_shards node``).
 
 May import ``retrieval`` and ``httpkit`` (the server); never ``serving`` or ``training``, and never
 torch (a shard server starts in about a second and a half).

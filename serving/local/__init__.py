@@ -1,5 +1,6 @@
-"""One machine, many processes: the local cluster launcher (``launcher``) and the supervision of
-its child processes (``child``), the chaos monkey and query accounting (``chaos``), and the
+"""One machine, many processes: the local cluster launcher (``launcher``), its node processes
+(``nodes``: hosts of the collections created at run time) and the supervision of its child
+processes (``child``), the chaos monkey and query accounting (``chaos``), and the
 offline demo corpus (``demo_corpus``).
 
 Across hosts on one machine (issue 34): hosts as network namespaces with cuts between them
