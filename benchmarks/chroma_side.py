@@ -34,9 +34,15 @@ def main() -> None:
 
     client = chromadb.PersistentClient(path=args.path)
 
-    def held() -> int:
-        time.sleep(args.settle_s)
-        return rss_bytes()
+    def held() -> int:  # as benchmarks.collections_memory.settled
+        deadline = time.monotonic() + 120.0
+        previous = rss_bytes()
+        while True:
+            time.sleep(args.settle_s)
+            current = rss_bytes()
+            if abs(current - previous) <= 0.01 * max(previous, 1) or time.monotonic() > deadline:
+                return current
+            previous = current
 
     probe = tenant_vectors(0, 1, args.dim)
     client.create_collection("warm", embedding_function=None, metadata={"hnsw:space": "ip"}).count()
