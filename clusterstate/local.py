@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import fcntl
 import json
+import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ class LocalKV(KV):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_path = self.path.with_name(self.path.name + ".lock")
         self._clock = clock
+        self._cache: tuple[tuple[int, int, int, int], dict[str, Any]] | None = None
 
     def __repr__(self) -> str:
         return f"LocalKV({str(self.path)!r})"
@@ -63,6 +65,25 @@ class LocalKV(KV):
         except (OSError, ValueError) as exc:
             raise CoordinatorUnavailable(f"the local coordinator {self.path} is unreadable: {exc}") from exc
         return dict(data)
+
+    def _read_shared(self) -> dict[str, Any]:
+        """The state for a read that changes nothing (call under the lock): parsed again only when
+        the file changed. Every change replaces the file by a rename (a new inode, new times), so
+        an unchanged (inode, mtime, ctime, size) is an unchanged state — many replicas polling
+        their shard's record every tick do not each parse the whole file. Never mutated."""
+        try:
+            status = os.stat(self.path)
+        except FileNotFoundError:
+            return {"revision": 0, "leases": {}, "keys": {}}
+        except OSError as exc:
+            raise CoordinatorUnavailable(f"the local coordinator {self.path} is unreadable: {exc}") from exc
+        stamp = (status.st_ino, status.st_mtime_ns, status.st_ctime_ns, status.st_size)
+        cached = self._cache
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        state = self._read()
+        self._cache = (stamp, state)
+        return state
 
     def _write(self, state: dict[str, Any]) -> None:
         atomic_write_bytes(self.path, json.dumps(state, separators=(",", ":")).encode())
@@ -94,6 +115,7 @@ class LocalKV(KV):
                         del state["keys"][key]
             if json.dumps(state, sort_keys=True) != before:
                 self._write(state)
+                self._cache = None  # this process reads its own writes from the file
             return result
 
     def _entry(self, key: str, item: dict[str, Any]) -> Entry:
@@ -102,13 +124,13 @@ class LocalKV(KV):
     # -- the seam ----------------------------------------------------------------------------
     def get(self, key: str) -> Entry | None:
         with self._locked():
-            state = self._read()
+            state = self._read_shared()
         item = state["keys"].get(key)
         return self._entry(key, item) if item is not None and self._live(state, item) else None
 
     def prefix(self, prefix: str) -> list[Entry]:
         with self._locked():
-            state = self._read()
+            state = self._read_shared()
         return [self._entry(key, item) for key, item in sorted(state["keys"].items())
                 if key.startswith(prefix) and self._live(state, item)]
 
@@ -169,7 +191,7 @@ class LocalKV(KV):
 
     def revision(self) -> int:
         with self._locked():
-            state = self._read()
+            state = self._read_shared()
         now = self._clock()
         # a lease that lapsed since the last change hides its keys: a change readers must see
         lapsed = sum(1 for expires in state["leases"].values() if float(expires) <= now)
