@@ -146,8 +146,8 @@ def main() -> None:
     mib = 2**20
     rows = [("RSS per empty collection (MiB)", shardrag["empty_collection_bytes"] / mib,
              other["empty_collection_bytes"] / mib),
-            (f"RSS of {args.tenants} tenants x {args.per_tenant} docs (MiB)", shardrag["tenants_collection_bytes"] / mib,
-             other["tenants_collection_bytes"] / mib),
+            (f"RSS of {args.tenants} tenants x {args.per_tenant} docs (MiB)",
+             shardrag["tenants_collection_bytes"] / mib, other["tenants_collection_bytes"] / mib),
             ("  the same, shardrag compacted (MiB)", shardrag["tenants_compacted_bytes"] / mib,
              other["tenants_collection_bytes"] / mib),
             ("write rate (docs/s)", shardrag["docs_per_s"], other["docs_per_s"]),

@@ -1,8 +1,8 @@
 """The ``shardrag`` command line: the argument parser and its help (``parser``), building
 collections (``build``), the local cluster — demo and serve, processes or Ray (``cluster``), calls
-to a running gateway — query and rollout (``remote``), collections (``collections``), the single server processes the launcher
-and Helm run (``processes``). ``train`` and ``eval`` belong to the training package and run as
-``python -m training``.
+to a running gateway — query and rollout (``remote``), collections (``collections``), the single
+server processes the launcher and Helm run (``processes``). ``train`` and ``eval`` belong to the
+training package and run as ``python -m training``.
 
 May import every other room of ``serving``, ``httpkit``, ``retrieval`` and ``index_shards``
 (to build and launch shards); never ``training`` (delegated by exec). Heavy libraries are
