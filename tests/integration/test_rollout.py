@@ -21,6 +21,7 @@ from retrieval.embedding_cache import CachingEncoder, EmbeddingCache
 from retrieval.encoders import SentenceTransformerEncoder, default_model_dir, encode_documents
 from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
+from serving.local.state import wait_for_encoder
 from tests.helpers.checkpoints import perturbed_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -228,7 +229,7 @@ def test_gateway_killed_during_activation_comes_back_consistent(cluster, version
     while gateway.process.pid == old_pid or gateway.ready is None:
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    cluster._wait_for_encoder(time.monotonic() + 90)
+    wait_for_encoder(cluster.gateway_url, time.monotonic() + 90, None, gateway.log_tail)
     state = status(cluster)["state"]
     # killed before its transition was recorded: the restarted gateway resumes "staged", not half of it
     assert (state["active"], state["staged"]) == (current["active"], target)
