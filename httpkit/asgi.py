@@ -89,6 +89,32 @@ async def read_request_body(request: Any, limit_bytes: int) -> bytes:
     return await read_body(request.scope, request.receive, limit_bytes)
 
 
+class LazyApp:
+    """An ASGI app built on its first request (or attribute read) instead of up front.
+
+    A node hosts a replica per (collection, shard) placed on it; building each replica's FastAPI
+    app (its docs and admin routes: tens of pydantic-checked routes) holds the GIL for tens of
+    milliseconds and keeps about half a MiB, while the replica's traffic (search, writes, info,
+    role) is served by the fast path. Built here, it is paid only by a replica whose admin
+    routes are called."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self._build: Callable[[], Any] | None = build
+        self._app: Any = None
+
+    @property
+    def built(self) -> Any:
+        if self._build is not None:
+            self._app, self._build = self._build(), None
+        return self._app
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.built, name)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.built(scope, receive, send)
+
+
 class FastPathApp:
     def __init__(self, app: Any, routes: dict[tuple[str, str], HotHandler], *, max_body_bytes: int,
                  on_result: Callable[[str, int], None] | None = None,

@@ -36,7 +36,7 @@ from urllib.parse import parse_qsl
 import orjson
 from fastapi import FastAPI, Query, Request, Response
 
-from httpkit.asgi import FastPathApp, Receive, Scope, read_request_body
+from httpkit.asgi import FastPathApp, HotHandler, LazyApp, Receive, Scope, read_request_body
 from httpkit.auth import guard_from_env, internal_policy
 from httpkit.errors import install_error_handlers
 from httpkit.metrics import add_metrics_route, status_counter
@@ -176,78 +176,6 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
             "results": results,
         })
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        await asyncio.get_running_loop().run_in_executor(None, role.stop)  # drops a primary claim at once
-        versions.close()
-
-    app = FastAPI(
-        lifespan=lifespan,
-        title=f"shardrag shard {shard_id} of {versions.collection}",
-        description="One slice of a shardrag collection. Query vectors travel as little-endian float32.",
-        version="1",
-    )
-    install_error_handlers(app)
-
-    @app.post(
-        "/v1/search",
-        summary="Top-k search for a batch of query vectors",
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-                "description": "n × dim little-endian float32 values, row-major",
-            }
-        },
-    )
-    async def search(
-        request: Request,
-        k: Annotated[int, Query(ge=1, description="hits per query")] = 10,
-        version: Annotated[str | None, Query(description="embedding version the vectors belong to")] = None,
-        nprobe: Annotated[int | None, Query(ge=1, le=65536, description="IVF lists to visit")] = None,
-        ef_search: Annotated[int | None, Query(ge=1, le=65536, description="HNSW search breadth")] = None,
-        with_text: Annotated[bool, Query(description="return titles and texts")] = True,
-        with_metadata: Annotated[bool, Query(description="return each hit's metadata")] = False,
-        filter: Annotated[str | None, Query(description="only documents this filter selects (canonical JSON, "
-                                                        "see retrieval.filters)")] = None,
-    ) -> Response:
-        # Served by the fast path below; this route documents it and answers when the
-        # FastAPI app is mounted without the wrapper.
-        body = await read_request_body(request, config.max_body_bytes)
-        status, payload = await handle_search(request.scope, body, request.receive)
-        return Response(payload, status_code=status, media_type="application/json")
-
-    @app.get("/v1/info", summary="What this replica holds: every version with its state")
-    async def get_info() -> Response:
-        info = replace(versions.info(), pid=os.getpid(), started_at=started_at, uptime_s=time.time() - started_at)
-        return json_response(info.to_dict())
-
-    @app.get("/healthz", summary="Liveness")
-    async def healthz() -> Response:
-        return json_response(versions.health().to_dict())
-
-    @app.get("/admin/versions", summary="Versions held, with state (loading / ready / failed)")
-    async def list_versions() -> Response:
-        return json_response({"versions": [v.to_dict() for v in versions.describe()]})
-
-    @app.post("/admin/versions", status_code=202, summary="Stage (load) another version next to the others")
-    async def stage_version(request: Request) -> Response:
-        try:
-            data = orjson.loads(await read_request_body(request, 64 * 1024) or b"{}")
-        except orjson.JSONDecodeError as exc:
-            raise MalformedBody(f"body is not valid JSON: {exc}", field="body") from exc
-        version = data.get("version") if isinstance(data, dict) else None
-        if not isinstance(version, str):
-            raise InvalidRequest("give the version id to load as {\"version\": \"...\"}", field="version")
-        return json_response(versions.stage_reply(version).to_dict(), status_code=202)
-
-    @app.delete("/admin/versions/{version_id}", summary="Unload a version (idempotent)")
-    async def unload_version(version_id: str) -> Response:
-        return json_response(versions.unload_reply(version_id).to_dict())
-
-    add_metrics_route(app, metrics.registry)
-
     def header(scope: Scope, name: bytes) -> str | None:
         for key, value in scope.get("headers", ()):
             if key == name:
@@ -301,117 +229,212 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
         reply = await in_thread(role.writer.write, version, records, ack, generation)
         return 200, orjson.dumps(reply.to_dict())
 
-    @app.post("/v1/writes", summary="Take a batch from the shard's primary (WAL framing): checked, fsynced, applied",
-              openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
-                  "schema": {"type": "string", "format": "binary"}}}, "description": "retrieval.records framing"}})
-    async def post_writes(request: Request,
-                          version: Annotated[str, Query(description="embedding version")]) -> Response:
-        # Served by the fast path below; this route documents it.
-        status, payload = await handle_writes(request.scope, await read_request_body(request, config.max_write_bytes),
-                                              request.receive)
-        return Response(payload, status_code=status, media_type="application/json")
+    async def handle_info(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
+        info = replace(versions.info(), pid=os.getpid(), started_at=started_at, uptime_s=time.time() - started_at)
+        return 200, orjson.dumps(info.to_dict())
 
-    @app.post("/v1/primary/writes", summary="A gateway's write to the shard's primary: numbered, replicated, "
-              "acknowledged per ack", openapi_extra={"requestBody": {"required": True, "content": {
-                  "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-                  "description": "retrieval.records framing, seq and term 0"}})
-    async def post_primary_writes(request: Request, version: Annotated[str, Query()],
-                                  ack: Annotated[str, Query()] = "majority",
-                                  generation: Annotated[int, Query(ge=0)] = 0) -> Response:
-        # Served by the fast path below; this route documents it.
-        status, payload = await handle_primary_writes(
-            request.scope, await read_request_body(request, config.max_write_bytes), request.receive)
-        return Response(payload, status_code=status, media_type="application/json")
+    async def handle_health(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
+        return 200, orjson.dumps(versions.health().to_dict())
 
-    @app.get("/v1/writes", summary="The writes after a seq (WAL framing): a lagging peer catches up from these")
-    async def get_writes(version: Annotated[str, Query()], after: Annotated[int, Query(ge=0)] = 0) -> Response:
-        records = await in_thread(writes_after, versions, version, after)
-        return Response(encode_records(records), media_type="application/octet-stream")
+    async def handle_role(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
+        return 200, orjson.dumps(role.info().to_dict())
 
-    @app.get("/v1/role", summary="This replica's place in its shard's write ordering: term, primary, in-sync set")
-    async def get_role() -> Response:
-        return json_response(role.info().to_dict())
+    def documented_app() -> FastAPI:
+        """The FastAPI app: every route, documented (the fast path serves the hot ones first)."""
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            yield
+            await asyncio.get_running_loop().run_in_executor(None, role.stop)  # drops a primary claim at once
+            versions.close()
 
-    @app.post("/admin/fence", summary="Refuse writes sent under a rollout generation older than this one, "
-              "for hold_s seconds")
-    async def post_fence(generation: Annotated[int, Query(ge=0)],
-                         hold_s: Annotated[float, Query(gt=0, le=600)] = 10.0) -> Response:
-        return json_response(await in_thread(role.writer.fence, generation, hold_s))
+        app = FastAPI(
+            lifespan=lifespan,
+            title=f"shardrag shard {shard_id} of {versions.collection}",
+            description="One slice of a shardrag collection. Query vectors travel as little-endian float32.",
+            version="1",
+        )
+        install_error_handlers(app)
 
-    @app.get("/v1/documents/{doc_id:path}", summary="One document as this replica holds it (404 if absent or deleted)")
-    async def get_document(doc_id: str, version: Annotated[str | None, Query()] = None) -> Response:
-        found = versions.document(version, doc_id)
-        if found is None:
-            raise NotFound(f"no document {doc_id!r} in shard {shard_id}", field="id", shard=shard_id)
-        return json_response(found)
+        @app.post(
+            "/v1/search",
+            summary="Top-k search for a batch of query vectors",
+            openapi_extra={
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                    "description": "n × dim little-endian float32 values, row-major",
+                }
+            },
+        )
+        async def search(
+            request: Request,
+            k: Annotated[int, Query(ge=1, description="hits per query")] = 10,
+            version: Annotated[str | None, Query(description="embedding version the vectors belong to")] = None,
+            nprobe: Annotated[int | None, Query(ge=1, le=65536, description="IVF lists to visit")] = None,
+            ef_search: Annotated[int | None, Query(ge=1, le=65536, description="HNSW search breadth")] = None,
+            with_text: Annotated[bool, Query(description="return titles and texts")] = True,
+            with_metadata: Annotated[bool, Query(description="return each hit's metadata")] = False,
+            filter: Annotated[str | None, Query(description="only documents this filter selects (canonical JSON, "
+                                                            "see retrieval.filters)")] = None,
+        ) -> Response:
+            # Served by the fast path below; this route documents it and answers when the
+            # FastAPI app is mounted without the wrapper.
+            body = await read_request_body(request, config.max_body_bytes)
+            status, payload = await handle_search(request.scope, body, request.receive)
+            return Response(payload, status_code=status, media_type="application/json")
 
-    @app.get("/v1/ids", summary="Ids of the live documents a filter selects (delete by filter reads these)")
-    async def get_ids(version: Annotated[str, Query()], filter: Annotated[str, Query()],
-                      limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000) -> Response:
-        ids = await in_thread(versions.matching_ids, version, filter, limit)
-        return json_response({"shard_id": shard_id, "version": version, "ids": ids})
+        @app.get("/v1/info", summary="What this replica holds: every version with its state")
+        async def get_info(request: Request) -> Response:
+            # Served by the fast path; this route documents it.
+            return Response((await handle_info(request.scope, b"", request.receive))[1], media_type="application/json")
 
-    @app.get("/v1/snapshot", summary="Every live document of a version (retrieval.records.Snapshot): a peer "
-             "behind the WAL's retention, or diverged, restores from it")
-    async def get_snapshot(version: Annotated[str, Query(description="embedding version")]) -> Response:
-        snapshot = await in_thread(snapshots.take, versions, version)
-        return Response(snapshot.encode(), media_type="application/octet-stream")
+        @app.get("/healthz", summary="Liveness")
+        async def healthz(request: Request) -> Response:
+            return Response((await handle_health(request.scope, b"", request.receive))[1],
+                            media_type="application/json")
 
-    @app.post("/admin/restore", summary="Replace a version's state with the primary's snapshot (GET /v1/snapshot)",
-              openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
-                  "schema": {"type": "string", "format": "binary"}}}, "description": "GET /v1/snapshot's reply"}})
-    async def post_restore(request: Request,
-                           version: Annotated[str, Query(description="embedding version")],
-                           force: Annotated[bool, Query(description="replace the state even when this replica "
-                                                                    "is ahead (it diverged)")] = False) -> Response:
-        try:
-            snapshot = Snapshot.decode(await read_request_body(request, config.max_snapshot_bytes))
-        except ValueError as exc:
-            raise MalformedBody(f"the snapshot does not parse: {exc}", field="body") from exc
-        term = int_header(request.scope, TERM_HEADER.encode(), 0)
-        applied = await in_thread(functools.partial(snapshots.restore_from, force=force), versions, version, term,
-                                  snapshot)
-        return json_response({"shard_id": shard_id, "version": version, "applied_seq": applied})
+        @app.get("/admin/versions", summary="Versions held, with state (loading / ready / failed)")
+        async def list_versions() -> Response:
+            return json_response({"versions": [v.to_dict() for v in versions.describe()]})
 
-    @app.get("/admin/digest", summary="Count and sha256 of every live document (replica consistency checks)")
-    async def get_digest(version: Annotated[str | None, Query()] = None) -> Response:
-        live = versions.get(version)
-        return json_response(await in_thread(live.digest))
+        @app.post("/admin/versions", status_code=202, summary="Stage (load) another version next to the others")
+        async def stage_version(request: Request) -> Response:
+            try:
+                data = orjson.loads(await read_request_body(request, 64 * 1024) or b"{}")
+            except orjson.JSONDecodeError as exc:
+                raise MalformedBody(f"body is not valid JSON: {exc}", field="body") from exc
+            version = data.get("version") if isinstance(data, dict) else None
+            if not isinstance(version, str):
+                raise InvalidRequest("give the version id to load as {\"version\": \"...\"}", field="version")
+            return json_response(versions.stage_reply(version).to_dict(), status_code=202)
 
-    @app.post("/admin/compact", summary="Fold the write segment and tombstones into a new sealed base now")
-    async def post_compact(version: Annotated[str | None, Query(description="embedding version")] = None) -> Response:
-        version_id = versions.get(version).version_id
-        return json_response(await in_thread(compaction.compact, versions, version_id))
+        @app.delete("/admin/versions/{version_id}", summary="Unload a version (idempotent)")
+        async def unload_version(version_id: str) -> Response:
+            return json_response(versions.unload_reply(version_id).to_dict())
 
-    @app.get("/admin/faults", summary="Current fault injection settings and counts")
-    async def get_faults() -> Response:
-        return json_response({"faults": faults.config.to_dict(), "active": faults.active, "injected": faults.injected})
+        add_metrics_route(app, metrics.registry)
 
-    @app.put("/admin/faults", summary="Replace the fault injection settings (an empty object turns faults off)")
-    async def put_faults(request: Request) -> Response:
-        try:
-            data = orjson.loads(await read_request_body(request, 64 * 1024) or b"{}")
-        except orjson.JSONDecodeError as exc:
-            raise MalformedBody(f"body is not valid JSON: {exc}", field="body") from exc
-        if not isinstance(data, dict):
-            raise InvalidRequest("body must be a JSON object of fault settings", field="body")
-        if "spec" in data:  # the --faults string form: {"spec": "stall=0.05:100,latency=fixed:5"}
-            if set(data) != {"spec"} or not isinstance(data["spec"], str):
-                raise InvalidRequest("give either {\"spec\": \"name=value,...\"} or the settings object",
-                                     field="spec")
-            faults.set(FaultConfig.parse(data["spec"]))
-        else:
-            faults.set(FaultConfig.from_dict(data))
-        logger.warning("fault injection set to %s", faults.config)
-        return json_response({"faults": faults.config.to_dict(), "active": faults.active})
+        @app.post("/v1/writes",
+                  summary="Take a batch from the shard's primary (WAL framing): checked, fsynced, applied",
+                  openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
+                      "schema": {"type": "string", "format": "binary"}}}, "description": "retrieval.records framing"}})
+        async def post_writes(request: Request,
+                              version: Annotated[str, Query(description="embedding version")]) -> Response:
+            # Served by the fast path below; this route documents it.
+            body = await read_request_body(request, config.max_write_bytes)
+            status, payload = await handle_writes(request.scope, body, request.receive)
+            return Response(payload, status_code=status, media_type="application/json")
 
-    fast = FastPathApp(app, {("POST", "/v1/search"): handle_search, ("POST", "/v1/writes"): handle_writes,
-                             ("POST", "/v1/primary/writes"): handle_primary_writes},
-                       max_body_bytes=config.max_body_bytes, body_limits={"/v1/writes": config.max_write_bytes,
-                                                                      "/v1/primary/writes": config.max_write_bytes,
-                                                                      "/admin/restore": config.max_snapshot_bytes},
-                       on_result=status_counter(metrics.requests, "search", {"/v1/writes": "writes",
-                                                                             "/v1/primary/writes": "primary_writes"}))
+        @app.post("/v1/primary/writes", summary="A gateway's write to the shard's primary: numbered, replicated, "
+                  "acknowledged per ack", openapi_extra={"requestBody": {"required": True, "content": {
+                      "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                      "description": "retrieval.records framing, seq and term 0"}})
+        async def post_primary_writes(request: Request, version: Annotated[str, Query()],
+                                      ack: Annotated[str, Query()] = "majority",
+                                      generation: Annotated[int, Query(ge=0)] = 0) -> Response:
+            # Served by the fast path below; this route documents it.
+            status, payload = await handle_primary_writes(
+                request.scope, await read_request_body(request, config.max_write_bytes), request.receive)
+            return Response(payload, status_code=status, media_type="application/json")
+
+        @app.get("/v1/writes", summary="The writes after a seq (WAL framing): a lagging peer catches up from these")
+        async def get_writes(version: Annotated[str, Query()], after: Annotated[int, Query(ge=0)] = 0) -> Response:
+            records = await in_thread(writes_after, versions, version, after)
+            return Response(encode_records(records), media_type="application/octet-stream")
+
+        @app.get("/v1/role", summary="This replica's place in its shard's write ordering: term, primary, in-sync set")
+        async def get_role(request: Request) -> Response:
+            return Response((await handle_role(request.scope, b"", request.receive))[1], media_type="application/json")
+
+        @app.post("/admin/fence", summary="Refuse writes sent under a rollout generation older than this one, "
+                  "for hold_s seconds")
+        async def post_fence(generation: Annotated[int, Query(ge=0)],
+                             hold_s: Annotated[float, Query(gt=0, le=600)] = 10.0) -> Response:
+            return json_response(await in_thread(role.writer.fence, generation, hold_s))
+
+        @app.get("/v1/documents/{doc_id:path}",
+                 summary="One document as this replica holds it (404 if absent or deleted)")
+        async def get_document(doc_id: str, version: Annotated[str | None, Query()] = None) -> Response:
+            found = versions.document(version, doc_id)
+            if found is None:
+                raise NotFound(f"no document {doc_id!r} in shard {shard_id}", field="id", shard=shard_id)
+            return json_response(found)
+
+        @app.get("/v1/ids", summary="Ids of the live documents a filter selects (delete by filter reads these)")
+        async def get_ids(version: Annotated[str, Query()], filter: Annotated[str, Query()],
+                          limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000) -> Response:
+            ids = await in_thread(versions.matching_ids, version, filter, limit)
+            return json_response({"shard_id": shard_id, "version": version, "ids": ids})
+
+        @app.get("/v1/snapshot", summary="Every live document of a version (retrieval.records.Snapshot): a peer "
+                 "behind the WAL's retention, or diverged, restores from it")
+        async def get_snapshot(version: Annotated[str, Query(description="embedding version")]) -> Response:
+            snapshot = await in_thread(snapshots.take, versions, version)
+            return Response(snapshot.encode(), media_type="application/octet-stream")
+
+        @app.post("/admin/restore", summary="Replace a version's state with the primary's snapshot (GET /v1/snapshot)",
+                  openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
+                      "schema": {"type": "string", "format": "binary"}}}, "description": "GET /v1/snapshot's reply"}})
+        async def post_restore(request: Request,
+                               version: Annotated[str, Query(description="embedding version")],
+                               force: Annotated[bool, Query(description="replace the state even when this replica "
+                                                                        "is ahead (it diverged)")] = False) -> Response:
+            try:
+                snapshot = Snapshot.decode(await read_request_body(request, config.max_snapshot_bytes))
+            except ValueError as exc:
+                raise MalformedBody(f"the snapshot does not parse: {exc}", field="body") from exc
+            term = int_header(request.scope, TERM_HEADER.encode(), 0)
+            applied = await in_thread(functools.partial(snapshots.restore_from, force=force), versions, version, term,
+                                      snapshot)
+            return json_response({"shard_id": shard_id, "version": version, "applied_seq": applied})
+
+        @app.get("/admin/digest", summary="Count and sha256 of every live document (replica consistency checks)")
+        async def get_digest(version: Annotated[str | None, Query()] = None) -> Response:
+            live = versions.get(version)
+            return json_response(await in_thread(live.digest))
+
+        @app.post("/admin/compact", summary="Fold the write segment and tombstones into a new sealed base now")
+        async def post_compact(
+                version: Annotated[str | None, Query(description="embedding version")] = None) -> Response:
+            version_id = versions.get(version).version_id
+            return json_response(await in_thread(compaction.compact, versions, version_id))
+
+        @app.get("/admin/faults", summary="Current fault injection settings and counts")
+        async def get_faults() -> Response:
+            return json_response({"faults": faults.config.to_dict(), "active": faults.active,
+                                  "injected": faults.injected})
+
+        @app.put("/admin/faults", summary="Replace the fault injection settings (an empty object turns faults off)")
+        async def put_faults(request: Request) -> Response:
+            try:
+                data = orjson.loads(await read_request_body(request, 64 * 1024) or b"{}")
+            except orjson.JSONDecodeError as exc:
+                raise MalformedBody(f"body is not valid JSON: {exc}", field="body") from exc
+            if not isinstance(data, dict):
+                raise InvalidRequest("body must be a JSON object of fault settings", field="body")
+            if "spec" in data:  # the --faults string form: {"spec": "stall=0.05:100,latency=fixed:5"}
+                if set(data) != {"spec"} or not isinstance(data["spec"], str):
+                    raise InvalidRequest("give either {\"spec\": \"name=value,...\"} or the settings object",
+                                         field="spec")
+                faults.set(FaultConfig.parse(data["spec"]))
+            else:
+                faults.set(FaultConfig.from_dict(data))
+            logger.warning("fault injection set to %s", faults.config)
+            return json_response({"faults": faults.config.to_dict(), "active": faults.active})
+
+        return app
+
+    # The FastAPI app is built on first use (a node's replicas rarely need it; see LazyApp).
+    hot: dict[tuple[str, str], HotHandler] = {
+        ("POST", "/v1/search"): handle_search, ("POST", "/v1/writes"): handle_writes,
+        ("POST", "/v1/primary/writes"): handle_primary_writes, ("GET", "/v1/info"): handle_info,
+        ("GET", "/healthz"): handle_health, ("GET", "/v1/role"): handle_role}
+    endpoints = {"/v1/writes": "writes", "/v1/primary/writes": "primary_writes", "/v1/info": "info",
+                 "/healthz": "health", "/v1/role": "role"}
+    fast = FastPathApp(LazyApp(documented_app), hot, max_body_bytes=config.max_body_bytes,
+                       body_limits={"/v1/writes": config.max_write_bytes, "/v1/primary/writes": config.max_write_bytes,
+                                    "/admin/restore": config.max_snapshot_bytes},
+                       on_result=status_counter(metrics.requests, "search", endpoints))
     # SHARDRAG_INTERNAL_TOKEN: only the gateway and the shard's other replicas may call
     return ShardServer(guard_from_env(fast, internal_policy), versions, role)
 
