@@ -1,10 +1,11 @@
 """The local coordinator: the cluster state of one machine in one file, behind the same
 :class:`~clusterstate.kv.KV` seam as etcd.
 
-Every process of a local cluster (the gateway, each shard server) opens the same file. Each call
-takes an exclusive ``flock`` on ``<file>.lock``, reads the file, and — for a change — writes it
-back crash-safely (temp file, fsync, rename, directory fsync), so a put is durable when it
-returns and two processes never interleave a read-modify-write. Leases expire by the wall clock,
+Every process of a local cluster (the gateway, each shard server) opens the same file. A change
+takes an exclusive ``flock`` on ``<file>.lock``, reads the file and writes it back crash-safely
+(temp file, fsync, rename, directory fsync), so a put is durable when it returns and two
+processes never interleave a read-modify-write. A read takes no lock: the rename makes it see the
+state before a change or after it, and it parses the file again only when it changed. Leases expire by the wall clock,
 which every process on the machine shares; a lapsed lease's keys are dropped at the next change
 and hidden from reads before that.
 
@@ -58,19 +59,28 @@ class LocalKV(KV):
             handle.close()  # releases the lock
 
     def _read(self) -> dict[str, Any]:
+        return self._load()[1]
+
+    def _load(self) -> tuple[tuple[int, int, int, int] | None, dict[str, Any]]:
+        """(the file's stamp, its state), both of one version of the file (read through one open
+        descriptor: a change renames a new file over it and never writes into this one)."""
         try:
-            data = json.loads(self.path.read_bytes())
+            with open(self.path, "rb") as handle:
+                status = os.fstat(handle.fileno())
+                data = json.loads(handle.read())
         except FileNotFoundError:
-            return {"revision": 0, "leases": {}, "keys": {}}
+            return None, {"revision": 0, "leases": {}, "keys": {}}
         except (OSError, ValueError) as exc:
             raise CoordinatorUnavailable(f"the local coordinator {self.path} is unreadable: {exc}") from exc
-        return dict(data)
+        return (status.st_ino, status.st_mtime_ns, status.st_ctime_ns, status.st_size), dict(data)
 
     def _read_shared(self) -> dict[str, Any]:
-        """The state for a read that changes nothing (call under the lock): parsed again only when
-        the file changed. Every change replaces the file by a rename (a new inode, new times), so
-        an unchanged (inode, mtime, ctime, size) is an unchanged state — many replicas polling
-        their shard's record every tick do not each parse the whole file. Never mutated."""
+        """The state for a read that changes nothing: parsed again only when the file changed, and
+        without the lock. Every change replaces the file by a rename (a new inode, new times), so an
+        unchanged (inode, mtime, ctime, size) is an unchanged state, and a read sees either the
+        state before a change or after it, never a part — many replicas polling their shard's
+        record every tick neither parse the file each time nor queue on the lock behind each
+        other's reads and the writers. Never mutated."""
         try:
             status = os.stat(self.path)
         except FileNotFoundError:
@@ -81,8 +91,9 @@ class LocalKV(KV):
         cached = self._cache
         if cached is not None and cached[0] == stamp:
             return cached[1]
-        state = self._read()
-        self._cache = (stamp, state)
+        loaded, state = self._load()  # may be a newer version than ``stamp``: cached under its own
+        if loaded is not None:
+            self._cache = (loaded, state)
         return state
 
     def _write(self, state: dict[str, Any]) -> None:
@@ -123,14 +134,12 @@ class LocalKV(KV):
 
     # -- the seam ----------------------------------------------------------------------------
     def get(self, key: str) -> Entry | None:
-        with self._locked():
-            state = self._read_shared()
+        state = self._read_shared()
         item = state["keys"].get(key)
         return self._entry(key, item) if item is not None and self._live(state, item) else None
 
     def prefix(self, prefix: str) -> list[Entry]:
-        with self._locked():
-            state = self._read_shared()
+        state = self._read_shared()
         return [self._entry(key, item) for key, item in sorted(state["keys"].items())
                 if key.startswith(prefix) and self._live(state, item)]
 
@@ -190,8 +199,7 @@ class LocalKV(KV):
         self._change(change)
 
     def revision(self) -> int:
-        with self._locked():
-            state = self._read_shared()
+        state = self._read_shared()
         now = self._clock()
         # a lease that lapsed since the last change hides its keys: a change readers must see
         lapsed = sum(1 for expires in state["leases"].values() if float(expires) <= now)

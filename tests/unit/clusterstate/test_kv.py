@@ -98,3 +98,37 @@ def test_coordinator_specs(tmp_path):
             open_coordinator(bad)
     with pytest.raises(ConfigError):
         open_coordinator(None)
+
+
+def _count_up(path: str, writer: int, times: int) -> None:
+    store = LocalKV(path)
+    for number in range(times):
+        store.put(f"/w/{writer}", str(number).encode())
+
+
+def test_local_reads_take_no_lock_yet_see_whole_states_in_order(tmp_path):
+    """Readers of the local coordinator do not take its lock (many replicas poll it every tick):
+    while two other processes write, every read is a whole state — parsed, each writer's value a
+    number it wrote — and what a reader sees never goes back (revisions and values only grow)."""
+    import multiprocessing
+
+    path = str(tmp_path / "state.json")
+    reader = LocalKV(path)
+    context = multiprocessing.get_context("spawn")
+    writers = [context.Process(target=_count_up, args=(path, w, 150)) for w in range(2)]
+    for process in writers:
+        process.start()
+    seen_revision, seen = 0, {0: -1, 1: -1}
+    reads = 0
+    while any(p.is_alive() for p in writers) or reads == 0:
+        revision = reader.revision()
+        entries = {int(e.key.rsplit("/", 1)[1]): int(e.value) for e in reader.prefix("/w/")}
+        assert revision >= seen_revision
+        for writer, value in entries.items():
+            assert value >= seen[writer]
+            seen[writer] = value
+        seen_revision, reads = revision, reads + 1
+    for process in writers:
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    assert {int(e.value) for e in reader.prefix("/w/")} == {149} and reads > 10
