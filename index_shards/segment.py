@@ -33,12 +33,13 @@ from retrieval.records import DELETE, NOOP, UPSERT, WalRecord
 
 @dataclass(slots=True, frozen=True)
 class SegmentDoc:
+    """A written document; its vector lives in the segment's matrix (SegmentRows), not here."""
+
     int_id: int
     doc_id: str
     title: str
     text: str
     metadata: dict[str, Any]
-    vector: np.ndarray
     seq: int
 
 
@@ -127,9 +128,9 @@ class LiveShard:
                     int_id = doc_int_id(record.doc_id)
                     vector = np.ascontiguousarray(record.vector, dtype=np.float32)
                     doc = SegmentDoc(int_id, record.doc_id, record.title, record.text, dict(record.metadata),
-                                     vector, record.seq)
+                                     record.seq)
                     self._docs[record.doc_id] = doc
-                    self._rows.add(doc)
+                    self._rows.add(doc, vector)
                 elif record.op != DELETE:
                     raise InvalidRequest(f"unknown write op {record.op}", field="op")
                 self.applied_seq = record.seq
@@ -149,7 +150,7 @@ class LiveShard:
             doc = self._docs.get(doc_id)
             if doc is not None:
                 return StoredDocument(doc.doc_id, doc.title, doc.text, doc.metadata, doc.seq,
-                                      doc.vector if with_vector else None)
+                                      self._rows.vector(doc_id) if with_vector else None)
             int_id = doc_int_id(doc_id)
             if int_id in self._tombstones or not self.base.payload.contains(int_id):
                 return None
@@ -196,11 +197,16 @@ class LiveShard:
         applied later do not show in the iterator)."""
         with self._lock:
             seq = self.applied_seq
-            segment = list(self._docs.values())
-            hidden = set(self._tombstones) | {d.int_id for d in segment}
+            # rows below the view's count never change (appends go after them, a rebuild makes new
+            # arrays): the view is the segment as of ``seq`` without a copy of its vectors
+            view = self._rows.view()
+            positions = np.flatnonzero(view.alive).tolist()
+            segment = [(view.rows[p], view.matrix[p]) for p in positions]
+            hidden = set(self._tombstones) | {doc.int_id for doc, _ in segment}
         return seq, self._iter_documents(segment, hidden)
 
-    def _iter_documents(self, segment: list[SegmentDoc], hidden: set[int]) -> Iterable[StoredDocument]:
+    def _iter_documents(self, segment: list[tuple[SegmentDoc, np.ndarray]],
+                        hidden: set[int]) -> Iterable[StoredDocument]:
         base_ids = np.asarray([i for i in self.base.payload.int_ids.tolist() if i not in hidden], dtype=np.int64)
         for start in range(0, base_ids.size, 1024):
             chunk = base_ids[start:start + 1024]
@@ -210,9 +216,8 @@ class LiveShard:
                 base_doc = stored[int_id]
                 yield StoredDocument(base_doc.doc_id, base_doc.title, base_doc.text, base_doc.metadata or {},
                                      self._base_seqs.get(int_id, 0), vector)
-        for written in segment:
-            yield StoredDocument(written.doc_id, written.title, written.text, written.metadata, written.seq,
-                                 written.vector)
+        for written, vector in segment:
+            yield StoredDocument(written.doc_id, written.title, written.text, written.metadata, written.seq, vector)
 
     def _base_vectors(self, int_ids: np.ndarray) -> np.ndarray:
         """Base documents' vectors: a written one's original where the base kept it, else the
@@ -224,13 +229,6 @@ class LiveShard:
                 if original is not None:
                     vectors[row] = original
         return vectors
-
-    def frozen_state(self) -> tuple[int, list[SegmentDoc], set[int]]:
-        """The applied seq, the segment's documents and the base ids hidden (tombstoned or
-        rewritten), as of that seq."""
-        with self._lock:
-            segment = list(self._docs.values())
-            return self.applied_seq, segment, set(self._tombstones) | {d.int_id for d in segment}
 
     def search(self, queries: np.ndarray, k: int, *, nprobe: int | None = None, ef_search: int | None = None,
                with_text: bool = True, with_metadata: bool = False,

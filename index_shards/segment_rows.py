@@ -1,6 +1,7 @@
 """The mutable segment as searchable rows: an append-only matrix with an alive mask.
 
-A write appends rows (capacity doubles, so appends are amortised O(1)) and marks the rows of
+The matrix is the segment's only copy of its vectors (a document's record keeps none). A write
+appends rows (capacity doubles, so appends are amortised O(1)) and marks the rows of
 replaced or deleted documents dead — it never re-stacks the segment, so a search right after a
 write costs what any search costs. Rows below the current count never change, so a search takes a
 consistent view without copying: (count, a view of the matrix, a copy of the alive mask). When
@@ -31,15 +32,13 @@ class Row(Protocol):
     def doc_id(self) -> str: ...
     @property
     def metadata(self) -> dict[str, Any]: ...
-    @property
-    def vector(self) -> np.ndarray: ...
 
 
 @dataclass(slots=True, frozen=True)
 class RowsView:
     rows: list[Any]  # SegmentDoc per row (only the first ``count`` are part of this view)
     count: int
-    matrix: np.ndarray  # count × dim
+    matrix: np.ndarray  # count × dim: row i is rows[i]'s vector (the only copy the segment keeps)
     norms: np.ndarray  # squared L2 norm per row
     alive: np.ndarray  # bool per row
 
@@ -59,16 +58,23 @@ class SegmentRows:
     def count(self) -> int:
         return len(self._rows)
 
-    def add(self, row: Row) -> None:
+    def add(self, row: Row, vector: np.ndarray) -> None:
+        """Append ``row`` with its vector (copied into the matrix: the segment's one copy of it)."""
         self.remove(row.doc_id)
         position = len(self._rows)
         if position == self._matrix.shape[0]:
             self._grow(2 * position)
-        self._matrix[position] = row.vector
-        self._norms[position] = float(np.dot(row.vector, row.vector))
+        self._matrix[position] = vector
+        stored = self._matrix[position]
+        self._norms[position] = float(np.dot(stored, stored))
         self._alive[position] = True
         self._rows.append(row)
         self._row_of[row.doc_id] = position
+
+    def vector(self, doc_id: str) -> np.ndarray | None:
+        """A copy of the live row's vector (None when ``doc_id`` has no live row)."""
+        position = self._row_of.get(doc_id)
+        return None if position is None else self._matrix[position].copy()
 
     def remove(self, doc_id: str) -> None:
         position = self._row_of.pop(doc_id, None)
@@ -79,10 +85,11 @@ class SegmentRows:
     def maybe_rebuild(self) -> None:
         """Drop dead rows once they are the majority (O(live), rare)."""
         if self._dead > 1024 and self._dead * 2 > len(self._rows):
-            live = [row for position, row in enumerate(self._rows) if self._alive[position]]
+            rows, matrix, alive = self._rows, self._matrix, self._alive
             self.__init__(self.dim)  # type: ignore[misc]
-            for row in live:
-                self.add(row)
+            for position, row in enumerate(rows):
+                if alive[position]:
+                    self.add(row, matrix[position])
 
     def _grow(self, capacity: int) -> None:
         # new arrays (not resized in place): views handed to running searches stay valid

@@ -117,3 +117,27 @@ def test_a_long_stream_of_small_writes_keeps_filtered_searches_exact(live):
         else:
             assert len(set(got) & set(want)) >= min(9, len(want)) and len(got) == min(10, len(want))
     assert shard._rows.count < seq - 1  # dead rows were dropped on the way
+
+
+def test_a_frozen_view_keeps_its_documents_while_later_writes_grow_and_rebuild_the_segment(live):
+    """The segment keeps one copy of each vector (its matrix); the documents frozen at a seq (what
+    compaction and snapshots read, lazily) are still that seq's — vectors included — after later
+    writes grew the matrix and replaced most rows until it was rebuilt."""
+    shard, model = live
+    rng = np.random.default_rng(11)
+    shard.apply(writes(rng, model, 1, 300))
+    frozen_at = {doc_id: (title, text, dict(metadata), vector.copy()) for doc_id, (title, text, metadata, vector)
+                 in model.items()}
+    seq, frozen = shard.frozen_documents()
+    # 3,000 rewrites of the same 50 ids: the matrix grows, then more than half its rows are dead
+    ids = sorted(model)[:50]
+    later = [WalRecord(seq + 1 + n, UPSERT, ids[n % 50], "t", "x", {}, rng.standard_normal(DIM).astype(np.float32))
+             for n in range(3000)]
+    shard.apply(later)
+    held = {d.doc_id: d for d in frozen}
+    assert set(held) == set(frozen_at)
+    for doc_id, (title, text, metadata, vector) in frozen_at.items():
+        assert (held[doc_id].title, held[doc_id].text, held[doc_id].metadata) == (title, text, metadata)
+        np.testing.assert_array_equal(held[doc_id].vector, vector)
+    last = later[-1]
+    np.testing.assert_array_equal(shard.get(last.doc_id, with_vector=True).vector, last.vector)
