@@ -1,6 +1,7 @@
 """Creating collections does not disturb the ones serving: queries and writes run on one collection
 while others are created (and written to) back to back; its latency and errors, against the same
-load with nothing being created, in the same run.
+load with nothing being created, in the same run. The writes replace loaded documents, so the busy
+collection holds the same documents in every phase.
 
     python -m benchmarks.collections_create_load [--phase-s 30] [--repeats 2] [--documents 5000]
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from benchmarks.common import machine_info, percentiles_ms, write_result
 from index_shards.build import BuildConfig, build_collection
@@ -42,9 +44,10 @@ def unit(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
 class Load:
     """Closed-loop readers and one writer on the busy collection, recording per phase."""
 
-    def __init__(self, url: str, readers: int) -> None:
+    def __init__(self, url: str, readers: int, documents: int) -> None:
         self.url = url
         self.readers = readers
+        self.documents = documents
         self.phase = "warm"
         self.latencies: dict[str, list[float]] = {}
         self.write_latencies: dict[str, list[float]] = {}
@@ -92,17 +95,29 @@ class Load:
         rng = np.random.default_rng(7)
         with ShardragClient(self.url, timeout_s=30) as client:
             busy = client.collection("busy")
-            batch = 0
             while not self._stop.is_set():
-                vectors = unit(rng, 10)
+                # Replacements of loaded documents: the busy collection keeps its size, so every
+                # phase queries the same amount of data (new ids would grow it phase after phase).
+                ids = rng.choice(self.documents, size=10, replace=False)
                 began = time.perf_counter()
                 try:
-                    busy.upsert([{"id": f"w{batch}-{i}", "vector": v} for i, v in enumerate(vectors)])
+                    busy.upsert([{"id": f"d{i}", "vector": v} for i, v in zip(ids, unit(rng, 10), strict=True)])
                     self._record(self.write_latencies, began, None)
                 except ShardragError as exc:
                     self._record(self.write_latencies, began, f"write: {exc.message}")
-                batch += 1
                 time.sleep(0.05)
+
+
+def cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
+    """CPU seconds (user + system) spent so far by each process of the cluster and by this one (the load)."""
+    spent = {"load (this process)": sum(psutil.Process().cpu_times()[:2])}
+    for child in cluster.children():
+        if child.process is not None and child.process.poll() is None:
+            try:
+                spent[child.name] = sum(psutil.Process(child.process.pid).cpu_times()[:2])
+            except psutil.Error:
+                continue
+    return spent
 
 
 def one_run(args: argparse.Namespace, scratch: Path, repeat: int) -> dict[str, Any]:
@@ -121,12 +136,14 @@ def one_run(args: argparse.Namespace, scratch: Path, repeat: int) -> dict[str, A
         busy = client.collection("busy")
         for start in range(0, args.documents, 500):
             busy.upsert([{"id": f"d{start + i}", "vector": v} for i, v in enumerate(unit(rng, 500))])
-        load = Load(cluster.gateway_url, args.readers)
+        load = Load(cluster.gateway_url, args.readers, args.documents)
         load.start()
         time.sleep(5)  # warm
         created: list[float] = []
+        cpu: dict[str, dict[str, float]] = {}
         for phase in ("quiet", "creating", "quiet-after"):
             load.phase = phase
+            before, phase_began = cpu_seconds(cluster), time.monotonic()
             ends = time.monotonic() + args.phase_s
             while time.monotonic() < ends:
                 if phase != "creating":
@@ -137,12 +154,15 @@ def one_run(args: argparse.Namespace, scratch: Path, repeat: int) -> dict[str, A
                 client.create_collection(name, dim=16, replicas=2)
                 client.collection(name).upsert([{"id": "a", "vector": unit(rng, 1, 16)[0]}])
                 created.append(time.perf_counter() - began)
+            after, took = cpu_seconds(cluster), time.monotonic() - phase_began
+            cpu[phase] = {name: round((after[name] - before.get(name, 0.0)) / took, 3) for name in after}
         load.stop()
     quiet = load.latencies.get("quiet", []) + load.latencies.get("quiet-after", [])
     phases = {phase: {"queries": len(load.latencies.get(phase, [])), **percentiles_ms(load.latencies.get(phase, [])),
                       "writes": len(load.write_latencies.get(phase, [])),
                       "write_p99_ms": percentiles_ms(load.write_latencies.get(phase, []))["p99_ms"],
-                      "errors": len(load.errors.get(phase, [])), "first_errors": load.errors.get(phase, [])[:3]}
+                      "errors": len(load.errors.get(phase, [])), "first_errors": load.errors.get(phase, [])[:3],
+                      "cpu_per_s": cpu[phase]}
               for phase in ("quiet", "creating", "quiet-after")}
     quiet_p99 = percentiles_ms(quiet)["p99_ms"]
     return {"phases": phases, "collections_created": len(created), "create_ms": percentiles_ms(created),
@@ -168,6 +188,7 @@ def main() -> None:
                 print(f"  {phase:12s} {row['queries']:6d} queries p50 {row['p50_ms']:6.2f} ms "
                       f"p99 {row['p99_ms']:6.2f} ms  {row['writes']:4d} writes p99 {row['write_p99_ms']:6.1f} ms  "
                       f"errors {row['errors']}")
+                print("    CPU-s/s: " + ", ".join(f"{name} {spent:.2f}" for name, spent in row["cpu_per_s"].items()))
             print(f"  busy p99 while creating / quiet: {run['p99_ratio']:.2f}x (target <= 1.2)")
     ratios = sorted(r["p99_ratio"] for r in runs)
     errors = sum(row["errors"] for r in runs for row in r["phases"].values())
