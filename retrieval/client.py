@@ -76,7 +76,7 @@ class ShardragClient:
 
     def collection(self, name: str) -> ShardragClient:
         """The same client on collection ``name`` (``/v1/collections/{name}/...``): query, upsert,
-        delete and get go there. It shares this client's connection (close this one)."""
+        delete, get and answer go there. It shares this client's connection (close this one)."""
         view = copy.copy(self)
         view._data = collection_path(name)
         return view
@@ -193,7 +193,7 @@ class ShardragClient:
         ``kv_reuse`` "prefix" | "passage" (default: the generators' setting; docs/rag-cache.md)."""
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=False, use_cache=use_cache,
                            kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
-        return Answer.from_json(self._check(self._post("/v1/answer", body)))
+        return Answer.from_json(self._check(self._post(f"{self._data}/answer", body)))
 
     def answer_stream(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
                       kv_reuse: str | None = None, recompute_fraction: float | None = None,
@@ -201,7 +201,7 @@ class ShardragClient:
         """The answer as it is generated: a RetrievalEvent, TokenEvents, then a DoneEvent."""
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=True, use_cache=use_cache,
                            kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
-        with self._http.stream("POST", "/v1/answer", content=_json(body), headers=JSON) as response:
+        with self._http.stream("POST", f"{self._data}/answer", content=_json(body), headers=JSON) as response:
             if response.status_code != 200:
                 response.read()
                 self._check(response)
@@ -316,14 +316,14 @@ class AsyncShardragClient:
                      timeout_ms: int | None = None) -> Answer:
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=False, use_cache=use_cache,
                            kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
-        return Answer.from_json(await self._post("/v1/answer", body))
+        return Answer.from_json(await self._post(f"{self._data}/answer", body))
 
     async def answer_stream(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
                             kv_reuse: str | None = None, recompute_fraction: float | None = None,
                             timeout_ms: int | None = None) -> AsyncIterator[AnswerEvent]:
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=True, use_cache=use_cache,
                            kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
-        async with self._http.stream("POST", "/v1/answer", content=_json(body), headers=JSON) as response:
+        async with self._http.stream("POST", f"{self._data}/answer", content=_json(body), headers=JSON) as response:
             if response.status_code != 200:
                 await response.aread()
                 check(response.status_code, response.content, response.headers)

@@ -79,14 +79,15 @@ class AnswerService:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _retrieve(self, request: AnswerRequest) -> tuple[dict[str, Any], list[dict[str, str]], float]:
+    async def _retrieve(self, request: AnswerRequest,
+                        retrieve: RetrieveFn | None) -> tuple[dict[str, Any], list[dict[str, str]], float]:
         if not self.generators:
             raise GeneratorUnavailable("no generator is configured for /v1/answer (start the cluster with "
                                        "generators)", field="question")
         if not request.question.strip():
             raise InvalidRequest("question is empty", field="question")
         started = time.perf_counter()
-        retrieved = await self.retrieve(request.question, request.k, request.timeout_ms)
+        retrieved = await (retrieve or self.retrieve)(request.question, request.k, request.timeout_ms)
         retrieval_ms = (time.perf_counter() - started) * 1000.0
         return retrieved, build_messages(request.question, retrieved["hits"]), retrieval_ms
 
@@ -121,11 +122,13 @@ class AnswerService:
             "generator": url,
         }
 
-    async def answer(self, request: AnswerRequest) -> dict[str, Any]:
+    async def answer(self, request: AnswerRequest, retrieve: RetrieveFn | None = None) -> dict[str, Any]:
+        """``retrieve``: where the passages come from (default: the gateway's collection; a created
+        collection's, confined to a key's tenant, for /v1/collections/{name}/answer)."""
         import httpx
 
         started = time.perf_counter()
-        retrieved, messages, retrieval_ms = await self._retrieve(request)
+        retrieved, messages, retrieval_ms = await self._retrieve(request, retrieve)
         errors = []
         order, preferred = self.router.order([h["doc_id"] for h in retrieved["hits"]])
         for url in order:
@@ -145,12 +148,12 @@ class AnswerService:
             return self._summary(retrieved, retrieval_ms, response.json(), url, started)
         raise GeneratorUnavailable("no generator answered: " + "; ".join(errors))
 
-    async def stream(self, request: AnswerRequest) -> AsyncIterator[bytes]:
+    async def stream(self, request: AnswerRequest, retrieve: RetrieveFn | None = None) -> AsyncIterator[bytes]:
         """SSE: `retrieval` (passages), `token`..., then `done` with the same body as the JSON answer."""
         import httpx
 
         started = time.perf_counter()
-        retrieved, messages, retrieval_ms = await self._retrieve(request)
+        retrieved, messages, retrieval_ms = await self._retrieve(request, retrieve)
         yield sse_event("retrieval", {"version": retrieved["version"], "retrieval_ms": retrieval_ms,
                                       "passages": [{"n": n, "doc_id": h["doc_id"], "title": h["title"]}
                                                    for n, h in enumerate(retrieved["hits"], start=1)]})

@@ -199,7 +199,7 @@ def create_app(setup: GatewaySetup) -> Any:
         return json_response(await running.gateway.rollout.rollback(command.version))
 
     add_fault_routes(app, lambda: list(running.gateway.registry.shard_replicas))
-    add_collection_routes(app, lambda: running.gateway)
+    add_collection_routes(app, lambda: running.gateway, answers=bool(setup.generators))
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -9,6 +9,8 @@
     POST   /v1/collections/{name}/documents       as POST /v1/documents
     POST   /v1/collections/{name}/documents/delete
     GET    /v1/collections/{name}/documents/{id}
+    POST   /v1/collections/{name}/answer          as POST /v1/answer, passages from this collection
+                                                  (text collections; only with generator workers)
 
 The collection the gateway was started with answers under its own name too (and keeps the
 ``/v1/query`` … paths). A tenant-scoped key is confined by serving.gateway.tenancy; which
@@ -22,14 +24,17 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Path, Request, Response
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from clusterstate.collections import NAME_PATTERN, CollectionSpec, Quotas, vector_version
 from httpkit.api import ERROR_RESPONSES, ErrorResponse
 from httpkit.asgi import read_request_body
 from httpkit.auth import SCOPE_KEY, ApiKey
-from httpkit.responses import json_response
+from httpkit.responses import EVENT_STREAM, json_response
 from retrieval.errors import Forbidden, InvalidRequest, NotFound
+from serving.answer.service import AnswerRequest, RetrieveFn
+from serving.gateway.api_models import QueryRequest
 from serving.gateway.collections import CollectionStack, live_count
 from serving.gateway.query import QueryService, parse_body
 from serving.gateway.tenancy import (
@@ -94,8 +99,9 @@ def _key(request: Request) -> ApiKey | None:
     return key
 
 
-def add_collection_routes(app: FastAPI, gateway: Callable[[], Any]) -> None:
-    """``gateway()``: the running Gateway (serving.gateway.factory)."""
+def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: bool = False) -> None:
+    """``gateway()``: the running Gateway (serving.gateway.factory); ``answers``: generator workers
+    are configured (the answer route exists only then, as /v1/answer)."""
 
     def default_name() -> str:
         return str(gateway().registry.view.snapshot(gateway().registry.view.state.active).topology.collection)
@@ -103,7 +109,11 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any]) -> None:
     def model_version(model: str) -> dict[str, Any]:
         """The embedding version of ``model`` as this gateway serves it (422 when it serves no such model)."""
         view = gateway().registry.view
-        models = {name: version for version, name in view.state.models.items() if version in view.versions}
+        served = [v for v in view.versions if v in view.state.models]
+        # by its encoder checkpoint's label (as rollouts name it: "default" is the launched MiniLM)
+        # or by the encoder's own name ("all-MiniLM-L6-v2")
+        models = {**{view.snapshot(v).topology.version.encoder_name: v for v in served},
+                  **{view.state.models[v]: v for v in served}}
         if model not in models:
             raise InvalidRequest(f"this gateway embeds with {sorted(models)}; model {model!r} is not among them",
                                  field="model")
@@ -235,3 +245,28 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any]) -> None:
             found = await writes.get(stored_id(tenant, doc_id))  # in its namespace: never another tenant's
             return json_response({**found, "id": doc_id})
         return json_response(await writes.get(doc_id))
+
+    if not answers:
+        return
+
+    @app.post("/v1/collections/{name}/answer", summary="Retrieve from the collection, then generate an answer "
+              "that cites its passages", responses=RESPONSES)
+    async def answer(name: NamePath, body: AnswerRequest, request: Request) -> Response:
+        queries, _, stack, tenant_field, tenant = await services(name, request)
+        if stack is not None and stack.spec.model is None:
+            raise InvalidRequest(f"collection {name!r} holds vectors only (no encoder): it cannot retrieve for a "
+                                 "question", field="question")
+
+        async def retrieve(text: str, k: int, timeout_ms: int | None) -> dict[str, Any]:
+            parsed = QueryRequest(text=text, k=k, timeout_ms=timeout_ms)
+            if tenant is None or tenant_field is None:
+                return await queries.query(parsed)
+            # the same confinement as the query route: the tenant's clause in the shards, hits re-checked
+            parsed = parsed.model_copy(update={"filter": confine_filter(None, tenant_field, tenant)})
+            return confine_hits(await queries.query(parsed), tenant)
+
+        confined: RetrieveFn = retrieve
+        service = gateway().answers
+        if body.stream:
+            return StreamingResponse(service.stream(body, confined), media_type=EVENT_STREAM)
+        return json_response(await service.answer(body, confined))

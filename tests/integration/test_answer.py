@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 
 import httpx
 import pytest
@@ -20,6 +21,9 @@ QUESTION = "what is the temperature of the sun"
 STREAM_QUESTION = "what causes the seasons on earth"  # its own: neither test warms the other's cache
 PASSAGE_QUESTION = "how do vaccines train the immune system"
 CLIENT_QUESTION = "why is the sky blue"
+ADMIN = secrets.token_urlsafe(24)
+ACME = secrets.token_urlsafe(24)  # read, collection kb, tenant acme
+AUTH = {"authorization": f"Bearer {ADMIN}"}
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +32,13 @@ def cluster(tmp_path_factory, msmarco):
     build_collection(root, msmarco.documents, msmarco.vectors, msmarco.version, BuildConfig("rag", 2),
                      show_progress=False)
     with LocalCluster(root, "rag", replicas=1, gateway=GatewayConfig(), workdir=tmp_path_factory.mktemp("work"),
-                      generators=1, kv_nodes=1, generator_args=("--threads", "2")) as running:
+                      generators=1, kv_nodes=1, generator_args=("--threads", "2"), nodes=1,
+                      api_keys=[f"admin:{ADMIN}", f"read:{ACME} collections=kb tenant=acme"]) as running:
         yield running
 
 
 def test_answer_cites_the_retrieved_passages_and_reuses_the_cache(cluster):
-    with httpx.Client(base_url=cluster.gateway_url, timeout=300) as client:
+    with httpx.Client(base_url=cluster.gateway_url, timeout=300, headers=AUTH) as client:
         body = {"question": QUESTION, "k": 3, "max_new_tokens": 24}
         cold = client.post("/v1/answer", json=body)
         assert cold.status_code == 200, cold.text
@@ -57,7 +62,7 @@ def test_answer_cites_the_retrieved_passages_and_reuses_the_cache(cluster):
 
 def test_answer_streams_server_sent_events(cluster):
     events = []
-    with httpx.stream("POST", f"{cluster.gateway_url}/v1/answer", timeout=300,
+    with httpx.stream("POST", f"{cluster.gateway_url}/v1/answer", timeout=300, headers=AUTH,
                       json={"question": STREAM_QUESTION, "k": 3, "max_new_tokens": 16, "stream": True}) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -85,7 +90,7 @@ def test_answer_streams_server_sent_events(cluster):
     ({"question": "x", "recompute_fraction": 1.5}, "recompute_fraction"),
 ])
 def test_bad_answer_requests_are_4xx_naming_the_field(cluster, body, field):
-    response = httpx.post(f"{cluster.gateway_url}/v1/answer", json=body, timeout=30)
+    response = httpx.post(f"{cluster.gateway_url}/v1/answer", json=body, timeout=30, headers=AUTH)
     assert 400 <= response.status_code < 500, response.text
     assert field in response.text
 
@@ -93,7 +98,7 @@ def test_bad_answer_requests_are_4xx_naming_the_field(cluster, body, field):
 def test_passage_reuse_through_the_gateway(cluster):
     """The same question again in passage mode hits the first answer's exact blocks (passages the
     first computed in place), and its answer is the full prefill's."""
-    with httpx.Client(base_url=cluster.gateway_url, timeout=300) as client:
+    with httpx.Client(base_url=cluster.gateway_url, timeout=300, headers=AUTH) as client:
         body = {"question": PASSAGE_QUESTION, "k": 3, "max_new_tokens": 4}
         first = client.post("/v1/answer", json={**body, "kv_reuse": "passage"}).json()
         assert first["cache"]["kv_reuse"] == "passage"
@@ -109,7 +114,7 @@ def test_typed_sync_and_async_clients(cluster):
     from retrieval.client_types import Answer, DoneEvent, RetrievalEvent, TokenEvent
     from retrieval.errors import InvalidRequest
 
-    with ShardragClient(cluster.gateway_url, timeout_s=300) as client:
+    with ShardragClient(cluster.gateway_url, timeout_s=300, api_key=ADMIN) as client:
         answer = client.answer(CLIENT_QUESTION, k=2, max_new_tokens=8)
         assert isinstance(answer, Answer) and answer.answer.strip()
         assert answer.citations == [p.doc_id for p in answer.passages] and len(answer.citations) == 2
@@ -124,7 +129,7 @@ def test_typed_sync_and_async_clients(cluster):
         sync_hits = client.query(text=CLIENT_QUESTION, k=2)["hits"]
 
     async def run() -> tuple:
-        async with AsyncShardragClient(cluster.gateway_url, timeout_s=300) as client:
+        async with AsyncShardragClient(cluster.gateway_url, timeout_s=300, api_key=ADMIN) as client:
             answer = await client.answer(CLIENT_QUESTION, k=2, max_new_tokens=8)
             events = [event async for event in client.answer_stream(CLIENT_QUESTION, k=2, max_new_tokens=8)]
             hits = (await client.query(text=CLIENT_QUESTION, k=2))["hits"]
@@ -140,3 +145,45 @@ def test_typed_sync_and_async_clients(cluster):
     assert [h["doc_id"] for h in hits_async] == [h["doc_id"] for h in sync_hits]
     assert cluster_view["shards"] and field == "k"
     assert cluster_view["generators"]["routed"] >= 2 and not cluster_view["generators"]["down"]
+
+
+SUN_FACTS = {"acme": "Acme's memo: the surface of the sun is about 5,500 degrees Celsius, its core 15 million.",
+             "globex": "Globex's memo: the sun's corona is over a million degrees, far hotter than its surface."}
+
+
+def test_answer_from_a_created_collection_stays_in_the_keys_tenant(cluster, msmarco):
+    """POST /v1/collections/{name}/answer retrieves from that collection only, and a tenant-scoped
+    key's answer is grounded only on its tenant's documents (the tenant clause runs in the shards
+    and the hits are re-checked, as for its queries)."""
+    from retrieval.client import ShardragClient
+    from retrieval.client_types import DoneEvent, RetrievalEvent
+    from retrieval.errors import Forbidden
+
+    with ShardragClient(cluster.gateway_url, timeout_s=300, api_key=ADMIN) as admin:
+        admin.create_collection("kb", model=msmarco.version.encoder_name, tenant_field="tenant")
+        admin.create_collection("vectors", dim=4)
+        kb = admin.collection("kb")
+        kb.upsert([{"id": f"sun-{tenant}", "title": f"{tenant} memo", "text": text, "metadata": {"tenant": tenant}}
+                   for tenant, text in SUN_FACTS.items()]
+                  + [{"id": f"tea-{tenant}", "title": "tea", "text": "Green tea is steeped below boiling.",
+                      "metadata": {"tenant": tenant}} for tenant in SUN_FACTS])
+        everyone = kb.answer(QUESTION, k=2, max_new_tokens=8)
+        assert set(everyone.citations) <= {"acme::sun-acme", "globex::sun-globex", "acme::tea-acme",
+                                           "globex::tea-globex"}
+        assert everyone.citations[0].split("::")[1].startswith("sun-")  # from this collection, not msmarco
+        with pytest.raises(Exception) as vector_only:
+            admin.collection("vectors").answer(QUESTION, k=1, max_new_tokens=4)
+        assert getattr(vector_only.value, "field", None) == "question"
+    with ShardragClient(cluster.gateway_url, timeout_s=300, api_key=ACME) as acme_key:
+        acme = acme_key.collection("kb")
+        for k in (1, 2, 4):
+            answer = acme.answer(QUESTION, k=k, max_new_tokens=4)
+            assert answer.citations and set(answer.citations) <= {"sun-acme", "tea-acme"}, answer.citations
+        events = list(acme.answer_stream(QUESTION, k=4, max_new_tokens=4))
+        assert isinstance(events[0], RetrievalEvent) and isinstance(events[-1], DoneEvent)
+        assert {p.doc_id for p in events[0].passages} <= {"sun-acme", "tea-acme"}
+        with pytest.raises(Forbidden):
+            acme_key.answer(QUESTION, k=1, max_new_tokens=4)  # the launched collection is outside its scope
+    with ShardragClient(cluster.gateway_url, timeout_s=60, api_key=ADMIN) as admin:
+        admin.drop_collection("kb")
+        admin.drop_collection("vectors")
