@@ -126,3 +126,80 @@ def test_the_cli_and_both_clients_manage_collections(tmp_path):
         dropped = cli("drop", "notes", "--yes")
         assert dropped.returncode == 0 and "dropped notes" in dropped.stdout
         assert "notes" not in cli("list").stdout
+
+
+def test_a_killed_node_loses_no_acknowledged_write_of_a_created_collection(tmp_path):
+    """Writes run on a created collection (1 shard × 3 replicas on three nodes, majority acks)
+    while the node holding its primary is SIGKILLed: another replica takes over and writes go on,
+    every acknowledged id reads back, and the killed node — restarted by the launcher — catches its
+    replica up until the three hold the same documents."""
+    import os
+    import signal
+    import threading
+    import time
+
+    root = tmp_path / "root"
+    docs, vectors, version = random_corpus(20, 8)
+    build_collection(root, docs, vectors, version, BuildConfig("base", 1), show_progress=False)
+    with LocalCluster(root, "base", replicas=1, gateway=CONFIG, nodes=3, workdir=tmp_path / "work") as cluster:
+        url = cluster.gateway_url
+        created = httpx.put(f"{url}/v1/collections/acked", json={"dim": 8, "replicas": 3}, timeout=60)
+        assert created.status_code == 201, created.text
+        acked: list[tuple[float, str]] = []
+        stop = threading.Event()
+
+        def write() -> None:
+            rng = np.random.default_rng(3)
+            batch = 0
+            with httpx.Client(timeout=15) as client:
+                while not stop.is_set():
+                    ids = [f"w{batch}-{i}" for i in range(5)]
+                    body = {"documents": [{"id": i, "vector": rng.standard_normal(8).tolist()} for i in ids]}
+                    batch += 1
+                    try:
+                        reply = client.post(f"{url}/v1/collections/acked/documents", json=body)
+                    except httpx.HTTPError:
+                        continue  # unknown outcome: not counted as acknowledged
+                    if reply.status_code == 200:
+                        acked.extend((time.monotonic(), i) for i in ids)
+
+        def replicas() -> list[dict]:
+            found = []
+            for node in cluster.nodes:
+                try:
+                    hosted = httpx.get(f"{node.ready['url']}/v1/node", timeout=5).json()["replicas"]
+                except (httpx.HTTPError, TypeError):
+                    continue
+                found += [{**r, "node": node} for r in hosted if r["collection"] == "acked"]
+            return found
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        time.sleep(2)
+        primary = next(r for r in replicas() if httpx.get(f"{r['url']}/v1/role", timeout=5).json()["is_primary"])
+        victim = primary["node"]
+        killed_at, pid = time.monotonic(), victim.process.pid
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(10)
+        stop.set()
+        writer.join(timeout=30)
+        after_kill = [i for at, i in acked if at > killed_at]
+        assert after_kill, "no write was acknowledged after the primary's node was killed"
+        with httpx.Client(timeout=10) as client:
+            missing = [i for _, i in acked
+                       if client.get(f"{url}/v1/collections/acked/documents/{i}").status_code != 200]
+        assert not missing, f"{len(missing)} of {len(acked)} acknowledged writes are missing: {missing[:5]}"
+        # the launcher restarts the node; its replica catches up with the new primary's writes
+        deadline, digests = time.monotonic() + 60, set()
+        while time.monotonic() < deadline:
+            found = replicas()
+            digests = set()
+            for replica in found:
+                try:
+                    digests.add(httpx.get(f"{replica['url']}/admin/digest", timeout=5).json()["sha256"])
+                except (httpx.HTTPError, KeyError):
+                    digests.add(None)
+            if len(found) == 3 and len(digests) == 1 and victim.process.pid != pid:
+                break
+            time.sleep(0.5)
+        assert len(digests) == 1 and victim.process.pid != pid, f"replicas did not converge: {digests}"
