@@ -5,11 +5,12 @@ namespace of its own (``serving.local.netns``), each binding only its own addres
         lab.gateway_urls          # http://10.x.y.n:port, one per gateway
         lab.net.partition([lab.host("shard-0-r0")], [lab.host("etcd-0")])
 
-The shard replicas and the first gateway are the launcher's (``LocalCluster``, placed on their
-hosts; its supervisor restarts a killed one on the same host and port); the other gateways are
-started here on their own hosts (:meth:`restart_gateway` brings one back on an empty disk). The
-cluster state is a real etcd of ``etcd_members`` members, one per host. Stopping stops every
-process, then removes the namespaces — also after an exception or Ctrl-C.
+The shard replicas, the nodes (``nodes=N``: collections created at run time) and the first
+gateway are the launcher's (``LocalCluster``, placed on their hosts; its supervisor restarts a
+killed one on the same host and port); the other gateways are started here on their own hosts
+(:meth:`restart_gateway` brings one back on an empty disk). The cluster state is a real etcd of
+``etcd_members`` members, one per host. Stopping stops every process, then removes the namespaces
+— also after an exception or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ class Lab:
     def __init__(self, root: str | Path, collection: str, *, version: str | None = None, replicas: int = 3,
                  gateways: int = 2,
                  etcd_members: int = 3, workdir: str | Path | None = None, gateway: GatewayConfig | None = None,
-                 shard_args: tuple[str, ...] = (), ready_timeout_s: float = 180.0) -> None:
+                 shard_args: tuple[str, ...] = (), ready_timeout_s: float = 180.0, nodes: int = 0) -> None:
+        """``nodes``: nodes for the collections created at run time, each on a host of its own
+        (``node-<i>``), so a collection's replicas — on distinct nodes — are on distinct hosts."""
         if gateways < 1 or etcd_members < 1:
             raise ConfigError("a lab needs at least one gateway and one etcd member",
                               field="gateways" if gateways < 1 else "etcd_members")
@@ -47,6 +50,7 @@ class Lab:
         self.gateway_config = gateway or GatewayConfig()
         self.shard_args = shard_args
         self.ready_timeout_s = ready_timeout_s
+        self.node_count = nodes
         self.net: Network | None = None
         self.etcd: EtcdCluster | None = None
         self.cluster: LocalCluster | None = None
@@ -65,7 +69,8 @@ class Lab:
             self.cluster = LocalCluster(self.root, self.collection, version=self.version, replicas=self.replicas,
                                         gateway=config,
                                         workdir=self.workdir / "cluster", shard_args=self.shard_args,
-                                        ready_timeout_s=self.ready_timeout_s, placement=self._place)
+                                        ready_timeout_s=self.ready_timeout_s, placement=self._place,
+                                        nodes=self.node_count)
             self.cluster.start()
             for index in range(1, self.gateway_count):
                 self.extra_gateways.append(self._gateway_child(index))
@@ -76,7 +81,8 @@ class Lab:
         return self
 
     def _place(self, name: str) -> tuple[str, list[str]]:
-        """The launcher's children: each on a host named after it (the gateway is gateway-0)."""
+        """The launcher's children (shard replicas, nodes, the gateway): each on a host named after it
+        (the gateway is gateway-0)."""
         assert self.net is not None
         name = "gateway-0" if name == "gateway" else name
         host = self.net.hosts.get(name) or self.net.add_host(name)
@@ -146,7 +152,8 @@ class Lab:
         assert self.net is not None and self.etcd is not None
         return {"subnet": str(self.net.subnet), "this machine": self.net.gateway_address,
                 "hosts": {h.name: {"netns": h.netns, "address": h.address} for h in self.net.hosts.values()},
-                "gateways": self.gateway_urls, "shards": self.shard_urls, "etcd": self.etcd.client_urls}
+                "gateways": self.gateway_urls, "shards": self.shard_urls, "etcd": self.etcd.client_urls,
+                "nodes": [str(c.url) for c in self.cluster.nodes] if self.cluster else []}
 
     def processes(self) -> list[int]:
         """The pid of every process of the lab now running."""
@@ -196,10 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=3, help="replicas per shard (default 3)")
     parser.add_argument("--gateways", type=int, default=1, help="gateways (default 1)")
     parser.add_argument("--etcd", type=int, default=1, help="etcd members (default 1; 3 to survive one's loss)")
+    parser.add_argument("--nodes", type=int, default=0,
+                        help="nodes for collections created at run time, each on a host of its own (default 0)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     with Lab(args.root, args.collection, version=args.version, replicas=args.replicas, gateways=args.gateways,
-             etcd_members=args.etcd) as lab:
+             etcd_members=args.etcd, nodes=args.nodes) as lab:
         print(json.dumps(lab.describe(), indent=1), flush=True)
         assert lab.net is not None
         host = next(iter(lab.net.hosts.values()))

@@ -8,6 +8,9 @@ the history checker (serving.local.history) reading what the clients saw.
    cut from etcd keeps writing for a gateway that sees only it, and the checker catches the loss.
 3. A one-way partition of a primary (it can send, not receive) ends with a new primary and no
    acknowledged write lost.
+4. Nodes on hosts of their own: a collection created through one gateway is served by the other,
+   its replicas on three hosts; its primary's host cut off from every other host, a replica
+   elsewhere takes over, and no acknowledged write is lost.
 Skipped, naming the reason, where network namespaces cannot be made (not root); .ci/run is root.
 """
 
@@ -159,3 +162,83 @@ def test_a_one_way_partition_of_a_primary_ends_with_a_new_primary_and_no_lost_wr
         acked_after = [op for op in history.ops if op.outcome == "ok" and op.kind in ("upsert", "delete")
                        and op.doc_id is not None]
         assert len(acked_after) >= 10, report.counts
+
+
+def test_a_created_collection_spans_node_hosts_and_outlives_its_primarys_host_cut_off(tmp_path, versions):
+    import threading
+    from urllib.parse import urlsplit
+
+    import httpx
+
+    lab = Lab(own_root(versions, tmp_path), "hosts", version=versions["v1"], replicas=1, gateways=2,
+              etcd_members=1, workdir=tmp_path / "lab", gateway=gateway_config(), nodes=3)
+    with lab:
+        first, second = lab.gateway_urls
+        created = httpx.put(f"{first}/v1/collections/spread", json={"dim": 8, "replicas": 3}, timeout=60)
+        assert created.status_code == 201, created.text
+        shown = httpx.get(f"{second}/v1/collections/spread", timeout=30)  # the other gateway, through etcd
+        assert shown.status_code == 200, shown.text
+        urls = shown.json()["shard_replicas"][0]["replicas"]
+        assert len({urlsplit(u).hostname for u in urls}) == 3, urls  # three replicas, three hosts
+        acked: list[str] = []
+        stop = threading.Event()
+
+        def write() -> None:
+            batch = 0
+            with httpx.Client(timeout=25) as client:
+                while not stop.is_set():
+                    ids = [f"w{batch}-{i}" for i in range(4)]
+                    body = {"documents": [{"id": i, "vector": [float(batch % 7), 1.0, *[0.5] * 6]} for i in ids]}
+                    gateway = (first, second)[batch % 2]
+                    batch += 1
+                    try:
+                        reply = client.post(f"{gateway}/v1/collections/spread/documents", json=body)
+                    except httpx.HTTPError:
+                        continue  # unknown outcome: not counted
+                    if reply.status_code == 200:
+                        acked.extend(ids)
+
+        def primary(among: list[str]) -> str | None:
+            for url in among:
+                try:
+                    if httpx.get(f"{url}/v1/role", timeout=2).json()["is_primary"]:
+                        return url
+                except (httpx.HTTPError, ValueError, KeyError):
+                    continue
+            return None
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        time.sleep(2)
+        old = primary(urls)
+        assert old is not None
+        victim_node = next(c.name for c in lab.cluster.nodes if old.startswith(str(c.url)))
+        victim = lab.host(victim_node)
+        lab.net.partition([victim], [h for h in lab.net.hosts.values() if h is not victim])
+        cut_at = len(acked)
+        deadline = time.monotonic() + 30
+        while primary([u for u in urls if u != old]) is None:  # the cut-off one may still think it leads
+            assert time.monotonic() < deadline, "no replica took over from the cut-off primary"
+            time.sleep(0.2)
+        time.sleep(3)
+        lab.net.heal()
+        time.sleep(2)
+        stop.set()
+        writer.join(timeout=60)
+        assert len(acked) > cut_at, "no write was acknowledged after the primary's host was cut off"
+        with httpx.Client(timeout=10) as client:
+            missing = [i for i in acked
+                       if client.get(f"{second}/v1/collections/spread/documents/{i}").status_code != 200]
+        assert not missing, f"{len(missing)} of {len(acked)} acknowledged writes are missing: {missing[:5]}"
+        deadline, digests = time.monotonic() + 60, set()
+        while time.monotonic() < deadline:
+            digests = set()
+            for url in urls:
+                try:
+                    digests.add(httpx.get(f"{url}/admin/digest", timeout=5).json()["sha256"])
+                except (httpx.HTTPError, ValueError, KeyError):
+                    digests.add(None)
+            if len(digests) == 1 and None not in digests:
+                break
+            time.sleep(0.5)
+        assert len(digests) == 1 and None not in digests, f"the replicas did not converge: {digests}"
