@@ -34,10 +34,16 @@ class EncoderBackend(Protocol):
 
 
 class PoolBackend:
+    """One holder of ``key`` in the shared pool: every gateway collection served by the same
+    embedding version (the launched one, created text collections) has its own, and the model
+    leaves the workers when the last of them closes."""
+
     def __init__(self, pool: EncoderPool, key: str, model: str) -> None:
         self._pool = pool
         self._key = key
         self._model = model
+        self._closed = False
+        pool.hold(key)
 
     @property
     def parallelism(self) -> int:
@@ -50,7 +56,9 @@ class PoolBackend:
         return await self._pool.encode(self._key, kind, texts, deadline)
 
     def close(self) -> None:
-        self._pool.unload(self._key)
+        if not self._closed:
+            self._closed = True
+            self._pool.release(self._key)
 
 
 class ThreadBackend:

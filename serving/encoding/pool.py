@@ -82,6 +82,7 @@ class EncoderPool:
         self._argv = [python, "-m", "serving.encoding.worker", "--device", settings.device,
                       "--threads", str(settings.threads_per_worker()), "--runtime", settings.runtime]
         self._models: dict[str, str] = {}  # key (version id) → model ("default" or a checkpoint dir)
+        self._holders: dict[str, int] = {}  # key → encoders that use it (serving.encoding.backends.PoolBackend)
         self._workers: list[_Worker | None] = [None] * count
         self._restarts = [0] * count
         self._failures = [0] * count  # quick deaths in a row (backoff)
@@ -246,6 +247,19 @@ class EncoderPool:
         if not first.done():
             first.set_exception(EncoderError(
                 f"no encoder worker could load {model}: {'; '.join(errors) or 'no worker alive'}", field="model"))
+
+    def hold(self, key: str) -> None:
+        """One more encoder uses ``key``: it stays loaded until every holder released it."""
+        self._holders[key] = self._holders.get(key, 0) + 1
+
+    def release(self, key: str) -> None:
+        """A holder of ``key`` is done with it; the last one unloads it from every worker."""
+        left = self._holders.get(key, 0) - 1
+        if left > 0:
+            self._holders[key] = left
+            return
+        self._holders.pop(key, None)
+        self.unload(key)
 
     def unload(self, key: str) -> None:
         self._models.pop(key, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import time
 
 import httpx
 import pytest
@@ -100,7 +101,9 @@ def test_passage_reuse_through_the_gateway(cluster):
     first computed in place), and its answer is the full prefill's."""
     with httpx.Client(base_url=cluster.gateway_url, timeout=300, headers=AUTH) as client:
         body = {"question": PASSAGE_QUESTION, "k": 3, "max_new_tokens": 4}
-        first = client.post("/v1/answer", json={**body, "kv_reuse": "passage"}).json()
+        reply = client.post("/v1/answer", json={**body, "kv_reuse": "passage"})
+        assert reply.status_code == 200, reply.text
+        first = reply.json()
         assert first["cache"]["kv_reuse"] == "passage"
         again = client.post("/v1/answer", json={**body, "kv_reuse": "passage", "recompute_fraction": 1.0}).json()
         exact = client.post("/v1/answer", json={**body, "use_cache": False}).json()
@@ -187,3 +190,7 @@ def test_answer_from_a_created_collection_stays_in_the_keys_tenant(cluster, msma
     with ShardragClient(cluster.gateway_url, timeout_s=60, api_key=ADMIN) as admin:
         admin.drop_collection("kb")
         admin.drop_collection("vectors")
+        # kb's encoder was the launched collection's too (one version, one model in the workers):
+        # dropping kb must not unload it from under the launched collection
+        time.sleep(1.5)  # past the gateway's collections refresh, which closes a dropped stack
+        assert admin.query(text=QUESTION, k=1)["hits"]
