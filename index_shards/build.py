@@ -47,6 +47,7 @@ class BuildConfig:
     overwrite: bool = False  # replace an existing version directory of the same id
     source_version: str | None = None  # built from a live collection: the version read ...
     source_seqs: tuple[int, ...] | None = None  # ... and the seq each of its shards was read at
+    partition_field: str | None = None  # a tenant field: searches pinned to one value score only its documents
 
     def validate(self) -> None:
         if not self.collection or "/" in self.collection or self.collection.startswith("."):
@@ -149,6 +150,7 @@ def _build_shard(
         centroid=tuple(float(x) for x in centroid) if centroid is not None else None,
         files={name: FileEntry.of(directory / name) for name in (INDEX_FILE, DOCSTORE_FILE)},
         source_version=config.source_version, source_seqs=config.source_seqs,
+        partition_field=config.partition_field,
     )
     manifest.write(directory)
     return manifest

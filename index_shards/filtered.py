@@ -74,13 +74,15 @@ class FilteredSearcher:
         self._id_map: np.ndarray | None = None
 
     def search(self, queries: np.ndarray, k: int, allowed: np.ndarray, *, nprobe: int | None = None,
-               ef_search: int | None = None) -> tuple[np.ndarray, np.ndarray, FilterPlan]:
+               ef_search: int | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray, FilterPlan]:
+        """``exact``: score the allowed documents only, however many (a partition's search: the
+        index is not walked through other partitions' documents)."""
         """(distances as FAISS gives them, int ids, the plan) for ``queries`` among ``allowed`` ids."""
         n_queries, matches = len(queries), int(allowed.size)
         if matches == 0:
             empty = np.full((n_queries, k), NO_RESULT, dtype=np.int64)
             return np.zeros((n_queries, k), dtype=np.float32), empty, FilterPlan(0, "none")
-        if matches <= self.exact_scan_max or self.searchable.on_gpu:
+        if exact or matches <= self.exact_scan_max or self.searchable.on_gpu:
             distances, ids = self.exact(queries, k, allowed)
             return distances, ids, FilterPlan(matches, "exact", exact_rows=n_queries)
         plan = FilterPlan(matches, "index")

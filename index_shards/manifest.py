@@ -59,6 +59,9 @@ class ShardManifest:
     # version, the seq they were read at (a rollout gives this version every write after those)
     source_version: str | None = None
     source_seqs: tuple[int, ...] | None = None
+    # the payload field that partitions the documents (a collection's tenant field): a search
+    # whose filter pins it is scored over that partition's documents only (index_shards.shard)
+    partition_field: str | None = None
 
     @property
     def dim(self) -> int:
@@ -81,6 +84,7 @@ class ShardManifest:
             "created_at": self.created_at,
             **({"source": {"version": self.source_version, "seqs": list(self.source_seqs or ())}}
                if self.source_version is not None else {}),
+            **({"partition_field": self.partition_field} if self.partition_field is not None else {}),
         }
 
     @classmethod
@@ -106,6 +110,7 @@ class ShardManifest:
             source_version=str(data["source"]["version"]) if isinstance(data.get("source"), dict) else None,
             source_seqs=tuple(int(x) for x in data["source"]["seqs"]) if isinstance(data.get("source"), dict)
             else None,
+            partition_field=str(data["partition_field"]) if data.get("partition_field") is not None else None,
         )
 
     def write(self, directory: Path) -> None:

@@ -152,7 +152,8 @@ class Node:
         except NotFound:
             build_collection(root, [], np.zeros((0, spec.dim), dtype=np.float32), version,
                              BuildConfig(spec.name, num_shards=spec.shards, partitioner=spec.partitioner,
-                                         factory=spec.factory, metric=spec.metric), show_progress=False)
+                                         factory=spec.factory, metric=spec.metric,
+                                         partition_field=spec.tenant_field), show_progress=False)
             version_directory, _ = resolve_version(root, spec.name, version.id)
         config = self.server_config
         shard = Shard.load(shard_dir(version_directory, shard_id), device=config.device, mmap=config.mmap)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ class Shard:
         self._payload: PayloadIndex | None = None  # built on the first filtered search
         self._payload_lock = threading.Lock()
         self.filtered = FilteredSearcher(index, manifest.metric)
+        self.filter_plans: Counter[str] = Counter()  # filtered searches by strategy (none / exact / index)
 
     @property
     def payload(self) -> PayloadIndex:
@@ -103,8 +105,11 @@ class Shard:
             allowed = self.payload.select(filter_)
             if exclude is not None and exclude.size:
                 allowed = np.setdiff1d(allowed, exclude, assume_unique=True)
-            scores, ids, _ = self.filtered.search(queries, min(k, self.manifest.count), allowed,
-                                                  nprobe=nprobe, ef_search=ef_search)
+            field = self.manifest.partition_field
+            scores, ids, plan = self.filtered.search(queries, min(k, self.manifest.count), allowed,
+                                                     nprobe=nprobe, ef_search=ef_search,
+                                                     exact=field is not None and filter_.pins(field))
+            self.filter_plans[plan.strategy] += 1
         elif excluding:
             assert exclude is not None
             scores, ids = self.filtered.search_excluding(queries, min(k, self.manifest.count), exclude,

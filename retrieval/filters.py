@@ -103,6 +103,12 @@ class Filter:
         return (all(holds(c) for c in self.must) and (not self.should or any(holds(c) for c in self.should))
                 and not any(holds(c) for c in self.must_not))
 
+    def pins(self, key: str) -> bool:
+        """Whether every document it selects has a ``match`` on ``key`` (a must clause matching
+        ``key``, here or in a must sub-filter): the selection lies inside those values' partitions."""
+        return any((isinstance(c, Match) and c.key == key) or (isinstance(c, Filter) and c.pins(key))
+                   for c in self.must)
+
     def to_json(self) -> dict[str, Any]:
         return {occur: [_condition_json(c) for c in getattr(self, occur)] for occur in OCCURS
                 if getattr(self, occur)}

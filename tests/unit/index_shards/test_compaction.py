@@ -213,3 +213,22 @@ def test_compacting_a_compressed_index_again_and_again_adds_no_error(tmp_path, f
     for later in decoded_after[1:]:
         assert np.array_equal(later, decoded_after[0])  # ... but never worse after another compaction
     replica.close()
+
+
+def test_a_compacted_base_keeps_the_partition_field(tmp_path):
+    """A created collection's tenant field travels in the shard manifest: the base a compaction
+    writes carries it, so searches pinned to one tenant stay inside its documents afterwards."""
+    documents, vectors, version = random_corpus(n=50, dim=DIM)
+    build_collection(tmp_path / "root", documents, vectors, version,
+                     BuildConfig("c", 1, partition_field="tenant"), show_progress=False)
+    directory, _ = resolve_version(tmp_path / "root", "c")
+    replica = open_replica(shard_dir(directory, 0), tmp_path / "data")
+    version_id = replica.ready_ids()[0]
+    rng = np.random.default_rng(2)
+    write(replica, version_id, [WalRecord(seq, UPSERT, f"w{seq}", "", "", {"tenant": "a"},
+                                          rng.standard_normal(DIM).astype(np.float32)) for seq in range(1, 21)])
+    assert compaction.compact(replica, version_id)["base_seq"] == 20
+    assert replica.get(version_id).base.manifest.partition_field == "tenant"
+    replica.close()
+    assert open_replica(shard_dir(directory, 0), tmp_path / "data").get(version_id).base.manifest.partition_field \
+        == "tenant"

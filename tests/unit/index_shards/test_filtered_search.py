@@ -108,3 +108,38 @@ def test_metadata_comes_back_when_asked(shards):
     assert row["doc_ids"][0] == "doc-0" and row["metadata"][0] == documents[0].metadata
     [plain] = by_factory["Flat"].search(vectors[:1], 3)
     assert "metadata" not in plain
+
+
+@pytest.mark.parametrize("factory", ["HNSW32", "Flat"])
+def test_a_search_pinned_to_one_partition_scores_only_its_documents(tmp_path, factory):
+    """A shard built with a partition field (a collection's tenant field) answers a filter that
+    pins it by scoring that partition's documents only — however many match, never a walk of the
+    index through other partitions — and exactly; other filters of the same size still take the
+    index's filtered search, and so does the pinned filter on a shard built without the field.
+    The field is in the manifest, so a compaction's new base keeps it."""
+    from index_shards.manifest import ShardManifest
+
+    documents, vectors = corpus()
+    tenants = [Document(d.doc_id, d.title, d.text, {**d.metadata, "tenant": f"t{i % 3}"})
+               for i, d in enumerate(documents)]
+    version = EmbeddingVersion("filtered", "f" * 64, DIM)
+    loaded = {}
+    for field in ("tenant", None):
+        root = tmp_path / str(field)
+        build_collection(root, tenants, vectors, version, BuildConfig("c", 1, factory=factory, partition_field=field),
+                         show_progress=False)
+        directory, _ = resolve_version(root, "c")
+        loaded[field] = Shard.load(shard_dir(directory, 0), device="cpu")
+        loaded[field].filtered.exact_scan_max = 100  # 1,000 documents per tenant: past it
+    partitioned, plain = loaded["tenant"], loaded[None]
+    assert ShardManifest.from_dict(partitioned.manifest.to_dict()).partition_field == "tenant"
+    queries = np.random.default_rng(5).standard_normal((4, DIM)).astype(np.float32)
+    pinned = {"must": [{"key": "tenant", "match": {"value": "t1"}}, {"key": "u", "range": {"gte": 0}}]}
+    hits = partitioned.search(queries, K, filter_=parse_filter(pinned), with_text=False)
+    assert dict(partitioned.filter_plans) == {"exact": 1}
+    expected, _ = oracle(tenants, vectors, queries, pinned)
+    assert [row["doc_ids"] for row in hits] == expected
+    same_size = {"must": [{"key": "u", "range": {"lt": N // 3}}]}
+    partitioned.search(queries, K, filter_=parse_filter(same_size), with_text=False)
+    plain.search(queries, K, filter_=parse_filter(pinned), with_text=False)
+    assert partitioned.filter_plans["index"] == 1 and dict(plain.filter_plans) == {"index": 1}
