@@ -71,6 +71,9 @@ class CollectionSpec:
     placement: tuple[tuple[str, ...], ...] = ()  # shard → the node ids holding its replicas
     uid: str = ""
     created_at: float = 0.0
+    # embedding versions staged by rollouts after the first (EmbeddingVersion dicts, oldest first):
+    # every node hosting a replica keeps an empty base of each, the rollout fills it from the live one
+    versions: tuple[dict[str, Any], ...] = ()
 
     @property
     def state_name(self) -> str:
@@ -84,7 +87,7 @@ class CollectionSpec:
                 "factory": self.factory, "partitioner": self.partitioner,
                 "tenant_field": self.tenant_field,
                 "quotas": self.quotas.to_dict(), "placement": [list(p) for p in self.placement],
-                "uid": self.uid, "created_at": self.created_at}
+                "uid": self.uid, "created_at": self.created_at, "versions": [dict(v) for v in self.versions]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CollectionSpec:
@@ -96,7 +99,8 @@ class CollectionSpec:
                    tenant_field=data.get("tenant_field"),
                    quotas=Quotas(int(quotas.get("max_documents", 0)), float(quotas.get("max_rps", 0.0))),
                    placement=tuple(tuple(p) for p in data.get("placement", ())),
-                   uid=str(data.get("uid", "")), created_at=float(data.get("created_at", 0.0)))
+                   uid=str(data.get("uid", "")), created_at=float(data.get("created_at", 0.0)),
+                   versions=tuple(dict(v) for v in data.get("versions", ())))
 
 
 def place(shards: int, replicas: int, nodes: Sequence[str], load: Mapping[str, int]) -> tuple[tuple[str, ...], ...]:
@@ -130,6 +134,12 @@ def spec_version(spec: CollectionSpec) -> EmbeddingVersion:
     if spec.version:
         return EmbeddingVersion.from_dict(spec.version)
     return vector_version(spec.dim, spec.metric)
+
+
+def spec_versions(spec: CollectionSpec) -> list[EmbeddingVersion]:
+    """Every embedding version the collection's replicas may hold: its first, then those its
+    rollouts staged."""
+    return [spec_version(spec), *(EmbeddingVersion.from_dict(v) for v in spec.versions)]
 
 
 class Collections:
@@ -175,6 +185,22 @@ class Collections:
         if self.kv.put(COLLECTIONS + spec.name, body, expect_revision=0) is None:
             raise Conflict(f"collection {spec.name!r} already exists", field="name")
         return placed
+
+    def add_version(self, name: str, uid: str, version: EmbeddingVersion) -> CollectionSpec:
+        """Record another embedding version of the collection (its nodes build an empty base of it
+        for a rollout to stage); idempotent. 404 when the collection (this incarnation) is gone."""
+        for _ in range(20):  # compare-and-set: another gateway may change the spec meanwhile
+            entry = self.kv.get(COLLECTIONS + check_name(name))
+            spec = CollectionSpec.from_dict(json.loads(entry.value)) if entry is not None else None
+            if entry is None or spec is None or spec.uid != uid:
+                raise NotFound(f"no collection {name!r}", field="collection")
+            if any(v.id == version.id for v in spec_versions(spec)):
+                return spec
+            changed = replace(spec, versions=(*spec.versions, version.to_dict()))
+            body = json.dumps(changed.to_dict(), indent=1).encode()
+            if self.kv.put(COLLECTIONS + name, body, expect_revision=entry.mod_revision) is not None:
+                return changed
+        raise Conflict(f"collection {name!r} kept changing while a version was added; try again", field="name")
 
     def drop(self, name: str) -> bool:
         """Remove the collection's spec (its nodes then drop its replicas and files) and its shards'

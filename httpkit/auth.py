@@ -173,6 +173,8 @@ def gateway_policy(method: str, path: str) -> str | None:
     name, rest = collection_path(path)
     if name is not None and rest == "" and method in ("PUT", "DELETE"):
         return "admin"  # create or drop a collection
+    if name is not None and (rest == "/rollout" or rest.startswith("/rollout/")):
+        return "admin"  # a collection's rollouts, as /admin/rollout
     if method == "POST" and (path.startswith("/v1/documents") or rest.startswith("/documents")):
         return "write"
     return "read"
@@ -204,6 +206,8 @@ def check_key_reach(key: ApiKey, method: str, path: str) -> None:
                         field="authorization")
     if key.tenant is not None and rest == "" and method != "GET":
         raise Forbidden("a tenant-scoped key cannot create or drop collections", field="authorization")
+    if key.tenant is not None and (rest == "/rollout" or rest.startswith("/rollout/")):
+        raise Forbidden("a tenant-scoped key cannot run a collection's rollouts", field="authorization")
 
 
 def _reach(key: ApiKey) -> str:

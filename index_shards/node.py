@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from clusterstate.collections import Collections, CollectionSpec, spec_version
+from clusterstate.collections import Collections, CollectionSpec, spec_version, spec_versions
 from clusterstate.kv import KV
 from clusterstate.lease import LeaseKeeper
-from clusterstate.state import ClusterState
+from clusterstate.state import ClusterState, RolloutStoreOnKV
 from httpkit.asgi import Receive, Scope, Send
 from httpkit.auth import guard_from_env, internal_policy
 from index_shards.build import BuildConfig, build_collection
@@ -44,6 +44,7 @@ from index_shards.server import ShardServer, ShardServerConfig, create_server
 from index_shards.shard import Shard
 from retrieval.dirlock import DirLock
 from retrieval.errors import NotFound, ShardragError
+from retrieval.types import EmbeddingVersion
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,13 @@ class Node:
                 spec = wanted.get(key)
                 if spec is None or spec.uid != slot.spec.uid:
                     self._unload(key)
+                elif spec.versions != slot.spec.versions:  # a rollout staged another version
+                    try:
+                        self._ensure_bases(spec)
+                        slot.spec = spec
+                    except ShardragError as exc:
+                        logger.error("node %s: cannot build the new version of %s: %s", self.node_id, key[0],
+                                     exc.message)
             for key, spec in wanted.items():
                 if key not in self.slots and not self._stop.is_set():
                     try:
@@ -144,17 +152,37 @@ class Node:
                     logger.warning("node %s: removing %s (its collection was dropped)", self.node_id, directory)
                     shutil.rmtree(directory, ignore_errors=True)
 
+    def _ensure_bases(self, spec: CollectionSpec) -> None:
+        """An empty base build of every version the collection's spec names (a rollout fills a
+        staged one through the write path; a replica that starts later catches up from its primary)."""
+        root = self.root / spec.uid
+        for version in spec_versions(spec):
+            try:
+                resolve_version(root, spec.name, version.id)
+            except NotFound:
+                build_collection(root, [], np.zeros((0, version.dim), dtype=np.float32), version,
+                                 BuildConfig(spec.name, num_shards=spec.shards, partitioner=spec.partitioner,
+                                             factory=spec.factory, metric=spec.metric,
+                                             partition_field=spec.tenant_field), show_progress=False)
+
+    def _first_version(self, spec: CollectionSpec) -> EmbeddingVersion:
+        """The version a replica starts with: the collection's active one (a rollout may have
+        moved it), else its first; the gateways' reconcile stages the others the rollout holds."""
+        versions = {v.id: v for v in spec_versions(spec)}
+        try:
+            rollout = RolloutStoreOnKV(ClusterState(self.kv, spec.state_name)).load()
+        except ShardragError as exc:
+            logger.warning("node %s: rollout state of %s unreadable (%s): starting with its first version",
+                           self.node_id, spec.name, exc.message)
+            rollout = None
+        if rollout is not None and rollout.active in versions:
+            return versions[rollout.active]
+        return spec_version(spec)
+
     def _host(self, spec: CollectionSpec, shard_id: int) -> None:
         root = self.root / spec.uid
-        version = spec_version(spec)
-        try:
-            version_directory, _ = resolve_version(root, spec.name, version.id)
-        except NotFound:
-            build_collection(root, [], np.zeros((0, spec.dim), dtype=np.float32), version,
-                             BuildConfig(spec.name, num_shards=spec.shards, partitioner=spec.partitioner,
-                                         factory=spec.factory, metric=spec.metric,
-                                         partition_field=spec.tenant_field), show_progress=False)
-            version_directory, _ = resolve_version(root, spec.name, version.id)
+        self._ensure_bases(spec)
+        version_directory, _ = resolve_version(root, spec.name, self._first_version(spec).id)
         config = self.server_config
         shard = Shard.load(shard_dir(version_directory, shard_id), device=config.device, mmap=config.mmap)
         data_dir = root / spec.name / "replicas" / f"shard-{shard_id}-{self.node_id}"

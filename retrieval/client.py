@@ -34,6 +34,7 @@ from retrieval.client_types import (
     collection_body,
     collection_path,
     query_body,
+    rollout_body,
     rollout_error,
     write_body,
 )
@@ -73,12 +74,14 @@ class ShardragClient:
         headers, verify = _connection(api_key, verify)
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers, verify=verify)
         self._data = "/v1"  # where query and documents live: the launched collection's paths
+        self._rollout = "/admin/rollout"  # where its rollouts are run
 
     def collection(self, name: str) -> ShardragClient:
         """The same client on collection ``name`` (``/v1/collections/{name}/...``): query, upsert,
-        delete, get and answer go there. It shares this client's connection (close this one)."""
+        delete, get, answer and rollouts go there. It shares this client's connection (close this one)."""
         view = copy.copy(self)
         view._data = collection_path(name)
+        view._rollout = f"{view._data}/rollout"
         return view
 
     # -- collections (create and drop need an admin key) ----------------------------------
@@ -165,15 +168,17 @@ class ShardragClient:
     def rollout_status(self) -> dict[str, Any]:
         """The rollout state (active / staged / previous, generation, models) and each loaded
         version's replicas and query encoder."""
-        return self._check(self._http.get("/admin/rollout"))
+        return self._check(self._http.get(self._rollout))
 
-    def rollout(self, action: str, version: str, **body: Any) -> dict[str, Any]:
+    def rollout(self, action: str, version: str | None, **body: Any) -> dict[str, Any]:
         """One rollout command: ``stage`` (``model=``), ``activate`` (``queries=``, ``qrels=``,
         ``force=``), ``retire``, ``abort`` or ``rollback``. A quality-gate refusal raises the
-        409 error with the gate's numbers on its ``gate`` attribute."""
+        409 error with the gate's numbers on its ``gate`` attribute. On a created collection
+        (``client.collection(name)``) ``stage`` takes the model alone (``version=None``): the reply's
+        ``state.staged`` names the version it made."""
         if action not in ROLLOUT_ACTIONS:
             raise ValueError(f"unknown rollout action {action!r}")
-        response = self._post(f"/admin/rollout/{action}", {"version": version, **body})
+        response = self._post(f"{self._rollout}/{action}", rollout_body(version, body))
         if response.status_code == 200:
             payload: dict[str, Any] = response.json()
             return payload
@@ -224,10 +229,12 @@ class AsyncShardragClient:
         headers, verify = _connection(api_key, verify)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=headers, verify=verify)
         self._data = "/v1"
+        self._rollout = "/admin/rollout"
 
     def collection(self, name: str) -> AsyncShardragClient:
         view = copy.copy(self)
         view._data = collection_path(name)
+        view._rollout = f"{view._data}/rollout"
         return view
 
     async def create_collection(self, name: str, *, dim: int | None = None, model: str | None = None,
@@ -293,12 +300,12 @@ class AsyncShardragClient:
         return await self._get(f"{self._data}/documents/{quote(doc_id, safe='')}")
 
     async def rollout_status(self) -> dict[str, Any]:
-        return await self._get("/admin/rollout")
+        return await self._get(self._rollout)
 
-    async def rollout(self, action: str, version: str, **body: Any) -> dict[str, Any]:
+    async def rollout(self, action: str, version: str | None, **body: Any) -> dict[str, Any]:
         if action not in ROLLOUT_ACTIONS:
             raise ValueError(f"unknown rollout action {action!r}")
-        response = await self._http.post(f"/admin/rollout/{action}", content=_json({"version": version, **body}),
+        response = await self._http.post(f"{self._rollout}/{action}", content=_json(rollout_body(version, body)),
                                          headers=JSON)
         if response.status_code == 200:
             payload: dict[str, Any] = response.json()

@@ -77,6 +77,12 @@ def collection_body(*, dim: int | None = None, model: str | None = None, metric:
     return body
 
 
+def rollout_body(version: str | None, body: dict[str, Any]) -> dict[str, Any]:
+    """A rollout command's body: the version (left out when None: a created collection's stage
+    names its version by the model) and the command's other fields."""
+    return {**({"version": version} if version is not None else {}), **body}
+
+
 def collection_path(name: str) -> str:
     from urllib.parse import quote
 

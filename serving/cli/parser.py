@@ -217,10 +217,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "replica loads it, the gateway its encoder) → activate (only when every shard is ready and "
                     "the quality gate passes) → retire V after the drain period. abort unloads a staged "
                     "version; rollback re-activates the previous one while it is loaded. Every command is "
-                    "idempotent.")
+                    "idempotent. With --collection NAME the commands run on a created collection: `stage "
+                    "--model DIR` (no VERSION) re-embeds it in place — the version is named by the model, "
+                    "activate fills it from the live documents while queries and writes go on.")
     rollout.add_argument("action", choices=("stage", "activate", "retire", "abort", "rollback", "status"))
     rollout.add_argument("version", nargs="?", help="embedding version id (see `shardrag build` output)")
     rollout.add_argument("--url", help=f"gateway URL [env SHARDRAG_URL, default {DEFAULT_URL}]")
+    rollout.add_argument("--collection", metavar="NAME",
+                         help="a created collection's rollout (/v1/collections/NAME/rollout); default: the "
+                              "launched collection's")
     rollout.add_argument("--model", default="default",
                          help="stage: the version's encoder checkpoint dir (default: all-MiniLM-L6-v2)")
     rollout.add_argument("--force", action="store_true",

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from retrieval.errors import ConfigError
 from serving.cli.common import auth_headers, gateway_url
@@ -51,13 +52,16 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     import httpx
 
     url = gateway_url(args)
+    base = f"{url}/v1/collections/{quote(args.collection, safe='')}/rollout" if args.collection else \
+        f"{url}/admin/rollout"
     if args.action == "status":
-        response = httpx.get(f"{url}/admin/rollout", timeout=args.timeout, headers=auth_headers(args))
+        response = httpx.get(base, timeout=args.timeout, headers=auth_headers(args))
     else:
-        if not args.version:
+        # a created collection's stage names its version by the model
+        if not args.version and not (args.collection and args.action == "stage"):
             print(f"error: rollout {args.action} needs a VERSION", file=sys.stderr)
             return 2
-        body: dict[str, Any] = {"version": args.version}
+        body: dict[str, Any] = {"version": args.version} if args.version else {}
         if args.action == "stage":
             body["model"] = args.model
         if args.action in ("activate", "retire") and args.force:
@@ -68,7 +72,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             body["queries"] = load_queries(args.queries)
             if args.qrels:
                 body["qrels"] = load_qrels(args.qrels)
-        response = httpx.post(f"{url}/admin/rollout/{args.action}", json=body, timeout=args.timeout,
+        response = httpx.post(f"{base}/{args.action}", json=body, timeout=args.timeout,
                               headers=auth_headers(args))
     payload = response.json()
     if response.status_code != 200:

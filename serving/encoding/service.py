@@ -9,6 +9,7 @@ from typing import Any
 
 from retrieval.encoders import Encoder
 from retrieval.errors import ConfigError
+from retrieval.types import EmbeddingVersion
 from serving.encoding.backends import EncoderBackend, PoolBackend, ThreadBackend
 from serving.encoding.cache import EmbeddingLRU
 from serving.encoding.pool import EncoderPool
@@ -62,6 +63,20 @@ class EncoderService:
         encoder = QueryEncoder(backend, version, settings=self.settings, cache=self.cache)
         encoder.start()
         return encoder
+
+    async def probe(self, model: str) -> EmbeddingVersion:
+        """The embedding version ``model`` produces (loaded once on the configured backend, then
+        let go): what a created collection's rollout names its new version by."""
+        backend: EncoderBackend
+        if self._pool is not None:
+            backend = PoolBackend(self._pool, f"probe:{model}", model)
+        else:
+            loader = self._loader
+            backend = ThreadBackend(lambda: loader(model))
+        try:
+            return await backend.load()
+        finally:
+            backend.close()
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.settings.backend, "runtime": self.settings.runtime, "cache": self.cache.stats(),

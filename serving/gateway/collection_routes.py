@@ -11,6 +11,7 @@
     GET    /v1/collections/{name}/documents/{id}
     POST   /v1/collections/{name}/answer          as POST /v1/answer, passages from this collection
                                                   (text collections; only with generator workers)
+    GET    /v1/collections/{name}/rollout[/…]     its rollouts: re-embed in place (collection_rollout)
 
 The collection the gateway was started with answers under its own name too (and keeps the
 ``/v1/query`` … paths). A tenant-scoped key is confined by serving.gateway.tenancy; which
@@ -35,6 +36,7 @@ from httpkit.responses import EVENT_STREAM, json_response
 from retrieval.errors import Forbidden, InvalidRequest, NotFound
 from serving.answer.service import AnswerRequest, RetrieveFn
 from serving.gateway.api_models import QueryRequest
+from serving.gateway.collection_rollout import add_collection_rollout_routes
 from serving.gateway.collections import CollectionStack, live_count
 from serving.gateway.query import QueryService, parse_body
 from serving.gateway.tenancy import (
@@ -246,6 +248,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
             return json_response({**found, "id": doc_id})
         return json_response(await writes.get(doc_id))
 
+    add_collection_rollout_routes(app, gateway, default_name)
     if not answers:
         return
 

@@ -34,6 +34,7 @@ from serving.shardcall.fanout import FanOut
 from serving.shardcall.policies import make_balancer
 from serving.transport.client import ShardClient
 from serving.versions.registry import VersionRegistry
+from serving.versions.rollout import RolloutService
 from serving.versions.topology import fetch_info
 from serving.writes.service import WriteService
 
@@ -65,6 +66,7 @@ class CollectionStack:
     queries: QueryService
     writes: WriteService
     limiter: RateLimiter | None
+    rollout: RolloutService
     poll: asyncio.Future[None] | None = None
     counted_at: float = 0.0
     live_documents: int = 0
@@ -164,9 +166,24 @@ class CollectionStacks:
         writes = WriteService(registry, self.client, config.writes, writable=self.writable)
         quota = spec.quotas.max_rps
         limiter = RateLimiter(quota, max(1.0, quota)) if quota > 0 else None
-        stack = CollectionStack(spec, replicas, registry, queries, writes, limiter)
-        # Slower than the launched collection's poll: a created collection has no rollouts to follow,
-        # and a moved replica (a restarted node) rebuilds the stack through refresh_forever.
+
+        async def after_step(generation: int) -> list[str]:
+            # Every primary refuses writes of older views for a while: a gateway that has not
+            # adopted the step (it re-reads the state at its next poll, within the hold) reloads
+            # and sends its write again under the new one.
+            await writes.fence_all(generation, config.cluster.fence_hold_s)
+            return []
+
+        rollout = RolloutService(registry, self.client, queries.search_text, settings=config.rollout,
+                                 gate=config.gate, encoders_loaded=registry.encoder_service is not None,
+                                 recent_queries=lambda: list(queries.recent_queries),
+                                 # a version a rollout staged is an empty base: filled from the live one
+                                 before_activate=lambda version: writes.staging.bring_up(version, from_live=True),
+                                 after_step=after_step)
+        stack = CollectionStack(spec, replicas, registry, queries, writes, limiter, rollout)
+        # Slower than the launched collection's poll (a rollout step fences the primaries for
+        # longer than this), and a moved replica (a restarted node) rebuilds the stack through
+        # refresh_forever.
         stack.poll = asyncio.ensure_future(registry.poll_forever(max(config.rollout.poll_interval_s,
                                                                      COLLECTION_POLL_S)))
         return stack

@@ -143,6 +143,11 @@ class RolloutService:
         }
 
     # -- commands ------------------------------------------------------------------------------
+    def check_stage(self, version: str, model: str) -> None:
+        """Refuse (as :meth:`stage` would) before anything is touched: another version staged, the
+        previous one still loaded."""
+        protocol.stage(self._state(), version, model, time.time())
+
     async def stage(self, version: str, model: str) -> dict[str, Any]:
         state = self._state()
         protocol.stage(state, version, model, time.time())  # refuse early, before touching replicas

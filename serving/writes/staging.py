@@ -20,6 +20,13 @@ whose newest record on some shard is an upsert is live with that content (a kmea
 deletes the id on every other shard, marked ``moved``, which never counts as a delete), one whose
 newest record is a real delete is deleted, and one only moved away keeps what the build read.
 Documents written as vectors only cannot be re-embedded: a warning names how many.
+
+A **created collection's** staged version has no build of its own: its nodes made an empty base
+of it when the rollout staged it (serving.gateway.collection_rollout). ``bring_up(from_live=True)``
+first fills it: each shard's live documents of the active version are read from its primary at
+one seq (a snapshot) — that seq is the shard's cut — re-embedded and written through the write
+path; whatever the staged version still holds that the active one does not (an aborted attempt's
+documents, deleted since) is deleted. The rounds above then replay the writes after the cuts.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from retrieval import rollout as protocol
 from retrieval.errors import ConfigError, NotFound, ShardragError, ShardUnavailable
-from retrieval.records import DELETE, NOOP, UPSERT, WalRecord, decode_records, encode_records
+from retrieval.records import DELETE, NOOP, UPSERT, Snapshot, WalRecord, decode_records, encode_records
 from retrieval.rollout import RolloutRefused
 from serving.writes.models import DocumentIn
 from serving.writes.plan import Item, route_upserts, shards_holding, vectors_for
@@ -55,9 +62,11 @@ class StagedSync:
         self.client = writes.client
         self._lock = asyncio.Lock()  # one bring-up at a time in this gateway
 
-    async def bring_up(self, staged: str) -> None:
+    async def bring_up(self, staged: str, *, from_live: bool = False) -> None:
         """Give ``staged`` every write the active version took since its build, then record the
-        ``sync`` (module docstring). Nothing to do when it is synced already."""
+        ``sync`` (module docstring). Nothing to do when it is synced already. ``from_live``: the
+        staged version is an empty base (a created collection's rollout): it is first filled with
+        every live document of the active version, read from each shard's primary, re-embedded."""
         async with self._lock:
             await asyncio.to_thread(self.registry.sync)
             state = self.registry.view.state
@@ -66,9 +75,12 @@ class StagedSync:
             started = time.monotonic()
             active, generation = state.active, state.generation
             shards = len(self.registry.shard_replicas)
-            positions = list(self._source(staged, active, shards))
             newest: list[dict[str, WalRecord]] = [{} for _ in range(shards)]
             replayed = 0
+            if from_live:
+                positions, replayed = await self._fill(active, staged, newest, generation)
+            else:
+                positions = list(self._source(staged, active, shards))
             for _ in range(MAX_ROUNDS):
                 fresh = await self._round(active, staged, positions, newest, generation, None)
                 replayed += fresh
@@ -111,6 +123,38 @@ class StagedSync:
                 raise ConfigError(f"{staged} records {len(seqs)} source seqs for {shards} shards", field="version")
             return seqs
         raise ShardUnavailable(f"no replica reports {staged}: it is not loaded", field="version")
+
+    async def _fill(self, active: str, staged: str, newest: list[dict[str, WalRecord]],
+                    generation: int) -> tuple[list[int], int]:
+        """Every live document of ``active`` (each shard read at one seq: its cut) replayed into
+        ``staged``, and whatever ``staged`` holds that ``active`` no longer does deleted (an earlier
+        attempt's documents, deleted since). The cuts, and how many documents were read."""
+        positions: list[int] = []
+        stale: list[str] = []
+        for shard in range(len(newest)):
+            live = await self._live(shard, active)
+            positions.append(live.seq)
+            newest[shard].update((record.doc_id, record) for record in live.records)
+            held = await self._live(shard, staged)
+            stale.extend(record.doc_id for record in held.records if record.doc_id not in newest[shard])
+        upserts, deletes = fold({doc_id for shard in newest for doc_id in shard}, newest)
+        logger.warning("filling %s from the %d live documents of %s (cut at seqs %s)", staged, len(upserts), active,
+                       positions)
+        await self._replay(staged, upserts, [*deletes, *stale], generation)
+        return positions, len(upserts)
+
+    async def _live(self, shard: int, version: str) -> Snapshot:
+        """The shard's live documents of ``version`` at one seq, from its primary (else any replica)."""
+        errors = []
+        for replica in self.writes._primary_first(shard):  # noqa: SLF001 - the same order reads use
+            try:
+                return Snapshot.decode(await self.client.snapshot(replica, version, self.writes.settings.timeout_s))
+            except ShardragError as exc:
+                errors.append(exc.message)
+            except ValueError as exc:
+                errors.append(f"{replica}: the snapshot does not parse: {exc}")
+        raise ShardUnavailable(f"no replica of shard {shard} could send the documents of {version}: "
+                               f"{'; '.join(errors)}", shard=shard)
 
     async def _history(self, shard: int, version: str, after: int) -> list[WalRecord]:
         """The shard's writes to ``version`` after ``after``, from its primary (else any replica)."""

@@ -64,6 +64,12 @@ def test_scoped_keys_parse_and_reach_their_collections_only():
     assert gateway_policy("PUT", "/v1/collections/docs") == "admin"
     assert gateway_policy("POST", "/v1/collections/docs/documents/delete") == "write"
     assert gateway_policy("POST", "/v1/collections/docs/query") == "read"
+    # a collection's rollouts take an admin key, and never a tenant's
+    assert gateway_policy("GET", "/v1/collections/docs/rollout") == "admin"
+    assert gateway_policy("POST", "/v1/collections/docs/rollout/stage") == "admin"
+    assert gateway_policy("POST", "/v1/collections/docs/rollouts") == "read"  # not a rollout path: a 404 later
+    with pytest.raises(Forbidden):
+        check_key_reach(scoped, "POST", "/v1/collections/docs/rollout/activate")
 
 
 @pytest.mark.parametrize("attributes", ["colors=red", "tenant=", "rps=-1", "rps=x", "tenant=a tenant=b"])

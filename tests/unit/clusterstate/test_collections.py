@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from clusterstate.collections import Collections, CollectionSpec, Quotas, check_name, place
+from clusterstate.collections import Collections, CollectionSpec, Quotas, check_name, place, spec_version, spec_versions
 from clusterstate.local import LocalKV
 from clusterstate.state import ClusterState, ShardRecord
-from retrieval.errors import Conflict, InvalidRequest, ShardUnavailable
+from retrieval.errors import Conflict, InvalidRequest, NotFound, ShardUnavailable
+from retrieval.types import EmbeddingVersion
 
 
 def test_placement_spreads_each_shards_replicas_over_distinct_least_loaded_nodes():
@@ -53,3 +54,20 @@ def test_create_list_drop_and_a_new_incarnation_starts_afresh(tmp_path):
     again = collections.create(CollectionSpec("docs", dim=8))
     assert again.uid != spec.uid and again.state_name != spec.state_name
     assert ClusterState(kv, again.state_name).shard(0).term == 0
+
+
+def test_a_rollout_adds_versions_to_a_collection_once_and_only_to_its_own_incarnation(tmp_path):
+    kv = LocalKV(tmp_path / "state.json")
+    collections = Collections(kv)
+    collections.register_node("n1", "http://127.0.0.1:1", kv.grant(30))
+    spec = collections.create(CollectionSpec("docs", dim=8))
+    tuned = EmbeddingVersion(encoder_name="tuned", weights_sha256="ab" * 32, dim=16)
+    changed = collections.add_version("docs", spec.uid, tuned)
+    assert [v.id for v in spec_versions(changed)] == [spec_version(spec).id, tuned.id]
+    assert collections.add_version("docs", spec.uid, tuned) == changed == collections.get("docs")
+    assert CollectionSpec.from_dict(changed.to_dict()) == changed
+    assert changed.placement == spec.placement and changed.uid == spec.uid
+    with pytest.raises(NotFound):  # a rollout of a dropped incarnation must not touch the new one
+        collections.add_version("docs", "another-uid", tuned)
+    with pytest.raises(NotFound):
+        collections.add_version("gone", spec.uid, tuned)

@@ -3,15 +3,18 @@ changes nothing when the cluster state cannot be read."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
-from clusterstate.collections import Collections, CollectionSpec
+from clusterstate.collections import Collections, CollectionSpec, spec_version
 from clusterstate.local import LocalKV
 from index_shards.node import Node
 from index_shards.server import ShardServerConfig
 from retrieval.contract import SearchParams
 from retrieval.errors import CoordinatorUnavailable
+from retrieval.types import EmbeddingVersion
 
 
 class FailingKV(LocalKV):
@@ -55,3 +58,20 @@ def test_an_unreadable_cluster_state_drops_nothing(node):
     with pytest.raises(CoordinatorUnavailable):
         node.reconcile()
     assert list(node.slots) == [("keep", 0)] and any(node.root.iterdir())
+
+
+def test_a_version_added_by_a_rollout_gets_an_empty_base_the_replica_can_stage(node):
+    collections = Collections(node.kv)
+    spec = collections.create(CollectionSpec("docs", dim=4, shards=2))
+    node.reconcile()
+    tuned = EmbeddingVersion(encoder_name="tuned", weights_sha256="cd" * 32, dim=6)
+    collections.add_version("docs", spec.uid, tuned)
+    node.reconcile()
+    versions = node.slots[("docs", 1)].server.versions
+    versions.stage(tuned.id)  # loads in the background; its base is the new dimension, empty
+    for _ in range(200):
+        if tuned.id in versions.ready_ids():
+            break
+        time.sleep(0.05)
+    assert versions.get(tuned.id).manifest.dim == 6 and versions.get(tuned.id).manifest.count == 0
+    assert versions.get(spec_version(spec).id).manifest.dim == 4  # the first version still serves
