@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -18,6 +20,7 @@ import httpx
 import pytest
 
 from index_shards.build import BuildConfig, build_collection
+from retrieval.client import ShardragClient
 from retrieval.encoders import default_model_dir
 from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
@@ -191,9 +194,15 @@ def test_a_created_collection_is_re_embedded_in_place_while_it_serves(tmp_path, 
         hits = http.post("/v1/collections/notes/query", json={"text": expected[some], "k": 1}).json()["hits"]
         assert hits[0]["doc_id"] == some and hits[0].get("version", v2) == v2, hits
 
-        retired = http.post("/v1/collections/notes/rollout/retire", json={"version": v1, "force": True})
-        assert retired.status_code == 200, retired.text
-        assert v1 not in retired.json()["replicas"]
+        # the typed client and the CLI reach the same commands
+        with ShardragClient(cluster.gateway_url, timeout_s=120) as client:
+            notes = client.collection("notes")
+            assert notes.rollout_status()["state"]["active"] == v2
+            retired = notes.rollout("retire", v1, force=True)
+        assert v1 not in retired["replicas"] and retired["state"]["previous"] is None, retired["state"]
+        shown_by_cli = subprocess.run([sys.executable, "-m", "serving", "rollout", "status", "--collection", "notes",
+                                       "--url", cluster.gateway_url], capture_output=True, text=True, timeout=60)
+        assert shown_by_cli.returncode == 0 and f"active {v2}" in shown_by_cli.stdout, shown_by_cli
 
         # a node killed after the rollout comes back (the launcher restarts it) with its replicas on
         # the new version, caught up: every replica of a shard holds the same documents
