@@ -124,27 +124,35 @@ def internal_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {TOKEN_HEADER_STR: token} if token else {}
 
 
-class RateLimiter:
-    """Token bucket per caller: ``rate`` requests/s sustained, ``burst`` at once."""
+QuotaShare = Callable[[], float]  # this process's share of a cluster-wide quota (1 / live gateways)
 
-    def __init__(self, rate: float, burst: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+
+class RateLimiter:
+    """Token bucket per caller: ``rate`` requests/s sustained, ``burst`` at once. ``share``: the
+    part of both this process enforces (a quota of the whole cluster, split over its live
+    gateways; read at every request, so a gateway joining or leaving re-splits it at once)."""
+
+    def __init__(self, rate: float, burst: float, *, clock: Callable[[], float] = time.monotonic,
+                 share: QuotaShare | None = None) -> None:
         if rate <= 0 or burst < 1:
             raise ConfigError("rate limit needs rate > 0 and burst ≥ 1", field="rate_limit")
-        self.rate, self.burst, self.clock = rate, burst, clock
+        self.rate, self.burst, self.clock, self.share = rate, burst, clock, share
         self._buckets: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()
 
     def take(self, caller: str) -> float:
         """0 if allowed, else the seconds until a request would be."""
         now = self.clock()
+        part = min(1.0, max(self.share(), 1e-6)) if self.share is not None else 1.0
+        rate, burst = self.rate * part, max(1.0, self.burst * part)
         with self._lock:
-            tokens, last = self._buckets.get(caller, (self.burst, now))
-            tokens = min(self.burst, tokens + (now - last) * self.rate)
+            tokens, last = self._buckets.get(caller, (burst, now))
+            tokens = min(burst, tokens + (now - last) * rate)
             if tokens >= 1.0:
                 self._buckets[caller] = (tokens - 1.0, now)
                 return 0.0
             self._buckets[caller] = (tokens, now)
-            return (1.0 - tokens) / self.rate
+            return (1.0 - tokens) / rate
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -229,7 +237,9 @@ class AuthGuard:
     rate limit, before the app sees the request. Errors are the usual JSON error bodies."""
 
     def __init__(self, app: Any, *, policy: Policy, keys: KeyRing | None = None, internal_token: str | None = None,
-                 limiter: RateLimiter | None = None) -> None:
+                 limiter: RateLimiter | None = None, quota_share: QuotaShare | None = None) -> None:
+        """``quota_share``: this gateway's share of each key's ``rps`` (None: all of it)."""
+        self.quota_share = quota_share
         self.app = app
         self.policy = policy
         self.keys = keys
@@ -280,7 +290,8 @@ class AuthGuard:
     def _own_quota(self, key: ApiKey) -> None:
         limiter = self._key_limiters.get(key.digest)
         if limiter is None:
-            limiter = self._key_limiters.setdefault(key.digest, RateLimiter(key.max_rps, max(1.0, key.max_rps)))
+            limiter = self._key_limiters.setdefault(key.digest, RateLimiter(key.max_rps, max(1.0, key.max_rps),
+                                                                                 share=self.quota_share))
         wait_s = limiter.take(key.key_id)
         if wait_s > 0:
             raise QuotaExceeded(f"key {key.key_id} is limited to {key.max_rps:g} requests/s; retry in {wait_s:.2f} s",
@@ -337,11 +348,13 @@ async def _send_error(send: Send, exc: ShardragError, headers: list[tuple[bytes,
 
 
 def guard_from_env(app: Any, policy: Policy, *, limiter: RateLimiter | None = None,
-                   env: Mapping[str, str] | None = None, with_keys: bool = False) -> Any:
+                   env: Mapping[str, str] | None = None, with_keys: bool = False,
+                   quota_share: QuotaShare | None = None) -> Any:
     """Wrap ``app`` with the credentials the environment configures (unchanged when none and no
-    rate limit). ``with_keys``: this process takes API keys (the gateway)."""
+    rate limit). ``with_keys``: this process takes API keys (the gateway); ``quota_share``: its
+    share of the keys' cluster-wide ``rps`` quotas."""
     keys = KeyRing.from_env(env) if with_keys else None
     token = internal_token_from_env(env)
     if keys is None and token is None and limiter is None:
         return app
-    return AuthGuard(app, policy=policy, keys=keys, internal_token=token, limiter=limiter)
+    return AuthGuard(app, policy=policy, keys=keys, internal_token=token, limiter=limiter, quota_share=quota_share)

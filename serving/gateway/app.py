@@ -226,4 +226,6 @@ def create_app(setup: GatewaySetup) -> Any:
                        on_result=status_counter(metrics.requests, "query", {"/v1/documents": "upsert"}))
     limiter = RateLimiter(limits.rate_limit_qps, limits.rate_limit_burst) if limits.rate_limit_qps > 0 else None
     # API keys (SHARDRAG_API_KEYS[_FILE]) and the per-key rate limit, checked before anything else.
-    return guard_from_env(fast, gateway_policy, limiter=limiter, with_keys=True)
+    # A key's rps quota is the whole cluster's: this gateway enforces its share (1 / live gateways).
+    return guard_from_env(fast, gateway_policy, limiter=limiter, with_keys=True,
+                          quota_share=lambda: running.gateway.presence.quota_share() if running._gateway else 1.0)

@@ -21,7 +21,7 @@ from typing import Any
 from clusterstate.collections import Collections, CollectionSpec
 from clusterstate.kv import KV
 from clusterstate.state import ClusterState, RolloutStoreOnKV
-from httpkit.auth import RateLimiter
+from httpkit.auth import QuotaShare, RateLimiter
 from retrieval.contract import ReplicaInfo
 from retrieval.errors import NotFound, QuotaExceeded, ShardragError, ShardUnavailable
 from serving.encoding.service import EncoderService
@@ -73,7 +73,7 @@ class CollectionStack:
     closed: bool = field(default=False)
 
     def admit(self) -> None:
-        """The collection's requests-per-second quota (per gateway) → 429 naming it."""
+        """The collection's requests-per-second quota (this gateway's share of it) → 429 naming it."""
         if self.limiter is not None:
             wait_s = self.limiter.take(self.spec.name)
             if wait_s > 0:
@@ -114,7 +114,8 @@ class CollectionStack:
 class CollectionStacks:
     def __init__(self, kv: KV, config: GatewayConfig, client: ShardClient, detector: OutlierDetector,
                  encoders: EncoderService | None, metrics: GatewayMetrics, writable: Callable[[], bool], *,
-                 refresh_s: float = 1.0) -> None:
+                 refresh_s: float = 1.0, quota_share: QuotaShare | None = None) -> None:
+        """``quota_share``: this gateway's share of a collection's cluster-wide ``max_rps``."""
         self.kv = kv
         self.collections = Collections(kv)
         self.config = config
@@ -124,6 +125,7 @@ class CollectionStacks:
         self.metrics = metrics
         self.writable = writable
         self.refresh_s = refresh_s
+        self.quota_share = quota_share
         self.stacks: dict[str, CollectionStack] = {}
         self._building: dict[str, asyncio.Lock] = {}
 
@@ -165,7 +167,7 @@ class CollectionStacks:
         queries = QueryService(config.limits, registry, fanout, self.metrics, recent_queries=100)
         writes = WriteService(registry, self.client, config.writes, writable=self.writable)
         quota = spec.quotas.max_rps
-        limiter = RateLimiter(quota, max(1.0, quota)) if quota > 0 else None
+        limiter = RateLimiter(quota, max(1.0, quota), share=self.quota_share) if quota > 0 else None
 
         async def after_step(generation: int) -> list[str]:
             # Every primary refuses writes of older views for a while: a gateway that has not

@@ -161,7 +161,8 @@ class GatewaySetup:
                                  on_event=on_event, before_activate=writes.prepare_activation,
                                  after_step=after_step)
         answers = AnswerService(self.generators, queries.retrieve, settings=config.answer)
-        collections = CollectionStacks(state.kv, config, client, detector, encoders, metrics, presence.writable)
+        collections = CollectionStacks(state.kv, config, client, detector, encoders, metrics, presence.writable,
+                                       quota_share=presence.quota_share)
         tasks: tuple[asyncio.Future[Any], ...] = (
             asyncio.ensure_future(collections.refresh_forever()),
             asyncio.ensure_future(presence.watch_forever()),

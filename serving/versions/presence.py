@@ -59,6 +59,7 @@ class GatewayPresence:
         self._announced = -1
         self._revision = -1
         self._lease: LeaseKeeper | None = None
+        self.live_gateways = 1  # re-counted whenever the store moves (a gateway joined or its lease lapsed)
 
     def start(self) -> GatewayPresence:
         self._lease = LeaseKeeper(self.state.kv, self.settings.gateway_lease_s, name=f"gateway-{self.gateway_id}",
@@ -84,7 +85,13 @@ class GatewayPresence:
         self._revision = revision
         self._reload()
         self._register()
+        self.live_gateways = max(1, len(self.state.gateways()))
         return True
+
+    def quota_share(self) -> float:
+        """This gateway's share of a cluster-wide requests-per-second quota: the live gateways
+        split it evenly (clients spread over them, as a load balancer does)."""
+        return 1.0 / self.live_gateways
 
     async def watch_forever(self) -> None:
         while True:

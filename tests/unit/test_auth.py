@@ -37,6 +37,41 @@ def test_token_bucket_allows_burst_then_the_rate():
     assert limiter.take("k") == 0.0
 
 
+def test_a_cluster_wide_quota_is_split_over_the_live_gateways():
+    now, gateways = [0.0], [2]
+    limiter = RateLimiter(4.0, 4, clock=lambda: now[0], share=lambda: 1.0 / gateways[0])
+    assert [limiter.take("k") for _ in range(2)] == [0.0, 0.0]  # half the burst here
+    assert limiter.take("k") == pytest.approx(0.5)  # and half the rate: 2/s
+    now[0] += 0.5
+    assert limiter.take("k") == 0.0
+    gateways[0] = 1  # the other gateway is gone: this one takes the whole quota at once
+    now[0] += 0.25
+    assert limiter.take("k") == 0.0
+
+
+def test_live_gateways_share_a_quota_as_they_come_and_go(tmp_path):
+    from clusterstate.local import LocalKV
+    from clusterstate.state import ClusterState
+    from serving.versions.presence import ClusterSettings, GatewayPresence
+
+    state = ClusterState(LocalKV(tmp_path / "state.json"), "docs")
+    settings = ClusterSettings(gateway_lease_s=30.0, fence_hold_s=60.0)
+
+    def presence() -> GatewayPresence:
+        return GatewayPresence(state, settings, current_generation=lambda: 0, reload=lambda: None).start()
+
+    first, second = presence(), presence()
+    try:
+        first.poll()
+        assert first.quota_share() == 0.5
+        second.stop()  # its registration goes at once
+        first.poll()
+        assert first.quota_share() == 1.0
+    finally:
+        first.stop()
+        second.stop()
+
+
 def test_policies_and_internal_headers():
     assert gateway_policy("GET", "/healthz") is None and gateway_policy("POST", "/v1/query") == "read"
     assert gateway_policy("POST", "/admin/rollout/stage") == "admin"
