@@ -50,7 +50,8 @@ from index_shards.build import BuildConfig, build_collection
 from index_shards.ids import doc_int_ids
 from index_shards.layout import INDEX_FILE, resolve_version, shard_dir
 from index_shards.search_defaults import SearchDefaults, write_search_defaults
-from index_shards.tuning import ShardTask, choose, evaluate_shard
+from index_shards.tuning import ShardTask, evaluate_shard
+from retrieval.tuning_choice import choose
 from retrieval.types import Document
 from serving.local.launcher import LocalCluster
 

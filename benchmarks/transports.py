@@ -64,6 +64,17 @@ class _WritesThroughThePooledClient(JsonControlClient):
                            timeout_s: float) -> list[str]:
         return await self._pooled().matching_ids(replica, shard_id, version, filter_canonical, limit, timeout_s)
 
+    async def tune_sample(self, replica: str, version: str, count: int, seed: int, timeout_s: float) -> bytes:
+        return await self._pooled().tune_sample(replica, version, count, seed, timeout_s)
+
+    async def tune_evaluate(self, replica: str, version: str, queries: bytes, k: int, max_value: int | None,
+                            timeout_s: float) -> bytes:
+        return await self._pooled().tune_evaluate(replica, version, queries, k, max_value, timeout_s)
+
+    async def set_search_defaults(self, replica: str, version: str, defaults: dict[str, Any],
+                                  timeout_s: float) -> dict[str, Any]:
+        return await self._pooled().set_search_defaults(replica, version, defaults, timeout_s)
+
     async def close(self) -> None:
         if self._writes is not None:
             await self._writes.close()

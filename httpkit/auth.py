@@ -143,8 +143,13 @@ class RateLimiter:
     def take(self, caller: str) -> float:
         """0 if allowed, else the seconds until a request would be."""
         now = self.clock()
-        part = min(1.0, max(self.share(), 1e-6)) if self.share is not None else 1.0
-        rate, burst = self.rate * part, max(1.0, self.burst * part)
+        rate, burst = self.rate, self.burst
+        if self.share is not None:  # a quota of the whole cluster: this gateway's part of it
+            part = max(self.share(), 1e-6)
+            if part < 1.0:
+                rate, burst = rate * part, burst * part
+                if burst < 1.0:
+                    burst = 1.0
         with self._lock:
             tokens, last = self._buckets.get(caller, (burst, now))
             tokens = min(burst, tokens + (now - last) * rate)
@@ -181,8 +186,8 @@ def gateway_policy(method: str, path: str) -> str | None:
     name, rest = collection_path(path)
     if name is not None and rest == "" and method in ("PUT", "DELETE"):
         return "admin"  # create or drop a collection
-    if name is not None and (rest == "/rollout" or rest.startswith("/rollout/")):
-        return "admin"  # a collection's rollouts, as /admin/rollout
+    if name is not None and (rest in ("/rollout", "/tune") or rest.startswith("/rollout/")):
+        return "admin"  # a collection's rollouts (as /admin/rollout) and tuning
     if method == "POST" and (path.startswith("/v1/documents") or rest.startswith("/documents")):
         return "write"
     return "read"
@@ -214,8 +219,8 @@ def check_key_reach(key: ApiKey, method: str, path: str) -> None:
                         field="authorization")
     if key.tenant is not None and rest == "" and method != "GET":
         raise Forbidden("a tenant-scoped key cannot create or drop collections", field="authorization")
-    if key.tenant is not None and (rest == "/rollout" or rest.startswith("/rollout/")):
-        raise Forbidden("a tenant-scoped key cannot run a collection's rollouts", field="authorization")
+    if key.tenant is not None and (rest in ("/rollout", "/tune") or rest.startswith("/rollout/")):
+        raise Forbidden("a tenant-scoped key cannot run a collection's rollouts or tune it", field="authorization")
 
 
 def _reach(key: ApiKey) -> str:

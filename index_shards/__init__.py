@@ -1,5 +1,6 @@
 """One slice of the index: partitioning, FAISS build, on-disk layout + manifest, load/verify,
-the version store of a replica (``versions``), search, fault injection, the shard server
+the version store of a replica (``versions``), search, tuning a search knob (``tuning`` on a
+shard's files, ``live_tuning`` on a running replica's base), fault injection, the shard server
 process (``python -m index_shards serve``), and the node that hosts replicas of any collection
 placed on it at run time (``node``, ``python -m index_shards node``).
 

@@ -14,6 +14,8 @@
                         (or a catch-up), checked and applied (index_shards.writes)
     GET  /v1/writes?version=&after=N, GET /v1/snapshot, POST /admin/restore   catch-up and restore
     POST /admin/fence?generation=   refuse writes sent under an older rollout generation
+    POST /admin/tune/sample, /admin/tune/evaluate, PUT /admin/search-defaults   a REST tune
+                        (index_shards.live_tuning)
 
 Searches run inline on the event loop: FAISS uses one OpenMP thread per server by default, and
 on a small machine several shard processes share the cores, so a thread hop buys nothing.
@@ -41,7 +43,7 @@ from httpkit.auth import guard_from_env, internal_policy
 from httpkit.errors import install_error_handlers
 from httpkit.metrics import add_metrics_route, status_counter
 from httpkit.responses import json_response
-from index_shards import compaction, snapshots
+from index_shards import compaction, live_tuning, snapshots
 from index_shards.faults import FaultConfig, FaultInjector, wait_unless_gone
 from index_shards.metrics import ShardMetrics
 from index_shards.peers import PREV_HEADER, TERM_HEADER, HttpPeers, PeerClient, parse_prev
@@ -239,6 +241,16 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
     async def handle_role(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
         return 200, orjson.dumps(role.info().to_dict())
 
+    async def json_object(request: Request, what: str) -> dict[str, Any]:
+        """A small admin body that must be one JSON object (422/400 naming the body otherwise)."""
+        try:
+            data = orjson.loads(await read_request_body(request, 64 * 1024) or b"{}")
+        except orjson.JSONDecodeError as exc:
+            raise MalformedBody(f"body is not valid JSON: {exc}", field="body") from exc
+        if not isinstance(data, dict):
+            raise InvalidRequest(f"body must be a JSON object of {what}", field="body")
+        return data
+
     def documented_app() -> FastAPI:
         """The FastAPI app: every route, documented (the fast path serves the hot ones first)."""
         @contextlib.asynccontextmanager
@@ -399,6 +411,32 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
             version_id = versions.get(version).version_id
             return json_response(await in_thread(compaction.compact, versions, version_id))
 
+        @app.post("/admin/tune/sample", summary="Stored vectors of the base as tuning pseudo-queries (npz)",
+                  response_class=Response)
+        async def post_tune_sample(version: Annotated[str, Query(description="embedding version")],
+                                   count: Annotated[int, Query(ge=1, le=live_tuning.MAX_QUERIES)] = 100,
+                                   seed: Annotated[int, Query(ge=0)] = 0) -> Response:
+            data = await in_thread(live_tuning.sample, versions, version, count, seed)
+            return Response(data, media_type="application/octet-stream")
+
+        @app.post("/admin/tune/evaluate", summary="The base's answers to tuning queries at every value of its knob "
+                  "(npz in: queries, ids; out: retrieval.tuning_choice.encode_result)", response_class=Response,
+                  openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
+                      "schema": {"type": "string", "format": "binary"}}}}})
+        async def post_tune_evaluate(request: Request, version: Annotated[str, Query(description="embedding version")],
+                                     k: Annotated[int, Query(ge=1, le=1000)] = 10,
+                                     max_value: Annotated[int | None, Query(ge=1)] = None) -> Response:
+            body = await read_request_body(request, 64 * 1024 * 1024)
+            data = await in_thread(live_tuning.evaluate, versions, version, body, k, max_value)
+            return Response(data, media_type="application/octet-stream")
+
+        @app.put("/admin/search-defaults", summary="Keep and apply tuned search defaults (nprobe / ef_search) "
+                 "for queries that set none")
+        async def put_search_defaults(request: Request,
+                                      version: Annotated[str, Query(description="embedding version")]) -> Response:
+            data = await json_object(request, "search defaults")
+            return json_response(await in_thread(live_tuning.set_defaults, versions, version, data))
+
         @app.get("/admin/faults", summary="Current fault injection settings and counts")
         async def get_faults() -> Response:
             return json_response({"faults": faults.config.to_dict(), "active": faults.active,
@@ -406,12 +444,7 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
 
         @app.put("/admin/faults", summary="Replace the fault injection settings (an empty object turns faults off)")
         async def put_faults(request: Request) -> Response:
-            try:
-                data = orjson.loads(await read_request_body(request, 64 * 1024) or b"{}")
-            except orjson.JSONDecodeError as exc:
-                raise MalformedBody(f"body is not valid JSON: {exc}", field="body") from exc
-            if not isinstance(data, dict):
-                raise InvalidRequest("body must be a JSON object of fault settings", field="body")
+            data = await json_object(request, "fault settings")
             if "spec" in data:  # the --faults string form: {"spec": "stall=0.05:100,latency=fixed:5"}
                 if set(data) != {"spec"} or not isinstance(data["spec"], str):
                     raise InvalidRequest("give either {\"spec\": \"name=value,...\"} or the settings object",

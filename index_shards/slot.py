@@ -17,6 +17,7 @@ from pathlib import Path
 from index_shards import compaction
 from index_shards.manifest import ShardManifest
 from index_shards.replica_log import Mark, ReplicaLog
+from index_shards.search_defaults import read_search_defaults
 from index_shards.segment import LiveShard
 from index_shards.shard import Shard
 from index_shards.wal import WalCorrupted
@@ -67,13 +68,24 @@ class VersionSlot:
 
 def load_base(directory: Path, build: Shard, *, device: str, mmap: bool, filter_exact_max: int | None) -> Shard:
     """A compacted or restored base, checked to be a base of ``build``'s shard and version."""
-    base = Shard.load(directory, device=device, mmap=mmap)
+    base = Shard.load(directory, device=device, mmap=mmap)  # the replica's own tuned defaults, if any
     if filter_exact_max is not None:
         base.filtered.exact_scan_max = filter_exact_max
     m, b = base.manifest, build.manifest
     if (m.embedding_version.id, m.shard_id, m.num_shards) != (b.embedding_version.id, b.shard_id, b.num_shards):
         raise IndexIntegrityError(f"{directory} is not a compaction of {build.directory}")
+    if not base.index.defaults and build.index.defaults:
+        # else the build's (`shardrag tune`): a compaction must not drop back to FAISS's own values
+        base.index.set_defaults(dict(build.index.defaults))
     return base
+
+
+def _apply_replica_defaults(base: Shard, wal_dir: Path) -> None:
+    """A replica's own tuned defaults (``<data dir>/<version>/search.json``, from a REST tune:
+    index_shards.live_tuning) over the ones its build was loaded with."""
+    own = read_search_defaults(wal_dir)
+    if own is not None and own.params:
+        base.index.set_defaults(own.params)
 
 
 def open_live(slot: VersionSlot, build: Shard, data_dir: Path | None, *, device: str, mmap: bool,
@@ -92,6 +104,7 @@ def open_live(slot: VersionSlot, build: Shard, data_dir: Path | None, *, device:
                          filter_exact_max=filter_exact_max)
         base_mark = Mark(checkpoint.seq, checkpoint.term, checkpoint.checksum)
         base_seqs, written = compaction.read_seqs(base.directory), compaction.read_written(base.directory)
+    _apply_replica_defaults(base, wal_dir)
     log = ReplicaLog(wal_dir, segment_bytes=wal_file_bytes)
     records = log.open(base_mark)
     live = LiveShard(base, base_seq=base_mark.seq, base_seqs=base_seqs, written=written)

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
@@ -44,14 +43,20 @@ from index_shards.faiss_index import (
 from index_shards.layout import INDEX_FILE
 from index_shards.manifest import read_shard_manifest
 from retrieval.errors import ConfigError
+from retrieval.tuning_choice import (  # the choosing half (pure numpy): the gateway uses it too
+    NO_ID,
+    ShardTuning,
+    TuneReport,
+    choose,
+    is_lossy,
+    merge_top_k,
+)
 
-NO_ID = -1
 # Candidate values: roughly ×1.5 steps, so the frontier has enough points and the chosen value
 # is at most ~1.5× the cheapest that would do.
 _STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072,
           4096, 6144, 8192)
 EF_MAX = 1024
-Z_95 = 1.645  # one-sided 95 % normal quantile for the recall lower bound
 
 
 def stored_ids(index: faiss.Index) -> np.ndarray:
@@ -92,14 +97,6 @@ def is_fast_scan(index: faiss.Index) -> bool:
     ivf = faiss.try_extract_index_ivf(index)
     return isinstance(faiss.downcast_index(ivf if ivf is not None else index),
                       (faiss.IndexIVFFastScan, faiss.IndexFastScan))
-
-
-def is_lossy(factory: str) -> bool:
-    """True when the index stores compressed codes (PQ, SQ, LSH...), so decoded vectors are not the originals."""
-    tail = factory.replace(" ", "").split(",")[-1].upper()
-    if tail.startswith("REFINE(") and tail.endswith(")"):  # a refine stage's vectors are what is decoded
-        tail = tail[len("REFINE("):-1]
-    return not (tail.endswith("FLAT") or tail == "" or (tail.startswith("HNSW") and "_" not in tail))
 
 
 def knob_of(index: faiss.Index) -> tuple[str, list[int]] | None:
@@ -160,22 +157,6 @@ class ShardTask:
     rebuild_as: str | None = None  # rebuild the shard's index with this factory (from its stored vectors) first
 
 
-@dataclass(slots=True)
-class ShardResult:
-    shard_id: int
-    factory: str
-    count: int
-    knob: str | None
-    values: list[int]
-    exact_scores: np.ndarray  # n × k, higher is better
-    exact_ids: np.ndarray
-    scores: list[np.ndarray] = field(default_factory=list)  # per value, n × k
-    ids: list[np.ndarray] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)  # per value: the n queries one at a time
-    build_s: float = 0.0  # the rebuild's seconds (0: the published index as it is)
-    index_bytes: int = 0  # the index serialized (what a replica maps or loads)
-
-
 def _higher_better(scores: np.ndarray, metric: str) -> np.ndarray:
     return -scores if metric == "l2" else scores
 
@@ -202,6 +183,11 @@ def sample_queries(shard_dir: str, count: int, seed: int) -> tuple[np.ndarray, n
     """``count`` stored vectors of one shard drawn at random, with their ids: pseudo-queries whose
     own document is left out of every answer (they stand in for held-out documents)."""
     index, factory, _, _ = load_index(shard_dir)
+    return sample_index(index, factory, count, seed)
+
+
+def sample_index(index: faiss.Index, factory: str, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`sample_queries` of an index in hand (a running replica's base)."""
     if is_fast_scan(index):
         raise ConfigError(f"{factory} stores fast-scan codes, which cannot be decoded into pseudo-queries; "
                           "tune it with real queries (--queries FILE)", field="queries")
@@ -210,10 +196,18 @@ def sample_queries(shard_dir: str, count: int, seed: int) -> tuple[np.ndarray, n
     return stored_vectors(index, ids[chosen]), ids[chosen]
 
 
-def evaluate_shard(task: ShardTask) -> ShardResult:
+def evaluate_shard(task: ShardTask) -> ShardTuning:
     """Exact and per-candidate answers of one shard to the tuning queries (runs in a worker)."""
     index, factory, metric, shard_id = load_index(task.shard_dir)
     faiss.omp_set_num_threads(1)  # one query at a time on one core: the figure a replica serves at c=1
+    return evaluate_index(index, factory, metric, shard_id, task,
+                          index_bytes=(Path(task.shard_dir) / INDEX_FILE).stat().st_size)
+
+
+def evaluate_index(index: faiss.Index, factory: str, metric: str, shard_id: int, task: ShardTask, *,
+                   index_bytes: int) -> ShardTuning:
+    """:func:`evaluate_shard` of an index in hand (``task.shard_dir`` unused). It sets the knob on
+    ``index`` for every candidate: give it an index no live query searches (a clone)."""
     queries = np.ascontiguousarray(task.queries, dtype=np.float32)
     ask = min(task.k + 1, max(int(index.ntotal), 1))  # +1: room to drop a pseudo-query's own id
     if task.exact:
@@ -232,10 +226,9 @@ def evaluate_shard(task: ShardTask) -> ShardResult:
     values = [v for v in knob[1] if task.max_value is None or v <= task.max_value] if knob else []
     if knob is None and task.rebuild_as is not None:
         values = [0]  # an exact structure among rebuild candidates: one pass, for its QPS (recall is 1)
-    result = ShardResult(shard_id, factory, int(index.ntotal), knob[0] if knob else None, values,
+    result = ShardTuning(shard_id, factory, int(index.ntotal), knob[0] if knob else None, values,
                          exact_scores, exact_ids, build_s=build_s,
-                         index_bytes=int(faiss.serialize_index(index).nbytes) if rebuilt else
-                         (Path(task.shard_dir) / INDEX_FILE).stat().st_size)
+                         index_bytes=int(faiss.serialize_index(index).nbytes) if rebuilt else index_bytes)
     searchable = SearchableIndex.wrap(index, "cpu")
     for value in result.values:
         params = {result.knob: value} if result.knob else {}
@@ -270,97 +263,6 @@ def _exact_answers(index: faiss.Index, metric: str, queries: np.ndarray, ask: in
     return _drop_excluded(_higher_better(raw_scores, metric), raw_ids, task.exclude, task.k)
 
 
-def merge_top_k(scores: Sequence[np.ndarray], ids: Sequence[np.ndarray], k: int) -> np.ndarray:
-    """The gateway's merge: the best ``k`` ids per row over every shard's top k."""
-    all_scores, all_ids = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)
-    order = np.argsort(-all_scores, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(all_ids, order, axis=1)
-
-
-def per_query_recall(found: np.ndarray, exact: np.ndarray) -> np.ndarray:
-    """|found ∩ exact| / |exact| per row (ids of -1 are padding)."""
-    out = np.empty(len(found))
-    for row in range(len(found)):
-        truth = set(exact[row][exact[row] != NO_ID].tolist())
-        out[row] = len(truth.intersection(found[row].tolist())) / len(truth) if truth else 1.0
-    return out
-
-
-def lower_bound(recalls: np.ndarray) -> float:
-    """One-sided 95 % lower confidence bound of the mean recall."""
-    if len(recalls) < 2:
-        return float(recalls.mean()) if len(recalls) else 0.0
-    return float(recalls.mean() - Z_95 * recalls.std(ddof=1) / math.sqrt(len(recalls)))
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    value: int
-    recall: float  # mean recall@k on the tuning queries
-    recall_low: float  # its 95 % lower bound
-    holdout_recall: float | None  # on the held-out queries
-    qps: float  # queries/s one at a time, the slowest shard's (a fan-out waits for it)
-    pareto: bool  # no other value has both higher recall and higher QPS
-
-
-@dataclass(frozen=True, slots=True)
-class TuneReport:
-    knob: str | None
-    factory: str
-    target: float
-    k: int
-    tune_queries: int
-    holdout_queries: int
-    lossy: bool
-    candidates: tuple[Candidate, ...]
-    chosen: Candidate | None  # None: no value reaches the target (or nothing to tune)
-
-    def to_dict(self) -> dict[str, object]:
-        return {"knob": self.knob, "factory": self.factory, "target": self.target, "k": self.k,
-                "tune_queries": self.tune_queries, "holdout_queries": self.holdout_queries, "lossy": self.lossy,
-                "candidates": [asdict(c) for c in self.candidates],
-                "chosen": asdict(self.chosen) if self.chosen else None}
-
-
-def split_holdout(n: int, holdout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tuning rows, held-out rows) of ``n`` queries."""
-    order = np.random.default_rng(seed).permutation(n)
-    held = int(round(n * holdout_fraction))
-    return np.sort(order[held:]), np.sort(order[:held])
-
-
-def choose(results: Sequence[ShardResult], target: float, k: int, tune_rows: np.ndarray,
-           holdout_rows: np.ndarray, truth: np.ndarray | None = None) -> TuneReport:
-    """Merge the shards' answers per candidate and pick the cheapest value that meets ``target``.
-    ``truth``: the exact top-k int ids per query over the whole collection, when the caller has
-    the original vectors (default: merged from the shards' exact answers)."""
-    if not 0.0 < target <= 1.0:
-        raise ConfigError(f"the recall target must be in (0, 1], not {target}", field="recall")
-    first = results[0]
-    knobs = {r.knob for r in results}
-    if len(knobs) != 1 or len({tuple(r.values) for r in results}) != 1:
-        raise ConfigError(f"the shards of this version disagree on their index type ({sorted(map(str, knobs))})",
-                          field="collection")
-    exact = truth if truth is not None else \
-        merge_top_k([r.exact_scores for r in results], [r.exact_ids for r in results], k)
-    candidates = []
-    for i, value in enumerate(first.values):
-        found = merge_top_k([r.scores[i] for r in results], [r.ids[i] for r in results], k)
-        recalls = per_query_recall(found, exact)
-        slowest = max(r.seconds[i] for r in results)
-        tune_part = recalls[tune_rows]
-        candidates.append(Candidate(value, float(tune_part.mean()), lower_bound(tune_part),
-                                    float(recalls[holdout_rows].mean()) if len(holdout_rows) else None,
-                                    len(recalls) / slowest if slowest > 0 else float("inf"), False))
-    marked = tuple(Candidate(c.value, c.recall, c.recall_low, c.holdout_recall, c.qps,
-                             not any(o.recall >= c.recall and o.qps >= c.qps and (o.recall > c.recall or o.qps > c.qps)
-                                     for o in candidates)) for c in candidates)
-    meeting = [c for c in marked if c.recall_low >= target]
-    return TuneReport(first.knob, first.factory, target, k, len(tune_rows), len(holdout_rows),
-                      is_lossy(first.factory) and truth is None,
-                      marked, min(meeting, key=lambda c: c.value) if meeting else None)
-
-
 @dataclass(frozen=True, slots=True)
 class StructureReport:
     """One candidate structure of ``--rebuild``: its knob search and what it costs to hold."""
@@ -371,7 +273,7 @@ class StructureReport:
     report: TuneReport
 
 
-def choose_structure(by_factory: dict[str, list[ShardResult]], target: float, k: int, tune_rows: np.ndarray,
+def choose_structure(by_factory: dict[str, list[ShardTuning]], target: float, k: int, tune_rows: np.ndarray,
                      holdout_rows: np.ndarray) -> tuple[list[StructureReport], StructureReport | None]:
     """:func:`choose` per structure, against the exact answers of the first (the published index,
     whose tasks computed them), then the structure whose choice serves the most queries/s."""

@@ -1,7 +1,8 @@
 """shardrag's light core: types, the shard contract's records (``contract``), the one error tree
 (``errors``, with ``error_for_status``), top-k merge, wire codec, the version protocol's pure state
-machine (``rollout``), encoders, embedding cache, datasets, IR metrics, crash-safe writes, the one
-reader of ``SHARDRAG_*`` variables (``env``), the command-line runner, and the Python client.
+machine (``rollout``), choosing a tuned search knob from measured answers (``tuning_choice``),
+encoders, embedding cache, datasets, IR metrics, crash-safe writes, the one reader of
+``SHARDRAG_*`` variables (``env``), the command-line runner, and the Python client.
 
 May import the standard library and numpy; torch and httpx only inside the leaf modules that need
 them (``encoders``, ``client``), lazily. Never a web framework, and none of shardrag's other

@@ -36,6 +36,8 @@ from retrieval.client_types import (
     query_body,
     rollout_body,
     rollout_error,
+    tune_body,
+    tune_path,
     write_body,
 )
 
@@ -184,6 +186,13 @@ class ShardragClient:
             return payload
         raise rollout_error(response.status_code, response.content)
 
+    def tune(self, *, recall: float = 0.95, k: int = 10, sample: int = 200, max_value: int | None = None,
+             dry_run: bool = False) -> dict[str, Any]:
+        """On ``client.collection(name)`` (admin key): measure the running replicas, choose the
+        cheapest ef_search / nprobe whose recall@k meets ``recall`` and make it every replica's
+        default (``POST /v1/collections/{name}/tune``; ``dry_run``: report only)."""
+        return self._check(self._post(tune_path(self._data), tune_body(recall, k, sample, max_value, dry_run)))
+
     def cluster(self) -> dict[str, Any]:
         return self._check(self._http.get("/v1/cluster"))
 
@@ -311,6 +320,10 @@ class AsyncShardragClient:
             payload: dict[str, Any] = response.json()
             return payload
         raise rollout_error(response.status_code, response.content)
+
+    async def tune(self, *, recall: float = 0.95, k: int = 10, sample: int = 200, max_value: int | None = None,
+                   dry_run: bool = False) -> dict[str, Any]:
+        return await self._post(tune_path(self._data), tune_body(recall, k, sample, max_value, dry_run))
 
     async def cluster(self) -> dict[str, Any]:
         return await self._get("/v1/cluster")

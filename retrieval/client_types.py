@@ -83,6 +83,20 @@ def rollout_body(version: str | None, body: dict[str, Any]) -> dict[str, Any]:
     return {**({"version": version} if version is not None else {}), **body}
 
 
+def tune_path(data_path: str) -> str:
+    """Where a collection view's tune goes (the launched collection is tuned by its name too)."""
+    if not data_path.startswith("/v1/collections/"):
+        raise ValueError("tune names its collection: client.collection(name).tune(...)")
+    return f"{data_path}/tune"
+
+
+def tune_body(recall: float, k: int, sample: int, max_value: int | None, dry_run: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"recall": recall, "k": k, "sample": sample, "dry_run": dry_run}
+    if max_value is not None:
+        body["max_value"] = max_value
+    return body
+
+
 def collection_path(name: str) -> str:
     from urllib.parse import quote
 

@@ -28,18 +28,15 @@ from index_shards.layout import resolve_version, shard_dir
 from index_shards.manifest import read_shard_manifest
 from index_shards.search_defaults import SearchDefaults, read_search_defaults, write_search_defaults
 from index_shards.tuning import (
-    ShardResult,
     ShardTask,
     StructureReport,
-    TuneReport,
-    choose,
     choose_structure,
     evaluate_shard,
     sample_queries,
-    split_holdout,
     structure_candidates,
 )
 from retrieval.errors import ConfigError, InvalidRequest
+from retrieval.tuning_choice import ShardTuning, TuneReport, choose, split_holdout
 from serving.cli.common import root_of
 from serving.cli.task_runners import Runner, local_runner, ray_runner
 
@@ -83,7 +80,7 @@ def run_tuning(args: argparse.Namespace, runner: Runner) -> tuple[TuneReport, Pa
     print(f"tuning {args.collection} version {manifest.embedding_version.id} ({manifest.num_shards} shards, "
           f"{manifest.factory}) on {source}, recall@{args.k} target {args.recall}", file=sys.stderr, flush=True)
     tasks = [(ShardTask(d, queries, exclude, args.k, args.max_value),) for d in shards]
-    results: list[ShardResult] = runner(evaluate_shard, tasks)
+    results: list[ShardTuning] = runner(evaluate_shard, tasks)
     tune_rows, holdout_rows = split_holdout(len(queries), args.holdout, args.seed)
     return choose(results, args.recall, args.k, tune_rows, holdout_rows), directory
 
@@ -101,7 +98,7 @@ def run_rebuild(args: argparse.Namespace, runner: Runner) -> tuple[list[Structur
           f"recall@{args.k} target {args.recall}", file=sys.stderr, flush=True)
     tasks = [(ShardTask(d, queries, exclude, args.k, args.max_value, exact=factory == factories[0],
                         rebuild_as=factory),) for factory in factories for d in shards]
-    results: list[ShardResult] = runner(evaluate_shard, tasks)
+    results: list[ShardTuning] = runner(evaluate_shard, tasks)
     by_factory = {factory: results[i * len(shards):(i + 1) * len(shards)] for i, factory in enumerate(factories)}
     tune_rows, holdout_rows = split_holdout(len(queries), args.holdout, args.seed)
     reports, best = choose_structure(by_factory, args.recall, args.k, tune_rows, holdout_rows)
@@ -188,6 +185,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise InvalidRequest("--max-value must be ≥ 1", field="max_value")
     if args.sample < 10:
         raise InvalidRequest("--sample must be ≥ 10", field="sample")
+    if args.live:
+        return _tune_live(args)
     runner = ray_runner(args.ray_address) if args.backend == "ray" else \
         local_runner(args.workers or len(os.sched_getaffinity(0)))
     if args.rebuild:
@@ -274,6 +273,38 @@ def _write_choice(args: argparse.Namespace, report: TuneReport, directory: Path)
     return 0
 
 
+def _tune_live(args: argparse.Namespace) -> int:
+    """``--live``: the running replicas measured and set through the gateway (POST
+    /v1/collections/NAME/tune, serving.gateway.collection_tune)."""
+    import httpx
+
+    from serving.cli.common import auth_headers, gateway_url
+
+    if args.queries or args.rebuild or args.version:
+        raise InvalidRequest("--live measures the running active version on stored pseudo-queries: drop --queries, "
+                             "--rebuild and --version", field="live")
+    body = {"recall": args.recall, "k": args.k, "sample": args.sample, "holdout": args.holdout, "seed": args.seed,
+            "dry_run": args.dry_run, **({"max_value": args.max_value} if args.max_value else {})}
+    print(f"tuning {args.collection} on its running replicas through {gateway_url(args)} ...", file=sys.stderr,
+          flush=True)
+    response = httpx.post(f"{gateway_url(args)}/v1/collections/{args.collection}/tune", json=body, timeout=600,
+                          headers=auth_headers(args))
+    answer = response.json()
+    if response.status_code != 200:
+        print(f"error: {answer.get('error', {}).get('message', response.text)}", file=sys.stderr)
+        return 2
+    report = answer["report"]
+    for c in report["candidates"]:
+        print(f"{report['knob']}={c['value']:<6} recall@{report['k']} {c['recall']:.4f} (95% low "
+              f"{c['recall_low']:.4f})  QPS(c=1) {c['qps']:.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(answer, indent=1))
+    chosen = answer.get("search_defaults")
+    print(f"chosen {chosen} — " + ("applied on every replica" if answer["applied"] else answer.get("reason", "")
+                                    or f"not applied everywhere: {answer.get('replicas')}"))
+    return 0 if answer["applied"] or args.dry_run or report["knob"] is None else 1
+
+
 def add_tune_command(commands: Any) -> None:
     tune = commands.add_parser(
         "tune", help="pick nprobe / ef_search for a recall target and make it the version's default",
@@ -282,6 +313,12 @@ def add_tune_command(commands: Any) -> None:
                     "write the cheapest value whose recall meets --recall with 95 %% confidence into "
                     "<version>/search.json. A third of the queries is held out to check the choice.")
     tune.add_argument("--collection", required=True, help="collection name")
+    tune.add_argument("--live", action="store_true",
+                      help="measure the running replicas through the gateway (POST /v1/collections/NAME/tune; any "
+                           "collection, the created ones too) and apply the choice to every replica at once, "
+                           "instead of the version's files")
+    tune.add_argument("--url", help="gateway URL for --live [env SHARDRAG_URL]")
+    tune.add_argument("--api-key", default=None, help="an admin API key for --live [env SHARDRAG_API_KEY]")
     tune.add_argument("--version", default=None, help="embedding version id (default: the newest built)")
     tune.add_argument("--root", help="where collections live [env SHARDRAG_ROOT, default ./shardrag-data]")
     tune.add_argument("--recall", type=float, default=0.95, help="recall@k target (default 0.95)")

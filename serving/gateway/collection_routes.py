@@ -12,6 +12,7 @@
     POST   /v1/collections/{name}/answer          as POST /v1/answer, passages from this collection
                                                   (text collections; only with generator workers)
     GET    /v1/collections/{name}/rollout[/…]     its rollouts: re-embed in place (collection_rollout)
+    POST   /v1/collections/{name}/tune            the search knob measured and set (collection_tune)
 
 The collection the gateway was started with answers under its own name too (and keeps the
 ``/v1/query`` … paths). A tenant-scoped key is confined by serving.gateway.tenancy; which
@@ -37,6 +38,7 @@ from retrieval.errors import Forbidden, InvalidRequest, NotFound
 from serving.answer.service import AnswerRequest, RetrieveFn
 from serving.gateway.api_models import QueryRequest
 from serving.gateway.collection_rollout import add_collection_rollout_routes
+from serving.gateway.collection_tune import add_collection_tune_route
 from serving.gateway.collections import CollectionStack, live_count
 from serving.gateway.query import QueryService, parse_body
 from serving.gateway.tenancy import (
@@ -47,6 +49,7 @@ from serving.gateway.tenancy import (
     confine_upsert,
     stored_id,
 )
+from serving.versions.registry import VersionRegistry
 from serving.writes.models import DeleteRequest, UpsertRequest
 from serving.writes.service import WriteService
 
@@ -249,6 +252,15 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
         return json_response(await writes.get(doc_id))
 
     add_collection_rollout_routes(app, gateway, default_name)
+
+    async def registry_of(name: str) -> VersionRegistry:
+        if name == default_name():
+            registry: VersionRegistry = gateway().registry
+            return registry
+        stack: CollectionStack = await gateway().collections.get(name)
+        return stack.registry
+
+    add_collection_tune_route(app, registry_of)
     if not answers:
         return
 

@@ -92,5 +92,22 @@ class ShardClient(ABC):
                            timeout_s: float) -> list[str]:
         """Ids of the replica's live documents that the filter (canonical JSON) selects."""
 
+    # -- tuning (POST /v1/collections/{name}/tune: index_shards.live_tuning) ------------------------
+    @abstractmethod
+    async def tune_sample(self, replica: str, version: str, count: int, seed: int, timeout_s: float) -> bytes:
+        """``count`` stored vectors of the replica's base as pseudo-queries, with their ids
+        (``retrieval.tuning_choice.encode_queries`` bytes)."""
+
+    @abstractmethod
+    async def tune_evaluate(self, replica: str, version: str, queries: bytes, k: int, max_value: int | None,
+                            timeout_s: float) -> bytes:
+        """The base's exact and per-candidate answers to ``queries`` (``encode_queries`` bytes), as
+        ``retrieval.tuning_choice.encode_result`` bytes."""
+
+    @abstractmethod
+    async def set_search_defaults(self, replica: str, version: str, defaults: dict[str, Any],
+                                  timeout_s: float) -> dict[str, Any]:
+        """Keep and apply tuned search defaults (``index_shards.search_defaults.SearchDefaults`` fields)."""
+
     async def close(self) -> None:  # noqa: B027 - optional: only clients that hold resources close them
         pass

@@ -117,8 +117,11 @@ class HttpShardClient(JsonControlClient):
                                      timeout_s)
 
     async def _get_bytes(self, replica: str, path: str, timeout_s: float) -> bytes:
+        return await self._bytes("GET", replica, path, b"", timeout_s)
+
+    async def _bytes(self, method: str, replica: str, path: str, body: bytes, timeout_s: float) -> bytes:
         try:
-            status, payload = await self._pool.request("GET", f"{replica}{path}", timeout_s=timeout_s,
+            status, payload = await self._pool.request(method, f"{replica}{path}", body, timeout_s=timeout_s,
                                                        headers=self._auth)
         except (TimeoutError, HttpError) as exc:
             raise ShardUnavailable(f"{replica}{path} unreachable: {exc!r}") from exc
@@ -128,6 +131,21 @@ class HttpShardClient(JsonControlClient):
 
     async def snapshot(self, replica: str, version: str, timeout_s: float) -> bytes:
         return await self._get_bytes(replica, f"/v1/snapshot?version={quote(version, safe='')}", timeout_s)
+
+    async def tune_sample(self, replica: str, version: str, count: int, seed: int, timeout_s: float) -> bytes:
+        return await self._bytes("POST", replica, f"/admin/tune/sample?version={quote(version, safe='')}&count={count}"
+                                               f"&seed={seed}", b"", timeout_s)
+
+    async def tune_evaluate(self, replica: str, version: str, queries: bytes, k: int, max_value: int | None,
+                            timeout_s: float) -> bytes:
+        path = f"/admin/tune/evaluate?version={quote(version, safe='')}&k={k}"
+        return await self._bytes("POST", replica, path + (f"&max_value={max_value}" if max_value else ""), queries,
+                                      timeout_s)
+
+    async def set_search_defaults(self, replica: str, version: str, defaults: dict[str, Any],
+                                  timeout_s: float) -> dict[str, Any]:
+        return await self._json(replica, "PUT", f"/admin/search-defaults?version={quote(version, safe='')}", defaults,
+                                timeout_s)
 
     async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
                            timeout_s: float) -> list[str]:

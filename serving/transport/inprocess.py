@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from index_shards import snapshots
+from index_shards import live_tuning, snapshots
 from index_shards.peers import LocalPeers
 from index_shards.primary import decode_unsequenced
 from index_shards.role import ShardRole
@@ -96,6 +96,17 @@ class InProcessShardClient(ShardClient):
 
     async def fence(self, replica: str, generation: int, hold_s: float, timeout_s: float) -> dict[str, Any]:
         return await asyncio.to_thread(self._role(replica).writer.fence, generation, hold_s)
+
+    async def tune_sample(self, replica: str, version: str, count: int, seed: int, timeout_s: float) -> bytes:
+        return await asyncio.to_thread(live_tuning.sample, self._replica(replica), version, count, seed)
+
+    async def tune_evaluate(self, replica: str, version: str, queries: bytes, k: int, max_value: int | None,
+                            timeout_s: float) -> bytes:
+        return await asyncio.to_thread(live_tuning.evaluate, self._replica(replica), version, queries, k, max_value)
+
+    async def set_search_defaults(self, replica: str, version: str, defaults: dict[str, Any],
+                                  timeout_s: float) -> dict[str, Any]:
+        return await asyncio.to_thread(live_tuning.set_defaults, self._replica(replica), version, defaults)
 
     async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
                            timeout_s: float) -> list[str]:

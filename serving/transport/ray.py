@@ -107,6 +107,23 @@ class RayShardClient(ShardClient):
                                                   f"{replica} fence", None, timeout_s)
         return answer
 
+    async def tune_sample(self, replica: str, version: str, count: int, seed: int, timeout_s: float) -> bytes:
+        data: bytes = await self._call(self._handle(replica).tune_sample.remote(version, count, seed),
+                                       f"{replica} tune sample", None, timeout_s)
+        return data
+
+    async def tune_evaluate(self, replica: str, version: str, queries: bytes, k: int, max_value: int | None,
+                            timeout_s: float) -> bytes:
+        data: bytes = await self._call(self._handle(replica).tune_evaluate.remote(version, queries, k, max_value),
+                                       f"{replica} tune evaluate", None, timeout_s)
+        return data
+
+    async def set_search_defaults(self, replica: str, version: str, defaults: dict[str, Any],
+                                  timeout_s: float) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call(self._handle(replica).set_search_defaults.remote(version, defaults),
+                                                  f"{replica} search defaults", None, timeout_s)
+        return answer
+
     async def writes_after(self, replica: str, version: str, after_seq: int, timeout_s: float) -> bytes:
         records: bytes = await self._call(self._handle(replica).writes_after.remote(version, after_seq),
                                           f"{replica} writes", None, timeout_s)

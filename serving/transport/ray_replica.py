@@ -109,6 +109,21 @@ class ShardReplica:
     def fence(self, generation: int, hold_s: float) -> dict[str, Any]:
         return self.role.writer.fence(generation, hold_s)
 
+    def tune_sample(self, version: str, count: int, seed: int) -> bytes:
+        from index_shards import live_tuning
+
+        return live_tuning.sample(self.versions, version, count, seed)
+
+    def tune_evaluate(self, version: str, queries: bytes, k: int, max_value: int | None) -> bytes:
+        from index_shards import live_tuning
+
+        return live_tuning.evaluate(self.versions, version, queries, k, max_value)
+
+    def set_search_defaults(self, version: str, defaults: dict[str, Any]) -> dict[str, Any]:
+        from index_shards import live_tuning
+
+        return live_tuning.set_defaults(self.versions, version, defaults)
+
     def matching_ids(self, version: str, filter_canonical: str, limit: int) -> list[str]:
         return self.versions.matching_ids(version, filter_canonical, limit)
 

@@ -52,12 +52,17 @@ def test_same_answers_as_the_http_backend(root, ray_cluster, msmarco):
     with LocalCluster(root, "rayc", replicas=2, gateway=CONFIG) as http_cluster:
         with httpx.Client(base_url=http_cluster.gateway_url, timeout=30) as client:
             over_http = [client.post("/v1/query", json={"vector": v, "k": 10}).json() for v in vectors]
+            tuned_http = client.post("/v1/collections/rayc/tune", json={"sample": 40}).json()
     setup = GatewaySetup(CONFIG, ray_cluster.replica_names, shard_client=ray_cluster.client())
     with TestClient(create_app(setup)) as client:
         over_ray = [client.post("/v1/query", json={"vector": v, "k": 10}) for v in vectors]
         assert all(r.status_code == 200 for r in over_ray)
         over_ray = [r.json() for r in over_ray]
         cluster_view = client.get("/v1/cluster").json()
+        tuned_ray = client.post("/v1/collections/rayc/tune", json={"sample": 40}).json()  # the tuning calls, over Ray
+    assert tuned_ray["queries"] == tuned_http["queries"] == 40
+    assert tuned_ray["applied"] is tuned_http["applied"] is False
+    assert tuned_ray["report"]["factory"] == "Flat" and "exact index" in tuned_ray["reason"]
     for a, b in zip(over_http, over_ray):
         assert [d for d, _ in ranked(a)] == [d for d, _ in ranked(b)]
         assert np.allclose([s for _, s in ranked(a)], [s for _, s in ranked(b)], atol=1e-6)

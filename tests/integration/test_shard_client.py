@@ -15,7 +15,8 @@ from index_shards.build import BuildConfig, build_collection
 from index_shards.layout import resolve_version, shard_dir
 from index_shards.shard import Shard
 from retrieval.contract import SearchParams
-from retrieval.errors import NotFound, ShardUnavailable, VersionConflict
+from retrieval.errors import InvalidRequest, NotFound, ShardUnavailable, VersionConflict
+from retrieval.tuning_choice import decode_queries, decode_result, encode_queries
 from retrieval.types import EmbeddingVersion
 from serving.local.child import Child
 from serving.transport.http import HttpShardClient
@@ -95,9 +96,17 @@ def test_same_records_answers_and_errors_over_http_and_in_process(shard_dirs, se
                 await asyncio.sleep(0.05)
             unloaded = await client.unload(replica, v2, 5.0)
             again = await client.unload(replica, v2, 5.0)
+            # the tuning calls (index_shards.live_tuning): same draws, same answers, same refusal
+            queries, ids = decode_queries(await client.tune_sample(replica, v1, 5, 3, 5.0))
+            evaluated = decode_result(await client.tune_evaluate(replica, v1, encode_queries(queries, ids), 4, None,
+                                                                 30.0))
+            with pytest.raises(InvalidRequest) as refused:  # a Flat index has no ef_search
+                await client.set_search_defaults(replica, v1, {"ef_search": 8}, 5.0)
+            tuning = (queries.tolist(), ids.tolist(), evaluated.knob, evaluated.exact_ids.tolist(),
+                      refused.value.field)
             await client.close()
             results.append((comparable(info), health, reply, errors, staged.version.id, unloaded.unloaded,
-                            again.unloaded))
+                            again.unloaded, tuning))
         return results
 
     over_http, in_process = asyncio.run(scenario())
@@ -108,7 +117,8 @@ def test_same_records_answers_and_errors_over_http_and_in_process(shard_dirs, se
     assert [r["doc_ids"] for r in http_reply.results] == [r["doc_ids"] for r in local_reply.results]
     assert np.allclose([r["scores"] for r in http_reply.results], [r["scores"] for r in local_reply.results])
     assert over_http[3] == in_process[3] == [(VersionConflict, "version"), (NotFound, "version")]
-    assert over_http[4:] == in_process[4:] == (v2, True, False)
+    assert over_http[4:7] == in_process[4:7] == (v2, True, False)
+    assert over_http[7] == in_process[7] and len(over_http[7][0]) == 5 and over_http[7][2] is None
 
 
 def test_an_unreachable_replica_is_unavailable(shard_dirs):

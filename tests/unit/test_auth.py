@@ -105,6 +105,9 @@ def test_scoped_keys_parse_and_reach_their_collections_only():
     assert gateway_policy("POST", "/v1/collections/docs/rollouts") == "read"  # not a rollout path: a 404 later
     with pytest.raises(Forbidden):
         check_key_reach(scoped, "POST", "/v1/collections/docs/rollout/activate")
+    assert gateway_policy("POST", "/v1/collections/docs/tune") == "admin"
+    with pytest.raises(Forbidden):
+        check_key_reach(scoped, "POST", "/v1/collections/docs/tune")
 
 
 @pytest.mark.parametrize("attributes", ["colors=red", "tenant=", "rps=-1", "rps=x", "tenant=a tenant=b"])

@@ -232,3 +232,30 @@ def test_a_compacted_base_keeps_the_partition_field(tmp_path):
     replica.close()
     assert open_replica(shard_dir(directory, 0), tmp_path / "data").get(version_id).base.manifest.partition_field \
         == "tenant"
+
+
+def test_tuned_search_defaults_outlive_compactions_and_a_replicas_own_win(tmp_path):
+    """`shardrag tune`'s value (the build's search.json) survived a load but not a compaction: the
+    compacted base searched with FAISS's own ef_search. Now a compacted base keeps the build's, and
+    a replica's own (a REST tune, in its data dir) wins over both, across a restart."""
+    from index_shards import live_tuning
+    from index_shards.search_defaults import SearchDefaults, write_search_defaults
+
+    documents, vectors, version = random_corpus(n=300, dim=DIM)
+    build_collection(tmp_path / "root", documents, vectors, version, BuildConfig("c", 1, factory="HNSW32"),
+                     show_progress=False)
+    directory, _ = resolve_version(tmp_path / "root", "c")
+    write_search_defaults(directory, SearchDefaults(ef_search=48))
+    replica = open_replica(shard_dir(directory, 0), tmp_path / "data")
+    version_id = replica.get(None).version_id
+    write(replica, version_id, writes(np.random.default_rng(0), {}, 1, 20))
+    compaction.compact(replica, version_id)
+    assert replica.slot(version_id).shard.index.defaults == {"ef_search": 48}
+    live_tuning.set_defaults(replica, version_id, {"ef_search": 96, "recall_target": 0.95})
+    assert replica.slot(version_id).shard.index.defaults == {"ef_search": 96}
+    with pytest.raises(Exception, match="nprobe"):  # a knob an HNSW index does not have: refused, nothing kept
+        live_tuning.set_defaults(replica, version_id, {"nprobe": 4})
+    replica.close()
+    again = open_replica(shard_dir(directory, 0), tmp_path / "data")
+    assert again.slot(version_id).shard.index.defaults == {"ef_search": 96}
+    again.close()

@@ -13,8 +13,9 @@ from index_shards.ids import doc_int_ids
 from index_shards.layout import resolve_version, shard_dir
 from index_shards.search_defaults import SearchDefaults, write_search_defaults
 from index_shards.shard import Shard
-from index_shards.tuning import ShardTask, evaluate_shard, is_lossy, sample_queries
+from index_shards.tuning import ShardTask, evaluate_shard, sample_queries
 from retrieval.errors import IndexIntegrityError
+from retrieval.tuning_choice import is_lossy
 from retrieval.types import Document, EmbeddingVersion
 
 N, DIM, K = 6000, 64, 10

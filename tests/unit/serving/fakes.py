@@ -121,6 +121,15 @@ class FakeShardClient(ShardClient):
     async def matching_ids(self, replica, shard_id, version, filter_canonical, limit, timeout_s):
         raise NotImplementedError
 
+    async def tune_sample(self, replica, version, count, seed, timeout_s):
+        raise NotImplementedError
+
+    async def tune_evaluate(self, replica, version, queries, k, max_value, timeout_s):
+        raise NotImplementedError
+
+    async def set_search_defaults(self, replica, version, defaults, timeout_s):
+        raise NotImplementedError
+
     def answer(self, index: int, version: str = "v1") -> None:
         call = self.calls[index]
         call.future.set_result(ShardReply(0, version, call.replica,
