@@ -22,7 +22,7 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -74,6 +74,7 @@ class CollectionSpec:
     # embedding versions staged by rollouts after the first (EmbeddingVersion dicts, oldest first):
     # every node hosting a replica keeps an empty base of each, the rollout fills it from the live one
     versions: tuple[dict[str, Any], ...] = ()
+    retired: tuple[str, ...] = ()  # version ids a rollout retired or aborted: their files go from the nodes
 
     @property
     def state_name(self) -> str:
@@ -87,7 +88,8 @@ class CollectionSpec:
                 "factory": self.factory, "partitioner": self.partitioner,
                 "tenant_field": self.tenant_field,
                 "quotas": self.quotas.to_dict(), "placement": [list(p) for p in self.placement],
-                "uid": self.uid, "created_at": self.created_at, "versions": [dict(v) for v in self.versions]}
+                "uid": self.uid, "created_at": self.created_at, "versions": [dict(v) for v in self.versions],
+                "retired": list(self.retired)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CollectionSpec:
@@ -100,7 +102,8 @@ class CollectionSpec:
                    quotas=Quotas(int(quotas.get("max_documents", 0)), float(quotas.get("max_rps", 0.0))),
                    placement=tuple(tuple(p) for p in data.get("placement", ())),
                    uid=str(data.get("uid", "")), created_at=float(data.get("created_at", 0.0)),
-                   versions=tuple(dict(v) for v in data.get("versions", ())))
+                   versions=tuple(dict(v) for v in data.get("versions", ())),
+                   retired=tuple(str(v) for v in data.get("retired", ())))
 
 
 def place(shards: int, replicas: int, nodes: Sequence[str], load: Mapping[str, int]) -> tuple[tuple[str, ...], ...]:
@@ -138,8 +141,9 @@ def spec_version(spec: CollectionSpec) -> EmbeddingVersion:
 
 def spec_versions(spec: CollectionSpec) -> list[EmbeddingVersion]:
     """Every embedding version the collection's replicas may hold: its first, then those its
-    rollouts staged."""
-    return [spec_version(spec), *(EmbeddingVersion.from_dict(v) for v in spec.versions)]
+    rollouts staged — less those retired (or aborted) since."""
+    every = [spec_version(spec), *(EmbeddingVersion.from_dict(v) for v in spec.versions)]
+    return [v for v in every if v.id not in spec.retired]
 
 
 class Collections:
@@ -188,19 +192,33 @@ class Collections:
 
     def add_version(self, name: str, uid: str, version: EmbeddingVersion) -> CollectionSpec:
         """Record another embedding version of the collection (its nodes build an empty base of it
-        for a rollout to stage); idempotent. 404 when the collection (this incarnation) is gone."""
+        for a rollout to stage; a retired one comes back); idempotent. 404 when the collection
+        (this incarnation) is gone."""
+        def change(spec: CollectionSpec) -> CollectionSpec:
+            known = {v.get("id") or EmbeddingVersion.from_dict(v).id for v in spec.versions} | {spec_version(spec).id}
+            versions = spec.versions if version.id in known else (*spec.versions, version.to_dict())
+            return replace(spec, versions=versions, retired=tuple(v for v in spec.retired if v != version.id))
+        return self._change(name, uid, change)
+
+    def retire_version(self, name: str, uid: str, version_id: str) -> CollectionSpec:
+        """Mark a version retired (or aborted): its nodes remove its files once no replica holds it."""
+        def change(spec: CollectionSpec) -> CollectionSpec:
+            return spec if version_id in spec.retired else replace(spec, retired=(*spec.retired, version_id))
+        return self._change(name, uid, change)
+
+    def _change(self, name: str, uid: str, change: Callable[[CollectionSpec], CollectionSpec]) -> CollectionSpec:
         for _ in range(20):  # compare-and-set: another gateway may change the spec meanwhile
             entry = self.kv.get(COLLECTIONS + check_name(name))
             spec = CollectionSpec.from_dict(json.loads(entry.value)) if entry is not None else None
             if entry is None or spec is None or spec.uid != uid:
                 raise NotFound(f"no collection {name!r}", field="collection")
-            if any(v.id == version.id for v in spec_versions(spec)):
+            changed = change(spec)
+            if changed == spec:
                 return spec
-            changed = replace(spec, versions=(*spec.versions, version.to_dict()))
             body = json.dumps(changed.to_dict(), indent=1).encode()
             if self.kv.put(COLLECTIONS + name, body, expect_revision=entry.mod_revision) is not None:
                 return changed
-        raise Conflict(f"collection {name!r} kept changing while a version was added; try again", field="name")
+        raise Conflict(f"collection {name!r} kept changing meanwhile; try again", field="name")
 
     def drop(self, name: str) -> bool:
         """Remove the collection's spec (its nodes then drop its replicas and files) and its shards'

@@ -133,7 +133,7 @@ class Node:
                 spec = wanted.get(key)
                 if spec is None or spec.uid != slot.spec.uid:
                     self._unload(key)
-                elif spec.versions != slot.spec.versions:  # a rollout staged another version
+                elif (spec.versions, spec.retired) != (slot.spec.versions, slot.spec.retired):  # a rollout's step
                     try:
                         self._ensure_bases(spec)
                         slot.spec = spec
@@ -146,6 +146,8 @@ class Node:
                         self._host(spec, key[1])
                     except ShardragError as exc:
                         logger.error("node %s: cannot host %s shard %d: %s", self.node_id, key[0], key[1], exc.message)
+            for spec in {spec.uid: spec for spec in wanted.values()}.values():
+                self._remove_retired(spec)
             keep = {spec.uid for spec in wanted.values()}
             for directory in self.root.iterdir():
                 if directory.name not in keep and not directory.name.startswith("."):
@@ -165,6 +167,21 @@ class Node:
                                              factory=spec.factory, metric=spec.metric,
                                              partition_field=spec.tenant_field), show_progress=False)
 
+    def _remove_retired(self, spec: CollectionSpec) -> None:
+        """The files of the versions a rollout retired, once no replica here holds them (the
+        gateways' reconcile unloads them first)."""
+        if not spec.retired:
+            return
+        held = {v.id for (name, _), slot in self.slots.items() if name == spec.name
+                for v in slot.server.versions.describe()}
+        collection = self.root / spec.uid / spec.name
+        for version_id in set(spec.retired) - held:
+            for directory in (collection / version_id, *(collection / "replicas").glob(f"shard-*-{self.node_id}/"
+                                                                                      f"{version_id}")):
+                if directory.is_dir():
+                    logger.warning("node %s: removing %s (version retired)", self.node_id, directory)
+                    shutil.rmtree(directory, ignore_errors=True)
+
     def _first_version(self, spec: CollectionSpec) -> EmbeddingVersion:
         """The version a replica starts with: the collection's active one (a rollout may have
         moved it), else its first; the gateways' reconcile stages the others the rollout holds."""
@@ -177,7 +194,7 @@ class Node:
             rollout = None
         if rollout is not None and rollout.active in versions:
             return versions[rollout.active]
-        return spec_version(spec)
+        return next(iter(versions.values()), spec_version(spec))
 
     def _host(self, spec: CollectionSpec, shard_id: int) -> None:
         root = self.root / spec.uid

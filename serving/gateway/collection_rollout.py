@@ -136,13 +136,25 @@ def add_collection_rollout_routes(app: FastAPI, gateway: Callable[[], Any],
     @app.post("/v1/collections/{name}/rollout/retire", summary="Unload the previous version after the drain period",
               responses=RESPONSES)
     async def retire(name: NamePath, command: RetireCommand) -> FastAPIResponse:
-        rollout, _ = await service(name)
-        return json_response(await rollout.retire(command.version, force=command.force))
+        rollout, stack = await service(name)
+        answer = await rollout.retire(command.version, force=command.force)
+        await forget_unloaded(stack, command.version, answer)
+        return json_response(answer)
 
     @app.post("/v1/collections/{name}/rollout/abort", summary="Unload a staged version", responses=RESPONSES)
     async def abort(name: NamePath, command: VersionCommand) -> FastAPIResponse:
-        rollout, _ = await service(name)
-        return json_response(await rollout.abort(command.version))
+        rollout, stack = await service(name)
+        answer = await rollout.abort(command.version)
+        await forget_unloaded(stack, command.version, answer)
+        return json_response(answer)
+
+    async def forget_unloaded(stack: CollectionStack | None, version: str, answer: dict[str, Any]) -> None:
+        """A created collection's version the rollout no longer loads: recorded as retired, so its
+        nodes remove its files (a stage of the same model brings it back, empty)."""
+        state = answer["state"]
+        if stack is not None and version not in (state["active"], state["staged"], state["previous"]):
+            await asyncio.to_thread(gateway().collections.collections.retire_version, stack.spec.name,
+                                    stack.spec.uid, version)
 
     @app.post("/v1/collections/{name}/rollout/rollback", summary="Re-activate the previous version while it is "
               "loaded", responses=RESPONSES)

@@ -200,6 +200,17 @@ def test_a_created_collection_is_re_embedded_in_place_while_it_serves(tmp_path, 
             assert notes.rollout_status()["state"]["active"] == v2
             retired = notes.rollout("retire", v1, force=True)
         assert v1 not in retired["replicas"] and retired["state"]["previous"] is None, retired["state"]
+        # the retired versions' files (bases and replica logs) go from every node; the active one's stay
+        uid = http.get("/v1/collections/notes").json()["uid"]
+        nodes_dir = root / "base" / "nodes"
+        deadline = time.monotonic() + 30
+        while True:
+            held = {p.name for p in nodes_dir.glob(f"node-*/collections/{uid}/notes/**/") if p.is_dir()}
+            if minilm not in held and v1 not in held:
+                break
+            assert time.monotonic() < deadline, f"retired versions still on disk: {held & {minilm, v1}}"
+            time.sleep(0.5)
+        assert v2 in held
         shown_by_cli = subprocess.run([sys.executable, "-m", "serving", "rollout", "status", "--collection", "notes",
                                        "--url", cluster.gateway_url], capture_output=True, text=True, timeout=60)
         assert shown_by_cli.returncode == 0 and f"active {v2}" in shown_by_cli.stdout, shown_by_cli

@@ -67,6 +67,12 @@ def test_a_rollout_adds_versions_to_a_collection_once_and_only_to_its_own_incarn
     assert collections.add_version("docs", spec.uid, tuned) == changed == collections.get("docs")
     assert CollectionSpec.from_dict(changed.to_dict()) == changed
     assert changed.placement == spec.placement and changed.uid == spec.uid
+    first = spec_version(spec).id  # retired: its files go from the nodes; staged again: it comes back
+    retired = collections.retire_version("docs", spec.uid, first)
+    assert [v.id for v in spec_versions(retired)] == [tuned.id] and retired.retired == (first,)
+    assert collections.retire_version("docs", spec.uid, first) == retired
+    back = collections.add_version("docs", spec.uid, spec_version(spec))
+    assert [v.id for v in spec_versions(back)] == [first, tuned.id] and back.versions == changed.versions
     with pytest.raises(NotFound):  # a rollout of a dropped incarnation must not touch the new one
         collections.add_version("docs", "another-uid", tuned)
     with pytest.raises(NotFound):
