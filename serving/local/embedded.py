@@ -16,7 +16,9 @@ QPS against 1,626 inline, Flat 1,370 against 1,393 — the records and the reply
 that holds the GIL either way. Everything else is the same code:
 text queries, rollouts (versions staged into the same stores), writes (each shard's write-ahead
 log where replica 0 of the process backend keeps it, so either backend can serve the collection
-later), the status page and the metrics.
+later), the status page and the metrics. Collections created at run time live on one node inside
+this process (``index_shards.node``, reached through the same in-process client), with the files
+the process backend's ``node-0`` keeps.
 
 This module is one of the places ``serving`` imports ``index_shards`` (to embed shards).
 """
@@ -27,15 +29,24 @@ import logging
 import sys
 from pathlib import Path
 
+from clusterstate import open_coordinator
 from index_shards.layout import replica_data_dir, shard_dir
+from index_shards.node import Node
+from index_shards.role import ShardRole
+from index_shards.server import ShardServerConfig
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from retrieval.dirlock import DirLock
 from serving.gateway.config import GatewayConfig
+from serving.local.nodes import nodes_dir
 from serving.local.state import claim_collection, launch_version, with_collection_state
 from serving.transport.inprocess import SCHEME, InProcessShardClient
 
 logger = logging.getLogger(__name__)
+
+NODE_ID = "node-0"  # the id (and files) of the process backend's first node
+NODE_URL = f"{SCHEME}{NODE_ID}"
+NODE_LEASE_S = 3.0
 
 
 class EmbeddedCluster:
@@ -59,6 +70,7 @@ class EmbeddedCluster:
         self.replicas = 1
         self._client: InProcessShardClient | None = None
         self._lock: DirLock | None = None
+        self._node: Node | None = None
 
     @property
     def replica_names(self) -> tuple[tuple[str, ...], ...]:
@@ -82,12 +94,39 @@ class EmbeddedCluster:
                 store.close()
             self.stop()
             raise
-        self._client = InProcessShardClient(stores)
+        try:
+            self._node = self._start_node()
+        except BaseException:
+            for store in stores.values():
+                store.close()
+            self.stop()
+            raise
+        self._client = InProcessShardClient(stores, resolve=self._node_replica)
         logger.info("%d shards of %s loaded in process", len(stores), self.manifest.embedding_version.id)
         return self
 
+    def _start_node(self) -> Node:
+        """One node in this process for the collections created at run time (their replicas are
+        called in-process too), with the files the process backend's node-0 keeps: either backend
+        can serve them later. One node: a created collection has one replica per shard here."""
+        kv = open_coordinator(self.gateway_config.cluster.coordinator)
+        config = ShardServerConfig(device=self.device, lease_s=NODE_LEASE_S)
+        return Node(kv, NODE_ID, nodes_dir(self.root, self.collection) / NODE_ID, config).start(NODE_URL)
+
+    def _node_replica(self, name: str) -> ShardRole | None:
+        """``inproc://node-0/c/<collection>/<shard>`` → that replica's role while the node hosts it."""
+        node = self._node
+        if node is None or not name.startswith(NODE_URL + "/c/"):
+            return None
+        collection, _, shard = name[len(NODE_URL) + 3:].partition("/")
+        slot = node.slots.get((collection, int(shard))) if shard.isdigit() else None
+        return slot.server.role if slot is not None else None
+
     def stop(self) -> None:
         """Close every shard's log and release the collection (the gateway closes the client)."""
+        if self._node is not None:
+            self._node.stop()
+            self._node = None
         if self._client is not None:
             for store in self._client.replicas.values():
                 store.close()

@@ -27,7 +27,7 @@ from retrieval.dirlock import DirLock
 from retrieval.errors import ConfigError
 from serving.gateway.config import ClusterSpec, GatewayConfig
 from serving.local.child import Child, LaunchError
-from serving.local.nodes import start_nodes
+from serving.local.nodes import nodes_dir, start_nodes
 from serving.local.state import (
     active_version,
     claim_collection,
@@ -149,7 +149,7 @@ class LocalCluster:
                                                  self.manifest.num_shards, self.replicas, lock=self.lock)
         try:
             self._start_shards()
-            self.nodes = start_nodes(self.node_count, self.root / self.collection / "nodes", self.gateway_config,
+            self.nodes = start_nodes(self.node_count, nodes_dir(self.root, self.collection), self.gateway_config,
                                      self.place, self.python, self.faiss_threads, self.workdir, self.env,
                                      self.ready_timeout_s)
             self._start_answer_path()

@@ -12,6 +12,12 @@ from serving.gateway.config import GatewayConfig
 from serving.local.child import Child
 
 
+def nodes_dir(root: str | Path, collection: str) -> Path:
+    """Where a local cluster's nodes keep their files: ``<root>/<collection>/nodes/node-<i>``
+    (either backend, so one can serve what the other created)."""
+    return Path(root) / collection / "nodes"
+
+
 def start_nodes(count: int, nodes_dir: Path, gateway: GatewayConfig, place: Callable[[str], tuple[str, list[str]]],
                 python: str, faiss_threads: int, workdir: Path, env: dict[str, str],
                 ready_timeout_s: float) -> list[Child]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,11 @@ SCHEME = "inproc://"
 
 
 class InProcessShardClient(ShardClient):
-    def __init__(self, replicas: Mapping[str, ShardVersions | ShardRole]) -> None:
+    def __init__(self, replicas: Mapping[str, ShardVersions | ShardRole], *,
+                 resolve: Callable[[str], ShardRole | None] | None = None) -> None:
+        """``resolve``: a replica name this client was not given → its role (an in-process node's
+        replicas come and go with the collections placed on it), or None."""
+        self.resolve = resolve
         self.roles: dict[str, ShardRole] = {}
         for name, replica in replicas.items():
             if isinstance(replica, ShardVersions):
@@ -59,6 +63,8 @@ class InProcessShardClient(ShardClient):
 
     def _role(self, replica: str, shard_id: int | None = None) -> ShardRole:
         role = self.roles.get(replica)
+        if role is None and self.resolve is not None:
+            role = self.resolve(replica)
         if role is None:
             raise ShardUnavailable(f"no in-process shard {replica!r}", shard=shard_id)
         return role

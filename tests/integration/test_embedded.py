@@ -1,4 +1,5 @@
-"""`shardrag serve --backend embedded`: every shard in the gateway's one process, as a user runs it."""
+"""`shardrag serve --backend embedded`: every shard in the gateway's one process, as a user runs it —
+the collections created at run time too (on a node inside that process)."""
 
 import re
 import signal
@@ -73,6 +74,19 @@ def test_one_process_answers_exactly_takes_writes_that_survive_a_restart_and_ref
                                                 "min_seq": written.json()["seq"]}).json()["hits"]
             assert hits[0]["doc_id"] == "embedded-new"
 
+            # collections created at run time live on a node inside this process too
+            created = http.put("/v1/collections/notes", headers=admin, json={"dim": 8, "shards": 2})
+            assert created.status_code == 201, created.text
+            assert created.json()["placement"] == [["node-0"], ["node-0"]]
+            two = http.put("/v1/collections/pairs", headers=admin, json={"dim": 8, "replicas": 2})
+            assert two.status_code == 422 and two.json()["error"]["field"] == "replicas", two.text
+            notes = [{"id": f"n-{i}", "vector": v.tolist()} for i, v in enumerate(np.eye(8, dtype=np.float32))]
+            assert http.post("/v1/collections/notes/documents", headers=admin,
+                             json={"documents": notes}).status_code == 200
+            hits = http.post("/v1/collections/notes/query", json={"vector": notes[3]["vector"], "k": 1}).json()
+            assert hits["hits"][0]["doc_id"] == "n-3", hits
+            assert Path(f"/proc/{serve.pid}/task/{serve.pid}/children").read_text().split() == []
+
             refused = http.put("/admin/faults/0/0", headers=admin, json={"spec": "latency=fixed:50"})
             assert refused.status_code == 404 and refused.json()["error"]["field"] == "replica"
             assert "--backend process" in refused.json()["error"]["message"]
@@ -86,6 +100,9 @@ def test_one_process_answers_exactly_takes_writes_that_survive_a_restart_and_ref
             hits = http.post("/v1/query", json={"vector": fresh.tolist(), "k": 1}).json()["hits"]
             assert hits[0]["doc_id"] == "embedded-new"
             assert http.get("/v1/documents/embedded-new").json()["title"] == "new"
+            # the created collection came back from its node's files (its writes from the node's WAL)
+            hits = http.post("/v1/collections/notes/query", json={"vector": [0, 0, 0, 0, 0, 1.0, 0, 0], "k": 1})
+            assert hits.status_code == 200 and hits.json()["hits"][0]["doc_id"] == "n-5", hits.text
     finally:
         if serve.poll() is None:
             stop(serve)
