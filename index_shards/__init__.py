@@ -1,8 +1,10 @@
 """One slice of the index: partitioning, FAISS build, on-disk layout + manifest, load/verify,
 the version store of a replica (``versions``), search, tuning a search knob (``tuning`` on a
 shard's files, ``live_tuning`` on a running replica's base), fault injection, the shard server
-process (``python -m index_shards serve``), and the node that hosts replicas of any collection
-placed on it at run time (``node``, ``python -m index_shards node``).
+process (``python -m index_shards serve``), the node that hosts replicas of any collection
+placed on it at run time (``node``, ``python -m index_shards node``) and its share of the launched
+collection (``placement``: replica r of shard i on node (i + r) mod N), and the flags both processes
+share (``server_flags``).
 
 May import ``retrieval`` and ``httpkit`` (the server); never ``serving`` or ``training``, and never
 torch (a shard server starts in about a second and a half).

@@ -39,7 +39,9 @@ from clusterstate.state import ClusterState, RolloutStoreOnKV
 from httpkit.asgi import Receive, Scope, Send
 from httpkit.auth import guard_from_env, internal_policy
 from index_shards.build import BuildConfig, build_collection
-from index_shards.layout import resolve_version, shard_dir
+from index_shards.fetch import fetch_shard
+from index_shards.layout import replica_data_dir, resolve_version, shard_dir, version_dir
+from index_shards.placement import BuiltCollection, node_replica_url
 from index_shards.server import ShardServer, ShardServerConfig, create_server
 from index_shards.shard import Shard
 from retrieval.dirlock import DirLock
@@ -54,7 +56,7 @@ FULL_RECONCILE_S = 5.0
 
 @dataclass(slots=True)
 class Slot:
-    spec: CollectionSpec
+    spec: CollectionSpec | None  # None: a replica of the launched collection (placed at launch)
     shard_id: int
     server: ShardServer
 
@@ -63,7 +65,9 @@ class Node:
     """The replicas a node hosts, kept equal to what the cluster state places on it."""
 
     def __init__(self, kv: KV, node_id: str, data_dir: str | Path, server_config: ShardServerConfig,
-                 *, reconcile_s: float = 0.1) -> None:
+                 *, reconcile_s: float = 0.1, built: tuple[BuiltCollection, int] | None = None) -> None:
+        """``built``: the launched collection and this node's index among its nodes: the replicas
+        placement gives this node are opened here (before the node serves) and kept for its life."""
         self.kv = kv
         self.node_id = node_id
         self.collections = Collections(kv)
@@ -79,16 +83,26 @@ class Node:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lease: LeaseKeeper | None = None
+        # One lease for the node and every replica on it: one renewal a third of a TTL keeps them all.
+        self._lease = LeaseKeeper(kv, server_config.lease_s, name=f"node-{node_id}",
+                                  on_new_lease=lambda lease: self.collections.register_node(node_id, self.url, lease))
+        self.built_slots: frozenset[SlotKey] = frozenset()
+        if built is not None:
+            try:
+                self._host_built(*built)
+            except BaseException:
+                for key in list(self.slots):
+                    self._unload(key)
+                self._dir_lock.release()
+                raise
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, url: str) -> Node:
         self.url = url
-        # One lease for the node and every replica on it: one renewal a third of a TTL keeps them all.
-        self._lease = LeaseKeeper(self.kv, self.server_config.lease_s, name=f"node-{self.node_id}",
-                                  on_new_lease=lambda lease: self.collections.register_node(self.node_id, url, lease))
         self._lease.start()
         self.collections.register_node(self.node_id, url, self._lease.lease)
+        for name, shard_id in self.built_slots:
+            self.slots[(name, shard_id)].server.role.start(self.replica_url(name, shard_id))
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"node-{self.node_id}")
         self._thread.start()
         return self
@@ -100,8 +114,7 @@ class Node:
         with self._lock:
             for key in list(self.slots):
                 self._unload(key)
-        if self._lease is not None:
-            self._lease.stop()
+        self._lease.stop()
         self._dir_lock.release()
 
     def _run(self) -> None:
@@ -130,7 +143,10 @@ class Node:
         wanted = self.wanted(self.collections.list())  # raises when the state cannot be read: nothing changes
         with self._lock:
             for key, slot in list(self.slots.items()):
+                if key in self.built_slots:  # the launched collection's: placed at launch, not by the state
+                    continue
                 spec = wanted.get(key)
+                assert slot.spec is not None
                 if spec is None or spec.uid != slot.spec.uid:
                     self._unload(key)
                 elif (spec.versions, spec.retired) != (slot.spec.versions, slot.spec.retired):  # a rollout's step
@@ -210,6 +226,28 @@ class Node:
         self.slots = {**self.slots, (spec.name, shard_id): Slot(spec, shard_id, server)}
         logger.info("node %s: hosting %s shard %d", self.node_id, spec.name, shard_id)
 
+    def _host_built(self, built: BuiltCollection, node_index: int) -> None:
+        """Open the launched collection's replicas placement gives this node, on the version the
+        rollout state says is active (else the launch one): each keeps the data folder and replica
+        id it has in the one-process-per-replica layout."""
+        config, state = self.server_config, ClusterState(self.kv, built.name)
+        rollout = state.rollout()  # a coordinator that does not answer: the node does not start
+        version = rollout.active if rollout is not None and rollout.active else built.version
+        for shard_id, replica in built.slots_on(node_index):
+            if version is None:
+                version = resolve_version(built.root, built.name, None)[0].name
+            directory = shard_dir(version_dir(built.root, built.name, version), shard_id)
+            if built.index_url and not directory.is_dir():
+                fetch_shard(f"{built.index_url.rstrip('/')}/shard-{shard_id}.tar.gz", directory)
+            shard = Shard.load(directory, device=config.device, mmap=config.mmap)
+            data_dir = replica_data_dir(built.root, built.name, shard_id, replica)
+            server = create_server(shard, replace(config, data_dir=str(data_dir), replication=built.replicas),
+                                   state=state, lease=self._lease)
+            self.slots = {**self.slots, (built.name, shard_id): Slot(None, shard_id, server)}
+            self.built_slots = self.built_slots | {(built.name, shard_id)}
+            logger.info("node %s: hosting %s shard %d (replica %d of the launched collection)", self.node_id,
+                        built.name, shard_id, replica)
+
     def _unload(self, key: SlotKey) -> None:
         slot = self.slots[key]
         self.slots = {k: v for k, v in self.slots.items() if k != key}
@@ -218,11 +256,11 @@ class Node:
         logger.info("node %s: dropped %s shard %d", self.node_id, key[0], key[1])
 
     def replica_url(self, collection: str, shard_id: int) -> str:
-        return f"{self.url}/c/{collection}/{shard_id}"
+        return node_replica_url(self.url, collection, shard_id)
 
     def describe(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "url": self.url,
-                "replicas": [{"collection": name, "shard": shard_id, "uid": slot.spec.uid,
+                "replicas": [{"collection": name, "shard": shard_id, "uid": slot.spec.uid if slot.spec else None,
                               "url": self.replica_url(name, shard_id)}
                              for (name, shard_id), slot in sorted(self.slots.items())]}
 

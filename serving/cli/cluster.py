@@ -31,11 +31,12 @@ def _start_cluster(args: argparse.Namespace, root: Path, collection: str, versio
                            generators=args.generators, generator_model=args.generator_model, kv_nodes=args.kv_nodes,
                            kv_node_budget_mb=args.kv_node_budget_mb,
                            generator_args=("--kv-reuse", getattr(args, "kv_reuse", "prefix")), api_keys=keys,
-                           internal_token=token, nodes=max(0, args.nodes),
+                           internal_token=token, nodes=max(0, args.nodes), layout=args.layout,
                            tls=tls_files(args))
     extra = f" + {args.generators} generators + {args.kv_nodes} kv-nodes" if args.generators else ""
-    extra += f" + {args.nodes} collection node(s)" if args.nodes > 0 else ""
-    print(f"starting {cluster.manifest.num_shards} shards × {replicas} replicas{extra} + gateway "
+    where = f"on {cluster.node_count} node(s)" if cluster.built is not None else \
+        "as processes" + (f" + {cluster.node_count} node(s)" if cluster.node_count else "")
+    print(f"starting {cluster.manifest.num_shards} shards × {replicas} replicas {where}{extra} + gateway "
           f"({cluster.manifest.embedding_version.id}) ...", file=sys.stderr, flush=True)
     cluster.start()
     if args.port and cluster.gateway is not None and cluster.gateway.port != args.port:

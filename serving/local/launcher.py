@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from index_shards.layout import replica_data_dir, resolve_version, shard_dir
+from index_shards.placement import BuiltCollection
 from retrieval.atomic import atomic_write_bytes
 from retrieval.dirlock import DirLock
 from retrieval.errors import ConfigError
 from serving.gateway.config import ClusterSpec, GatewayConfig
+from serving.local.answer_path import start_answer_path
 from serving.local.child import Child, LaunchError
 from serving.local.nodes import nodes_dir, start_nodes
 from serving.local.state import (
@@ -70,6 +72,7 @@ class LocalCluster:
         lock: bool = True,
         placement: Callable[[str], tuple[str, list[str]]] | None = None,
         nodes: int = 0,
+        layout: str = "processes",
     ) -> None:
         """``api_keys`` ("read:<key>", "admin:<key>"): the gateway requires them (None: open).
         ``internal_token``: shard servers, kv-nodes and generators accept only calls that carry it
@@ -83,9 +86,13 @@ class LocalCluster:
         prefix that runs it there), e.g. a host of ``serving.local.netns``; default: ``host``, here.
         ``nodes``: node processes (``python -m index_shards node``) that host the collections created
         at run time (``PUT /v1/collections/{name}``), each keeping its files under
-        ``<root>/<collection>/nodes/node-<i>``."""
+        ``<root>/<collection>/nodes/node-<i>``. ``layout``: ``processes`` (one process per replica of
+        the launched collection) or ``nodes`` (the nodes host it too, replica r of shard i on node
+        (i + r) mod N, N = max(nodes, replicas): no per-replica processes)."""
         if replicas < 1:
             raise ConfigError("replicas must be ≥ 1", field="replicas")
+        if layout not in ("processes", "nodes"):
+            raise ConfigError(f"layout must be processes or nodes, not {layout!r}", field="layout")
         if kv_nodes < 0 or generators < 0:
             raise ConfigError("kv_nodes and generators must be ≥ 0", field="kv_nodes" if kv_nodes < 0 else "generators")
         if kv_nodes and not generators:
@@ -118,7 +125,10 @@ class LocalCluster:
         self.generator_args = tuple(generator_args)
         self.shard_args = tuple(shard_args)  # extra flags of every `python -m index_shards serve`
         self.shards: list[list[Child]] = []
-        self.node_count = nodes
+        self.node_count = max(nodes, replicas) if layout == "nodes" else nodes
+        self.built = BuiltCollection(self.root, collection, self.manifest.num_shards, replicas, self.node_count,
+                                     version=self.manifest.embedding_version.id) if layout == "nodes" else None
+        self._started = False
         self.nodes: list[Child] = []
         self.kv_nodes: list[Child] = []
         self.generators: list[Child] = []
@@ -143,15 +153,17 @@ class LocalCluster:
 
     # -- start -------------------------------------------------------------------------------
     def start(self) -> LocalCluster:
-        if self.shards or self._stopping.is_set():
+        if self._started or self._stopping.is_set():
             raise LaunchError("this LocalCluster was already started; make a new one")
+        self._started = True
         self._collection_lock = claim_collection(self.gateway_config, self.root, self.collection,
                                                  self.manifest.num_shards, self.replicas, lock=self.lock)
         try:
-            self._start_shards()
+            if self.built is None:
+                self._start_shards()
             self.nodes = start_nodes(self.node_count, nodes_dir(self.root, self.collection), self.gateway_config,
                                      self.place, self.python, self.faiss_threads, self.workdir, self.env,
-                                     self.ready_timeout_s)
+                                     self.ready_timeout_s, built=self.built, server_args=self.shard_args)
             self._start_answer_path()
             self._start_gateway()
         except BaseException:
@@ -207,39 +219,12 @@ class LocalCluster:
         return self.version_dir
 
     def _start_answer_path(self) -> None:
-        """kv-nodes first (the generators need their URLs), then the generator workers."""
-        for index in range(self.kv_node_count):
-            def kv_argv(port: int, name: str = f"kv-node-{index}") -> list[str]:
-                address, prefix = self.place(name)
-                return [*prefix, self.python, "-m", "serving", "kv-node", "--host", address, "--port", str(port),
-                        "--budget-mb", str(self.kv_node_budget_mb)]
-
-            child = Child(f"kv-node-{index}", kv_argv, self.workdir / f"kv-node-{index}.log")
-            child.start(self.env)
-            self.kv_nodes.append(child)
-        deadline = time.monotonic() + self.ready_timeout_s
-        for child in self.kv_nodes:
-            child.wait_ready(deadline)
-        # A restarted kv-node comes back on its old port, so these URLs stay valid.
-        node_urls = ",".join(str(c.ready["url"]) for c in self.kv_nodes)  # type: ignore[index]
-        for index in range(self.generator_count):
-            def gen_argv(port: int, name: str = f"generator-{index}") -> list[str]:
-                address, prefix = self.place(name)
-                return [*prefix, self.python, "-m", "serving", "generator", "--model", self.generator_model,
-                        "--host", address, "--port", str(port), "--kv-nodes", node_urls, *self.generator_args]
-
-            child = Child(f"generator-{index}", gen_argv, self.workdir / f"generator-{index}.log")
-            child.start(self.env)
-            self.generators.append(child)
-        deadline = time.monotonic() + max(self.ready_timeout_s, 300.0)  # the first SmolLM2 load converts the GGUF
-        for child in self.generators:
-            child.wait_ready(deadline)
-        if self.generators:
-            logger.info("%d kv-nodes and %d generators ready", len(self.kv_nodes), len(self.generators))
+        self.kv_nodes, self.generators = start_answer_path(
+            self.kv_node_count, self.kv_node_budget_mb, self.generator_count, self.generator_model,
+            self.generator_args, self.place, self.python, self.workdir, self.env, self.ready_timeout_s)
 
     def _start_gateway(self) -> None:
-        spec = ClusterSpec(self.collection, tuple(tuple(c.ready["url"] for c in group) for group in self.shards),  # type: ignore[index]
-                           self.gateway_config,
+        spec = ClusterSpec(self.collection, tuple(tuple(group) for group in self.shard_urls), self.gateway_config,
                            generators=tuple(str(c.ready["url"]) for c in self.generators))  # type: ignore[index]
         spec_path = self.workdir / "cluster.json"
         atomic_write_bytes(spec_path, spec.to_json())
@@ -265,6 +250,9 @@ class LocalCluster:
 
     @property
     def shard_urls(self) -> list[list[str]]:
+        """Each shard's replica URLs (in the nodes layout: on the nodes, ``<node>/c/<name>/<shard>``)."""
+        if self.built is not None:
+            return self.built.replica_urls([str(c.url) for c in self.nodes])
         return [[str(c.ready["url"]) for c in group if c.ready] for group in self.shards]
 
     @property
