@@ -240,7 +240,7 @@ class Node:
             if built.index_url and not directory.is_dir():
                 fetch_shard(f"{built.index_url.rstrip('/')}/shard-{shard_id}.tar.gz", directory)
             shard = Shard.load(directory, device=config.device, mmap=config.mmap)
-            data_dir = replica_data_dir(built.root, built.name, shard_id, replica)
+            data_dir = replica_data_dir(built.data_root or built.root, built.name, shard_id, replica)
             server = create_server(shard, replace(config, data_dir=str(data_dir), replication=built.replicas),
                                    state=state, lease=self._lease)
             self.slots = {**self.slots, (built.name, shard_id): Slot(None, shard_id, server)}

@@ -22,7 +22,9 @@ from retrieval.errors import ConfigError
 class BuiltCollection:
     """The launched collection as the nodes host it. ``version``: the one to start on when the
     rollout state names none (None: the newest built). ``index_url``: where a node fetches a shard
-    it lacks (``<index_url>/shard-<i>.tar.gz``, as ``python -m index_shards pack`` writes them)."""
+    it lacks (``<index_url>/shard-<i>.tar.gz``, as ``python -m index_shards pack`` writes them).
+    ``data_root``: where the replicas keep their write state (``<data_root>/<name>/replicas/…``;
+    default ``root``: a read-only shared index needs it elsewhere)."""
 
     root: Path
     name: str
@@ -31,6 +33,7 @@ class BuiltCollection:
     nodes: int
     version: str | None = None
     index_url: str | None = None
+    data_root: Path | None = None
 
     def __post_init__(self) -> None:
         if self.shards < 1:

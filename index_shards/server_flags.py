@@ -81,6 +81,9 @@ def add_built_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--collection", default=None, help="the built collection's name (default: none)")
     group.add_argument("--root", default=None,
                        help="the folder holding <collection>/<version>/shard-<i> (default: --data-dir)")
+    group.add_argument("--replicas-dir", default=None,
+                       help="where its replicas keep their write state, <dir>/<collection>/replicas/shard-<i>-r<r> "
+                            "(default: --root; give one when --root is a read-only shared index)")
     group.add_argument("--version", default=None,
                        help="the version to start on when the rollout state names none (default: the newest built)")
     group.add_argument("--shards", type=int, default=0,
@@ -112,7 +115,8 @@ def built_collection_from(args: argparse.Namespace, node_id: str) -> tuple[Built
             raise ConfigError("--index-url needs --shards (the index is not here yet to tell)", field="shards")
         shards = resolve_version(root, args.collection, args.version)[1].num_shards
     built = BuiltCollection(root, args.collection, shards, args.replicas, args.nodes or args.replicas,
-                            version=args.version, index_url=args.index_url)
+                            version=args.version, index_url=args.index_url,
+                            data_root=Path(args.replicas_dir) if args.replicas_dir else None)
     index = args.node_index if args.node_index is not None else node_index_of(node_id)
     built.slots_on(index)  # refuses an index outside the node set
     return built, index

@@ -14,13 +14,16 @@ import pytest
 import yaml
 
 from index_shards.__main__ import build_parser as shard_parser
+from index_shards.placement import node_for
 from serving.cli import build_parser as cli_parser
 from serving.gateway.config import GatewayConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "shardrag"
 PROFILES = {"default": [], "gpu": ["-f", str(CHART / "ci" / "gpu-values.yaml")],
-            "large": ["-f", str(CHART / "ci" / "large-values.yaml")]}
+            "large": ["-f", str(CHART / "ci" / "large-values.yaml")],
+            "processes": ["-f", str(CHART / "ci" / "large-values.yaml"), "-f",
+                          str(CHART / "ci" / "processes-values.yaml")]}
 KUBERNETES = "1.30.0"
 ETCD = ("etcd://" + ",".join(f"rel-shardrag-etcd-{i}.rel-shardrag-etcd.search.svc.cluster.local:2379"
                              for i in range(3)))
@@ -77,7 +80,12 @@ def test_every_object_is_valid_kubernetes(rendered, profile):
     assert checked >= 10
 
 
-@pytest.mark.parametrize("profile, shards, replicas", [("default", 2, 2), ("gpu", 2, 2), ("large", 4, 3)])
+def component_sets(objects: list[dict], component: str) -> list[dict]:
+    return [s for s in of_kind(objects, "StatefulSet") if s["metadata"]["labels"]["app.kubernetes.io/component"]
+            == component]
+
+
+@pytest.mark.parametrize("profile, shards, replicas", [("processes", 4, 3)])
 def test_one_statefulset_per_shard_with_a_pdb_that_keeps_the_last_replica(rendered, profile, shards, replicas):
     objects = rendered[profile]
     sets = [s for s in of_kind(objects, "StatefulSet")
@@ -99,7 +107,7 @@ def test_one_statefulset_per_shard_with_a_pdb_that_keeps_the_last_replica(render
         assert args[args.index("--data-dir") + 1] == "/var/lib/shardrag/replica"
         assert args[args.index("--coordinator") + 1] == ETCD
         assert args[args.index("--advertise-url") + 1].startswith(
-            f"{'https' if profile == 'large' else 'http'}://$(POD_NAME).rel-shardrag-shard-{i}.search.svc")
+            f"https://$(POD_NAME).rel-shardrag-shard-{i}.search.svc")
         claims = {c["metadata"]["name"]: c for c in statefulset["spec"]["volumeClaimTemplates"]}
         assert claims["replica"]["spec"]["accessModes"] == ["ReadWriteOnce"]
         mounts = {m["name"]: m["mountPath"] for m in container(statefulset, "shard")["volumeMounts"]}
@@ -129,10 +137,15 @@ def test_ports_and_flags_match_the_code(rendered, profile):
                 assert args[:3] == ["python", "-m", "index_shards"]
                 flags_match_the_code(args[3:], shard_parser())
     config = json.loads(of_kind(objects, "ConfigMap")[0]["data"]["cluster.json"])
-    shard_set = next(s for s in of_kind(objects, "StatefulSet") if s["metadata"]["name"] == "rel-shardrag-shard-0")
-    shard_port = container(shard_set, "shard")["ports"][0]["containerPort"]
-    for group in config["shards"]:
-        assert all(url.endswith(f".search.svc.cluster.local:{shard_port}") for url in group)
+    if profile == "processes":
+        shard_set = next(s for s in of_kind(objects, "StatefulSet") if s["metadata"]["name"] == "rel-shardrag-shard-0")
+        shard_port = container(shard_set, "shard")["ports"][0]["containerPort"]
+        for group in config["shards"]:
+            assert all(url.endswith(f".search.svc.cluster.local:{shard_port}") for url in group)
+    else:  # the nodes layout: each replica at its node's URL plus /c/<collection>/<shard>
+        node_port = container(component_sets(objects, "node")[0], "node")["ports"][0]["containerPort"]
+        for i, group in enumerate(config["shards"]):
+            assert all(url.endswith(f".search.svc.cluster.local:{node_port}/c/docs/{i}") for url in group)
     gateway = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "rel-shardrag-gateway")
     assert "checksum/config" in gateway["spec"]["template"]["metadata"]["annotations"]
     with warnings.catch_warnings():
@@ -148,8 +161,8 @@ def test_ports_and_flags_match_the_code(rendered, profile):
 def test_gpu_profile_requests_gpus_and_uses_the_cuda_image(rendered):
     objects = rendered["gpu"]
     gpu_pods = [o for o in objects if o["kind"] in ("StatefulSet", "Deployment", "Job")
-                and o["metadata"]["labels"]["app.kubernetes.io/component"] in ("shard", "generator", "train")]
-    assert len(gpu_pods) == 4  # 2 shards, the generators, the training job
+                and o["metadata"]["labels"]["app.kubernetes.io/component"] in ("node", "generator", "train")]
+    assert len(gpu_pods) == 3  # the nodes (hosting the shards), the generators, the training job
     for obj in gpu_pods:
         spec = obj["spec"]["template"]["spec"]
         main = spec["containers"][0]
@@ -157,8 +170,8 @@ def test_gpu_profile_requests_gpus_and_uses_the_cuda_image(rendered):
         assert main["image"].endswith("-cuda")
         assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
         assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
-    shard = container(next(o for o in gpu_pods if o["metadata"]["name"] == "rel-shardrag-shard-0"), "shard")
-    assert shard["args"][shard["args"].index("--device") + 1] == "gpu"
+    node = container(next(o for o in gpu_pods if o["metadata"]["name"] == "rel-shardrag-node"), "node")
+    assert node["args"][node["args"].index("--device") + 1] == "gpu"
     for obj in rendered["default"]:
         if obj["kind"] in ("StatefulSet", "Deployment"):
             assert "nvidia.com/gpu" not in json.dumps(obj)
@@ -180,8 +193,15 @@ def test_training_is_an_indexed_job_with_one_rank_per_slice(rendered):
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
 
 
-def test_large_profile_fetches_indexes_and_wires_the_answer_path(rendered):
-    objects = rendered["large"]
+@pytest.mark.parametrize("profile", ["large", "processes"])
+def test_large_profile_fetches_indexes_and_wires_the_answer_path(rendered, profile):
+    objects = rendered[profile]
+    if profile == "large":  # the nodes fetch their shares themselves (verified, moved into place)
+        args = container(component_sets(objects, "node")[0], "node")["args"]
+        assert args[args.index("--index-url") + 1] == "https://artifacts.example.com/shardrag/docs/v1"
+        assert args[args.index("--root") + 1].startswith("/var/lib/shardrag/node/")
+        assert not component_sets(objects, "shard")
+        return
     shard = next(o for o in of_kind(objects, "StatefulSet") if o["metadata"]["name"] == "rel-shardrag-shard-3")
     init = shard["spec"]["template"]["spec"]["initContainers"][0]
     assert init["args"][:4] == ["python", "-m", "index_shards", "fetch"]
@@ -255,6 +275,7 @@ def test_helm_test_hook_checks_health_and_runs_a_query(rendered):
     ({"tls": {"enabled": True}}, "existingSecret"),
     ({"etcd": {"replicas": 2}}, "replicas"),  # an even number of members buys no extra fault tolerance
     ({"gateway": {"stateClaim": "x"}}, "stateClaim"),  # gateways keep no state any more
+    ({"layout": "pods"}, "layout"),
 ])
 def test_bad_values_are_refused_by_the_schema(helm, tmp_path, values, complaint):
     path = tmp_path / "bad.yaml"
@@ -281,7 +302,37 @@ def test_one_node_statefulset_hosts_the_collections_created_at_run_time(rendered
     assert args[:4] == ["python", "-m", "index_shards", "node"]
     assert args[args.index("--coordinator") + 1] == ETCD and args[args.index("--node-id") + 1] == "$(POD_NAME)"
     assert args[args.index("--advertise-url") + 1].startswith(
-        f"{'https' if profile == 'large' else 'http'}://$(POD_NAME).rel-shardrag-node.search.svc")
+        f"{'https' if profile in ('large', 'processes') else 'http'}://$(POD_NAME).rel-shardrag-node.search.svc")
     claims = {c["metadata"]["name"] for c in nodes[0]["spec"]["volumeClaimTemplates"]}
     mounts = {m["name"]: m["mountPath"] for m in container(nodes[0], "node")["volumeMounts"]}
     assert claims == {"node"} and mounts["node"] == args[args.index("--data-dir") + 1]
+
+
+@pytest.mark.parametrize("profile, shards, replicas, nodes", [("default", 2, 2, 2), ("gpu", 2, 2, 2),
+                                                               ("large", 4, 3, 3)])
+def test_the_nodes_layout_places_every_replica_on_a_distinct_node_and_no_shard_statefulsets(
+        rendered, profile, shards, replicas, nodes):
+    objects = rendered[profile]
+    assert not component_sets(objects, "shard")  # "instead of one per shard"
+    (node_set,) = component_sets(objects, "node")
+    assert node_set["spec"]["replicas"] == nodes  # at least the replication factor
+    args = container(node_set, "node")["args"]
+    parsed = shard_parser().parse_args(args[3:])
+    assert (parsed.collection, parsed.shards, parsed.replicas, parsed.nodes) == ("docs", shards, replicas, nodes)
+    assert parsed.replicas_dir.startswith("/var/lib/shardrag/node/")  # write state on the node's own volume
+    config = json.loads(of_kind(objects, "ConfigMap")[0]["data"]["cluster.json"])
+    assert len(config["shards"]) == shards
+    for i, group in enumerate(config["shards"]):
+        on = [int(url.split("rel-shardrag-node-", 1)[1].split(".", 1)[0]) for url in group]
+        assert on == [node_for(i, r, nodes) for r in range(replicas)] and len(set(on)) == replicas
+    pdb = next(p for p in of_kind(objects, "PodDisruptionBudget") if p["metadata"]["name"] == "rel-shardrag-node")
+    assert pdb["spec"]["maxUnavailable"] == 1  # one node at a time: every shard keeps all but one replica
+    policies = {p["metadata"]["name"] for p in of_kind(objects, "NetworkPolicy")}
+    assert "rel-shardrag-shards" not in policies
+
+
+def test_the_nodes_layout_keeps_its_nodes_when_run_time_collections_are_off(helm):
+    objects = render(helm, "--set", "nodes.enabled=false")
+    assert [s["metadata"]["name"] for s in component_sets(objects, "node")] == ["rel-shardrag-node"]
+    processes = render(helm, "--set", "nodes.enabled=false", "--set", "layout=processes")
+    assert not component_sets(processes, "node") and len(component_sets(processes, "shard")) == 2

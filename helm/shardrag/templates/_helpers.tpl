@@ -70,6 +70,30 @@ shardrag.io/shard: {{ .shard | quote }}
 {{- printf "%s://%s-%d.%s.%s.svc.%s:%d" (include "shardrag.scheme" .root) $name (int .replica) $name .root.Release.Namespace .root.Values.clusterDomain (int .root.Values.shards.port) -}}
 {{- end -}}
 
+{{/* Whether the node StatefulSet renders: it hosts the launched collection (layout nodes) or the
+     collections created at run time (nodes.enabled). */}}
+{{- define "shardrag.nodesOn" -}}
+{{- if or (eq .Values.layout "nodes") .Values.nodes.enabled }}true{{ end -}}
+{{- end -}}
+
+{{/* Node pods: in the nodes layout at least the replication factor (a shard's replicas go to
+     distinct nodes). */}}
+{{- define "shardrag.nodeCount" -}}
+{{- if eq .Values.layout "nodes" -}}
+{{- max (int .Values.nodes.replicas) (int .Values.shards.replicas) -}}
+{{- else -}}
+{{- int .Values.nodes.replicas -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A replica of the launched collection in the nodes layout: replica r of shard i is on node
+     (i + r) mod N (index_shards.placement), at <node URL>/c/<collection>/<i>. */}}
+{{- define "shardrag.nodeReplicaURL" -}}
+{{- $name := include "shardrag.componentName" (dict "root" .root "component" "node") -}}
+{{- $node := mod (add (int .shard) (int .replica)) (int (include "shardrag.nodeCount" .root)) -}}
+{{- printf "%s://%s-%d.%s.%s.svc.%s:%d/c/%s/%d" (include "shardrag.scheme" .root) $name (int $node) $name .root.Release.Namespace .root.Values.clusterDomain (int .root.Values.nodes.port) .root.Values.collection.name (int .shard) -}}
+{{- end -}}
+
 {{- define "shardrag.kvNodeURLs" -}}
 {{- $name := include "shardrag.componentName" (dict "root" . "component" "kv") -}}
 {{- $urls := list -}}
