@@ -125,6 +125,12 @@ def place(shards: int, replicas: int, nodes: Sequence[str], load: Mapping[str, i
     return tuple(placement)
 
 
+def node_replica_url(node_url: str, collection: str, shard_id: int) -> str:
+    """The URL of a replica a node hosts: the node's URL plus ``/c/<collection>/<shard>`` (HTTP, or a
+    Ray node actor's ``ray://<actor>``); gateways, peers and the node itself spell it so."""
+    return f"{node_url.rstrip('/')}/c/{collection}/{shard_id}"
+
+
 def vector_version(dim: int, metric: str) -> EmbeddingVersion:
     """The embedding version of a vector-only collection: its vectors come from the client, so
     the space is named by its dimension and metric (two such collections compare alike)."""

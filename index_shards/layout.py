@@ -73,6 +73,12 @@ def replica_data_dir(root: str | Path, collection: str, shard_id: int, replica: 
     return collection_dir(root, collection) / "replicas" / f"shard-{shard_id}-r{replica}"
 
 
+def nodes_dir(root: str | Path, collection: str) -> Path:
+    """Where a cluster's nodes keep their files: ``<root>/<collection>/nodes/node-<i>`` (every
+    backend, so one can serve what another created)."""
+    return collection_dir(root, collection) / "nodes"
+
+
 def local_cluster_state(root: str | Path, collection: str) -> Path:
     """The local coordinator's file (the cluster state of one machine) of a collection."""
     from clusterstate.local import LOCAL_STATE_FILE

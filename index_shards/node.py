@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from clusterstate.collections import Collections, CollectionSpec, spec_version, spec_versions
+from clusterstate.collections import Collections, CollectionSpec, node_replica_url, spec_version, spec_versions
 from clusterstate.kv import KV
 from clusterstate.lease import LeaseKeeper
 from clusterstate.state import ClusterState, RolloutStoreOnKV
@@ -41,7 +41,8 @@ from httpkit.auth import guard_from_env, internal_policy
 from index_shards.build import BuildConfig, build_collection
 from index_shards.fetch import fetch_shard
 from index_shards.layout import replica_data_dir, resolve_version, shard_dir, version_dir
-from index_shards.placement import BuiltCollection, node_replica_url
+from index_shards.peers import PeerClient
+from index_shards.placement import BuiltCollection
 from index_shards.server import ShardServer, ShardServerConfig, create_server
 from index_shards.shard import Shard
 from retrieval.dirlock import DirLock
@@ -65,9 +66,12 @@ class Node:
     """The replicas a node hosts, kept equal to what the cluster state places on it."""
 
     def __init__(self, kv: KV, node_id: str, data_dir: str | Path, server_config: ShardServerConfig,
-                 *, reconcile_s: float = 0.1, built: tuple[BuiltCollection, int] | None = None) -> None:
+                 *, reconcile_s: float = 0.1, built: tuple[BuiltCollection, int] | None = None,
+                 peers: PeerClient | None = None) -> None:
         """``built``: the launched collection and this node's index among its nodes: the replicas
-        placement gives this node are opened here (before the node serves) and kept for its life."""
+        placement gives this node are opened here (before the node serves) and kept for its life.
+        ``peers``: how its replicas reach their shard's other replicas (default HTTP; the Ray
+        backend's node actors call each other through Ray)."""
         self.kv = kv
         self.node_id = node_id
         self.collections = Collections(kv)
@@ -77,6 +81,7 @@ class Node:
         self.root = Path(data_dir) / "collections"
         self.root.mkdir(parents=True, exist_ok=True)
         self.server_config = server_config
+        self.peers = peers
         self.reconcile_s = reconcile_s
         self.url = ""
         self.slots: dict[SlotKey, Slot] = {}
@@ -221,7 +226,7 @@ class Node:
         data_dir = root / spec.name / "replicas" / f"shard-{shard_id}-{self.node_id}"
         server = create_server(shard, replace(config, data_dir=str(data_dir), replica_id=self.node_id,
                                               replication=spec.replicas), state=ClusterState(self.kv, spec.state_name),
-                               lease=self._lease)
+                               peers=self.peers, lease=self._lease)
         server.role.start(self.replica_url(spec.name, shard_id))
         self.slots = {**self.slots, (spec.name, shard_id): Slot(spec, shard_id, server)}
         logger.info("node %s: hosting %s shard %d", self.node_id, spec.name, shard_id)
@@ -242,7 +247,7 @@ class Node:
             shard = Shard.load(directory, device=config.device, mmap=config.mmap)
             data_dir = replica_data_dir(built.data_root or built.root, built.name, shard_id, replica)
             server = create_server(shard, replace(config, data_dir=str(data_dir), replication=built.replicas),
-                                   state=state, lease=self._lease)
+                                   state=state, peers=self.peers, lease=self._lease)
             self.slots = {**self.slots, (built.name, shard_id): Slot(None, shard_id, server)}
             self.built_slots = self.built_slots | {(built.name, shard_id)}
             logger.info("node %s: hosting %s shard %d (replica %d of the launched collection)", self.node_id,

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from clusterstate.collections import node_replica_url
 from retrieval.errors import ConfigError
 
 
@@ -64,11 +65,6 @@ class BuiltCollection:
 
 def node_for(shard_id: int, replica: int, nodes: int) -> int:
     return (shard_id + replica) % nodes
-
-
-def node_replica_url(node_url: str, collection: str, shard_id: int) -> str:
-    """The URL of a replica a node hosts: the node's URL plus ``/c/<collection>/<shard>``."""
-    return f"{node_url.rstrip('/')}/c/{collection}/{shard_id}"
 
 
 def node_index_of(node_id: str) -> int:

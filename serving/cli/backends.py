@@ -38,11 +38,11 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     version = args.version or active_version(args.collection, config)
     cluster = RayShardCluster(root, args.collection, version=version, replicas=replicas_of(args),
                               address=args.ray_address, faiss_threads=args.faiss_threads,
-                              coordinator=config.cluster.coordinator)
+                              coordinator=config.cluster.coordinator, nodes=max(0, args.nodes))
     lock = claim_collection(config, root, args.collection, cluster.manifest.num_shards, replicas_of(args),
                             lock=args.ray_address is None)
-    print(f"starting {cluster.manifest.num_shards} shards × {replicas_of(args)} replica actors on Ray "
-          f"({args.ray_address or 'local'}) ...", file=sys.stderr, flush=True)
+    print(f"starting {cluster.manifest.num_shards} shards × {replicas_of(args)} replica actors + "
+          f"{cluster.node_count} node actor(s) on Ray ({args.ray_address or 'local'}) ...", file=sys.stderr, flush=True)
     cluster.start()
     print("replica actors on Ray nodes: " + json.dumps({str(s): nodes for s, nodes in enumerate(cluster.nodes)}),
           file=sys.stderr, flush=True)

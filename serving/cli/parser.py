@@ -116,7 +116,8 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="node processes: each hosts replicas of the collections created at run time (PUT "
                              "/v1/collections/NAME; `shardrag collections create`) and, with --layout nodes, its "
                              "share of this collection's; raised to --replicas in that layout, since a shard's "
-                             "replicas go to distinct nodes (default 1; process backend only)")
+                             "replicas go to distinct nodes (default 1; --backend ray: node actors hosting the "
+                             "created collections; --backend embedded: one, in the process)")
     parser.add_argument("--layout", choices=("nodes", "processes"), default="nodes",
                         help="nodes (default): the nodes host this collection too, replica r of shard i on node "
                              "(i + r) mod N; processes: one process per replica of this collection, beside the "

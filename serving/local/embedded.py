@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from clusterstate import open_coordinator
-from index_shards.layout import replica_data_dir, shard_dir
+from index_shards.layout import nodes_dir, replica_data_dir, shard_dir
 from index_shards.node import Node
 from index_shards.role import ShardRole
 from index_shards.server import ShardServerConfig
@@ -38,7 +38,6 @@ from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from retrieval.dirlock import DirLock
 from serving.gateway.config import GatewayConfig
-from serving.local.nodes import nodes_dir
 from serving.local.state import claim_collection, launch_version, with_collection_state
 from serving.transport.inprocess import SCHEME, InProcessShardClient
 

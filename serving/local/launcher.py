@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from index_shards.layout import replica_data_dir, resolve_version, shard_dir
+from index_shards.layout import nodes_dir, replica_data_dir, resolve_version, shard_dir
 from index_shards.placement import BuiltCollection
 from retrieval.atomic import atomic_write_bytes
 from retrieval.dirlock import DirLock
@@ -29,7 +29,7 @@ from retrieval.errors import ConfigError
 from serving.gateway.config import ClusterSpec, GatewayConfig
 from serving.local.answer_path import start_answer_path
 from serving.local.child import Child, LaunchError
-from serving.local.nodes import nodes_dir, start_nodes
+from serving.local.nodes import start_nodes
 from serving.local.state import (
     active_version,
     claim_collection,

@@ -14,12 +14,6 @@ from serving.gateway.config import GatewayConfig
 from serving.local.child import Child
 
 
-def nodes_dir(root: str | Path, collection: str) -> Path:
-    """Where a local cluster's nodes keep their files: ``<root>/<collection>/nodes/node-<i>``
-    (either backend, so one can serve what the other created)."""
-    return Path(root) / collection / "nodes"
-
-
 def built_args(built: BuiltCollection | None, index: int, server_args: tuple[str, ...]) -> list[str]:
     """A node's flags for its share of the launched collection (none without one), then the
     replicas' own flags (those of ``python -m index_shards serve``: faults, compaction, ...)."""

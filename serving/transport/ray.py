@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from index_shards.layout import local_cluster_state, replica_data_dir, resolve_version, shard_dir
+from index_shards.layout import local_cluster_state, nodes_dir, replica_data_dir, resolve_version, shard_dir
 from retrieval.contract import (
     HealthInfo,
     ReplicaInfo,
@@ -35,9 +35,10 @@ from retrieval.contract import (
     UnloadReply,
     WriteReply,
 )
-from retrieval.errors import ConfigError, DeadlineExceeded, ShardUnavailable
+from retrieval.errors import ConfigError, DeadlineExceeded
 from serving.transport.client import ShardClient, ShardReply
-from serving.transport.ray_replica import SCHEME, ShardReplica, _ray, _unwrap
+from serving.transport.ray_node import NodeReplicas
+from serving.transport.ray_replica import SCHEME, ShardReplica, _ray, _unwrap, actor_for
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +52,7 @@ class RayShardClient(ShardClient):
     def _handle(self, replica: str, shard_id: int | None = None) -> Any:
         handle = self._handles.get(replica)
         if handle is None:
-            if not replica.startswith(SCHEME):
-                raise ShardUnavailable(f"{replica!r} is not a Ray replica ({SCHEME}<actor>)", shard=shard_id)
-            try:
-                handle = _ray().get_actor(replica[len(SCHEME):], namespace=self.namespace)
-            except ValueError as exc:
-                raise ShardUnavailable(f"no Ray actor {replica!r}", shard=shard_id) from exc
-            self._handles[replica] = handle
+            handle = self._handles[replica] = actor_for(replica, self.namespace, shard_id)
         return handle
 
     async def _call(self, ref: Any, where: str, shard_id: int | None, timeout_s: float) -> Any:
@@ -155,11 +150,15 @@ class RayShardCluster:
                  address: str | None = None, namespace: str = "shardrag", cpus_per_replica: float = 0.25,
                  gpus_per_replica: float | None = None, max_restarts: int = 3, faiss_threads: int = 1,
                  max_versions: int = 2, ray_init: dict[str, Any] | None = None, coordinator: str | None = None,
-                 writable: bool = True, lease_s: float = 3.0) -> None:
+                 writable: bool = True, lease_s: float = 3.0, nodes: int = 0) -> None:
         """``coordinator``: the cluster state the replicas of a shard elect their primary through
         (default: the local coordinator file with the collection, which every actor on this machine
         shares; give etcd://... when actors run on several hosts). ``writable``: each replica keeps
-        a data dir (``<collection>/replicas/shard-<i>-r<j>`` on the node it runs on) and takes writes."""
+        a data dir (``<collection>/replicas/shard-<i>-r<j>`` on the node it runs on) and takes writes.
+        ``nodes``: node actors (``serving.transport.ray_node``) that host the collections created at
+        run time, each with its files under ``<collection>/nodes/node-<i>`` as a process node's."""
+        if nodes < 0:
+            raise ConfigError("nodes must be ≥ 0", field="nodes")
         if replicas < 1:
             raise ConfigError("replicas must be ≥ 1", field="replicas")
         self.root = Path(root)
@@ -177,6 +176,8 @@ class RayShardCluster:
         self.faiss_threads = faiss_threads
         self.max_versions = max_versions
         self.ray_init = ray_init or {}
+        self.node_count = nodes
+        self.node_actors: list[Any] = []
         self.actors: list[list[Any]] = []
         self.nodes: list[list[str]] = []  # shard → the node address each replica actor runs on
         self.placement_groups: list[Any] = []
@@ -184,6 +185,9 @@ class RayShardCluster:
 
     def actor_name(self, shard_id: int, replica: int) -> str:
         return f"shardrag:{self.collection}:{shard_id}:{replica}"
+
+    def node_actor_name(self, index: int) -> str:
+        return f"shardrag:{self.collection}:node-{index}"
 
     @property
     def replica_names(self) -> tuple[tuple[str, ...], ...]:
@@ -217,8 +221,18 @@ class RayShardCluster:
                 group.append(actor)
                 pending.append(actor.ready.remote())
             self.actors.append(group)
+        node_class = ray.remote(NodeReplicas)
+        for index in range(self.node_count):
+            name = self.node_actor_name(index)
+            node = node_class.options(
+                name=name, namespace=self.namespace, num_cpus=self.cpus_per_replica, max_restarts=self.max_restarts,
+                max_task_retries=0, max_concurrency=8, get_if_exists=False, scheduling_strategy="SPREAD",
+            ).remote(self.state_coordinator(), f"node-{index}",
+                     str(nodes_dir(self.root, self.manifest.collection) / f"node-{index}"), f"{SCHEME}{name}",
+                     self.namespace, self.faiss_threads, self.lease_s, "auto" if gpus else "cpu")
+            self.node_actors.append(node)
         try:
-            ready = ray.get(pending, timeout=ready_timeout_s)
+            ready = ray.get(pending + [node.ready.remote() for node in self.node_actors], timeout=ready_timeout_s)
         except Exception:
             self.stop()
             raise
@@ -249,11 +263,13 @@ class RayShardCluster:
     def _coordinator(self) -> str | None:
         if not self.writable:
             return None
-        if self.coordinator:
-            return self.coordinator
-        if self.replicas == 1:
+        if self.replicas == 1 and not self.coordinator:
             return None  # the only replica of each shard is its own primary
-        return f"file://{local_cluster_state(self.root, self.manifest.collection).resolve()}"
+        return self.state_coordinator()
+
+    def state_coordinator(self) -> str:
+        """The cluster state: the one given, else the collection's local coordinator file."""
+        return self.coordinator or f"file://{local_cluster_state(self.root, self.manifest.collection).resolve()}"
 
     def client(self) -> RayShardClient:
         return RayShardClient(self.namespace)
@@ -264,13 +280,13 @@ class RayShardCluster:
 
     def stop(self) -> None:
         ray = _ray()
-        for group in self.actors:
+        for group in [*self.actors, self.node_actors]:
             for actor in group:
                 try:
                     ray.kill(actor, no_restart=True)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
-        self.actors = []
+        self.actors, self.node_actors = [], []
         for group in self.placement_groups:
             try:
                 ray.util.remove_placement_group(group)

@@ -59,6 +59,13 @@ class ShardReplica:
         self.role = ShardRole(self.versions, replica_id, state, RayPeers(namespace), url=name, replication=replication,
                               lease_s=lease_s).start(name)
 
+    @classmethod
+    def over(cls, versions: Any, role: Any) -> ShardReplica:
+        """The same calls over a replica someone else opened (one a Ray node actor hosts)."""
+        replica = cls.__new__(cls)
+        replica.versions, replica.role = versions, role
+        return replica
+
     def ready(self) -> dict[str, Any]:
         import ray
 
@@ -143,11 +150,7 @@ class RayPeers(PeerClient):
         ray = _ray()
         handle = self._handles.get(peer)
         if handle is None:
-            try:
-                handle = ray.get_actor(peer[len(SCHEME):], namespace=self.namespace)
-            except ValueError as exc:
-                raise ShardUnavailable(f"no Ray actor {peer!r}") from exc
-            self._handles[peer] = handle
+            handle = self._handles[peer] = actor_for(peer, self.namespace)
         try:
             return ray.get(getattr(handle, method).remote(*args), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
@@ -168,6 +171,44 @@ class RayPeers(PeerClient):
 
     def restore(self, peer: str, version: str, term: int, snapshot: Snapshot, force: bool, timeout_s: float) -> int:
         return int(self._call(peer, "restore", timeout_s, version, term, snapshot.encode(), force))
+
+
+def actor_for(replica: str, namespace: str | None, shard_id: int | None = None) -> Any:
+    """The handle a replica's calls go to: ``ray://<actor>`` is a replica actor;
+    ``ray://<actor>/c/<collection>/<shard>`` is a replica that node actor hosts, called the same way
+    (``handle.search.remote(...)``) through :class:`NodeTarget`."""
+    if not replica.startswith(SCHEME):
+        raise ShardUnavailable(f"{replica!r} is not a Ray replica ({SCHEME}<actor>)", shard=shard_id)
+    name, _, hosted = replica[len(SCHEME):].partition("/")
+    try:
+        handle = _ray().get_actor(name, namespace=namespace)
+    except ValueError as exc:
+        raise ShardUnavailable(f"no Ray actor {name!r}", shard=shard_id) from exc
+    if not hosted:
+        return handle
+    prefix, collection, shard = (hosted.split("/") + ["", ""])[:3]
+    if prefix != "c" or not collection or not shard.isdigit():
+        raise ShardUnavailable(f"{replica!r} names no replica (ray://<node actor>/c/<collection>/<shard>)",
+                               shard=shard_id)
+    return NodeTarget(handle, collection, int(shard))
+
+
+class NodeTarget:
+    """One replica a node actor hosts, with a replica actor's call shape: ``target.search.remote(
+    *args)`` is ``node.call.remote(collection, shard, "search", *args)``."""
+
+    def __init__(self, node: Any, collection: str, shard_id: int) -> None:
+        self.node, self.collection, self.shard_id = node, collection, shard_id
+
+    def __getattr__(self, method: str) -> Any:
+        node, collection, shard_id = self.node, self.collection, self.shard_id
+
+        class _Method:
+            @staticmethod
+            def remote(*args: Any) -> Any:
+                return node.call.remote(collection, shard_id, method, *args)
+
+        return _Method
 
 
 def _ray() -> Any:

@@ -20,6 +20,7 @@ from serving.gateway.config import GatewayConfig
 from serving.gateway.factory import GatewaySetup
 from serving.local.launcher import LocalCluster
 from serving.transport.ray import RayShardCluster
+from tests.conftest import random_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -133,6 +134,14 @@ def test_clean_shutdown(root, ray_cluster):
     assert ray.is_initialized()  # not ours to shut down
 
 
+def post_until_ok(client, path: str, body: dict, timeout_s: float = 60.0) -> None:
+    """POST until 200 (replicas still electing a primary answer 503 meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while (reply := client.post(path, json=body)).status_code != 200:
+        assert time.monotonic() < deadline, reply.text
+        time.sleep(0.5)
+
+
 def _exists(ray, name: str, namespace: str) -> bool:
     try:
         ray.get_actor(name, namespace=namespace)
@@ -154,14 +163,9 @@ def test_writes_replicate_between_actors_and_survive_the_primary_actor(root, ray
     try:
         setup = GatewaySetup(CONFIG, cluster.replica_names, shard_client=cluster.client())
         with TestClient(create_app(setup)) as client:
-            deadline = time.monotonic() + 60
-            while True:  # the actors elect a primary and bring the other in
-                reply = client.post("/v1/documents", json={"documents": [{"id": "ray-1", "vector": vector.tolist()}],
-                                                           "write_ack": "all"})
-                if reply.status_code == 200:
-                    break
-                assert time.monotonic() < deadline, reply.text
-                time.sleep(0.5)
+            # the actors elect a primary and bring the other in
+            post_until_ok(client, "/v1/documents",
+                          {"documents": [{"id": "ray-1", "vector": vector.tolist()}], "write_ack": "all"})
             infos = [ray.get(actor.info.remote()) for actor in cluster.actors[0]]
             assert sorted(i.role.is_primary for i in infos) == [False, True]
             assert all(i.versions[0].applied_seq == infos[0].versions[0].applied_seq for i in infos)
@@ -176,7 +180,7 @@ def test_writes_replicate_between_actors_and_survive_the_primary_actor(root, ray
         cluster.stop()
 
 
-def test_shardrag_serve_backend_ray_cli(root, msmarco):
+def test_shardrag_serve_backend_ray_cli_with_a_created_collection_on_a_node_actor(root, msmarco):
     import json
     import os
     import signal
@@ -207,7 +211,75 @@ def test_shardrag_serve_backend_ray_cli(root, msmarco):
             {"id": "cli-ray", "vector": msmarco.vectors[3].tolist()}]}, timeout=60)
         assert written.status_code == 200, written.text  # the actors take writes too
         assert httpx.get(f"{url}/v1/documents/cli-ray", timeout=30).status_code == 200
+
+        # A collection created at run time lives on the node actor (--nodes 1, the default), its
+        # replica reached at ray://<node actor>/c/notes/0 through the same client and peers.
+        created = httpx.put(f"{url}/v1/collections/notes", json={"dim": 4}, timeout=60)
+        assert created.status_code == 201, created.text
+        uid = created.json()["uid"]
+        assert created.json()["placement"] == [["node-0"]]
+        side = httpx.post(f"{url}/v1/collections/notes/documents", json={"documents": [
+            {"id": "a", "vector": [1, 0, 0, 0]}, {"id": "b", "vector": [0, 1, 0, 0]}]}, timeout=60)
+        assert side.status_code == 200, side.text
+        hits = httpx.post(f"{url}/v1/collections/notes/query", json={"vector": [0, 1, 0, 0], "k": 1}, timeout=30)
+        assert hits.status_code == 200 and hits.json()["hits"][0]["doc_id"] == "b", hits.text
+        files = root / "raycli" / "nodes" / "node-0" / "collections" / uid
+        assert files.is_dir()
+        assert httpx.delete(f"{url}/v1/collections/notes", timeout=60).status_code == 200
+        deadline = time.monotonic() + 30
+        while files.exists():  # the node actor's reconcile removes a dropped collection's files
+            assert time.monotonic() < deadline, "the dropped collection's files stayed"
+            time.sleep(0.2)
     finally:
         os.killpg(process.pid, signal.SIGINT)
         assert process.wait(60) == 0
 
+
+
+def test_node_actors_host_a_created_collection_whose_replicas_replicate_through_ray(root, ray_cluster):
+    """Two node actors host a created collection's two replicas: writes acknowledged by both
+    (the primary's peer calls reach the other node's replica through Ray), and a node actor that
+    Ray restarts opens its replica again from its data dir and catches up."""
+    import ray
+
+    docs, vectors, version = random_corpus(30, 8)
+    build_collection(root, docs, vectors, version, BuildConfig("rayn", 1), show_progress=False)
+    cluster = RayShardCluster(root, "rayn", replicas=1, namespace="node-test", writable=False, nodes=2,
+                              lease_s=2.0).start()
+    config = GatewayConfig.from_dict({"encoder": {"load": False},
+                                      "cluster": {"coordinator": cluster.state_coordinator()}})
+
+    def infos() -> list:
+        return [ray.get(node.call.remote("pairs", 0, "info"), timeout=30) for node in cluster.node_actors]
+
+    try:
+        setup = GatewaySetup(config, cluster.replica_names, shard_client=cluster.client())
+        with TestClient(create_app(setup)) as client:
+            created = client.put("/v1/collections/pairs", json={"dim": 4, "replicas": 2})
+            assert created.status_code == 201, created.text
+            assert sorted(created.json()["placement"][0]) == ["node-0", "node-1"]
+            # the two replicas elect a primary and bring the other in
+            post_until_ok(client, "/v1/collections/pairs/documents",
+                          {"documents": [{"id": "a", "vector": [1, 0, 0, 0]}], "write_ack": "all"})
+            held = infos()
+            assert sorted(i.role.is_primary for i in held) == [False, True]
+            assert held[0].versions[0].applied_seq == held[1].versions[0].applied_seq >= 1
+            primary = next(n for n, i in enumerate(held) if i.role.is_primary)
+            ray.kill(cluster.node_actors[primary], no_restart=False)  # Ray restarts it
+            # the other replica takes over after the lease; writes go on
+            post_until_ok(client, "/v1/collections/pairs/documents",
+                          {"documents": [{"id": "b", "vector": [0, 1, 0, 0]}], "write_ack": "one"})
+            hits = client.post("/v1/collections/pairs/query", json={"vector": [0, 1, 0, 0], "k": 1}).json()["hits"]
+            assert hits[0]["doc_id"] == "b"
+            deadline = time.monotonic() + 60
+            while True:  # the restarted node hosts its replica again and catches up from the primary
+                try:
+                    held = infos()
+                    if held[0].versions[0].applied_seq == held[1].versions[0].applied_seq:
+                        break
+                except Exception:  # noqa: BLE001 - the restarted actor is still opening its replica
+                    pass
+                assert time.monotonic() < deadline, "the restarted node actor never caught up"
+                time.sleep(0.5)
+    finally:
+        cluster.stop()
