@@ -27,7 +27,7 @@ ALLOWED = {
 }
 # serving may touch index_shards only to embed shards in-process, launch or build them
 SERVING_USING_INDEX_SHARDS = ("serving/transport/inprocess.py", "serving/transport/ray.py",
-                              "serving/transport/ray_replica.py", "serving/local/",
+                              "serving/transport/ray_replica.py", "serving/transport/ray_node.py", "serving/local/",
                               "serving/cli/")
 MAX_SERVING_MODULE_LINES = 350
 
