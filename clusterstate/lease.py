@@ -57,13 +57,17 @@ class LeaseKeeper:
             sent = self._clock()
             fresh = False
             replaced = self.lease != 0  # a lease that lapsed is being replaced (not the first grant)
+            lapsed = not self.lease
             if self.lease:
                 try:
                     ttl = self.kv.keepalive(self.lease)
                 except LeaseExpired:
                     logger.warning("%s: lease %d lapsed; taking a new one", self.name, self.lease)
-                    self.lease, self._valid_until = 0, 0.0
-            if not self.lease:
+                    self._valid_until, lapsed = 0.0, True
+            if lapsed:
+                # ``lease`` keeps the lapsed id until a new one is granted, never 0: holders read it
+                # from other threads, and a key put on lease 0 has no lease at all — a primary's
+                # claim made so would outlive its holder and keep its shard from electing forever.
                 self.lease = self.kv.grant(self.ttl_s)
                 ttl, fresh = self.ttl_s, True
             self._valid_until = sent + ttl * (1.0 - SAFETY_MARGIN)

@@ -149,7 +149,8 @@ class LocalKV(KV):
             current = int(item["rev"]) if item is not None and self._live(state, item) else 0
             if expect_revision is not None and current != expect_revision:
                 return None
-            if lease and str(lease) not in state["leases"]:
+            expires = state["leases"].get(str(lease)) if lease else None
+            if lease and (expires is None or float(expires) <= self._clock()):  # lapsed, if not yet dropped
                 raise LeaseExpired(f"lease {lease} has expired", field="lease")
             state["revision"] += 1
             state["keys"][key] = {"v": base64.b64encode(value).decode(), "rev": state["revision"], "lease": lease}

@@ -130,7 +130,11 @@ class ClusterState:
         return Claim(str(data["replica"]), int(data["term"]))
 
     def put_claim(self, shard_id: int, claim: Claim, lease: int) -> bool:
-        """Claim the shard for ``claim.replica`` (only when no live claim exists)."""
+        """Claim the shard for ``claim.replica`` (only when no live claim exists). A claim always
+        hangs on a lease: one without would outlive its holder."""
+        if lease <= 0:
+            raise CoordinatorUnavailable("no live lease to hang the primary's claim on (it is being renewed)",
+                                         field="lease")
         value = json.dumps({"replica": claim.replica, "term": claim.term}).encode()
         return self.kv.put(self._shard_key(shard_id) + "/claim", value, expect_revision=0, lease=lease) is not None
 

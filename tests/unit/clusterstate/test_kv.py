@@ -67,6 +67,9 @@ def test_a_lapsed_lease_takes_its_keys_and_cannot_be_renewed(kv: KV):
     assert kv.revision() > revision  # a watcher polling the revision sees the key go
     with pytest.raises(LeaseExpired):
         kv.keepalive(lease)
+    with pytest.raises(LeaseExpired):  # nor can a key be put on it (it would never expire, or vanish at once)
+        kv.put(key, b"late", lease=lease)
+    assert kv.get(key) is None
     revoked = kv.grant(5)
     kv.put(key, b"again", lease=revoked)
     kv.revoke(revoked)

@@ -11,7 +11,7 @@ import pytest
 from clusterstate.lease import SAFETY_MARGIN, LeaseKeeper
 from clusterstate.local import LocalKV
 from clusterstate.state import Claim, ClusterState, RolloutStoreOnKV, ShardRecord
-from retrieval.errors import ConfigError
+from retrieval.errors import ConfigError, CoordinatorUnavailable
 from retrieval.rollout import RolloutState
 
 
@@ -45,6 +45,9 @@ def test_a_claim_goes_with_its_lease_and_members_are_the_live_ones(state):
     assert state.members(3) == {"r1": {"replica": "r1", "url": "http://a:1"}}
     state.kv.revoke(lease)
     assert state.claim(3) is None and state.members(3) == {}
+    with pytest.raises(CoordinatorUnavailable):  # a claim on no lease would outlive its holder
+        state.put_claim(3, Claim("r2", 5), 0)
+    assert state.claim(3) is None
 
 
 def test_the_rollout_state_and_gateways(state):
@@ -70,3 +73,26 @@ def test_a_paused_lease_holder_sees_its_lease_lapsed_when_it_wakes(tmp_path):
     assert keeper.valid_for_s() == pytest.approx(3.0 * (1 - SAFETY_MARGIN))
     now[0] += 10.0  # SIGSTOP for 10 s: the monotonic clock went on
     assert keeper.valid_for_s() < 0
+
+
+def test_a_lapsed_lease_is_replaced_without_ever_reading_as_no_lease(tmp_path):
+    """Holders read ``keeper.lease`` from other threads while it renews: between the lapse and the
+    new grant it must still name the lapsed lease, never 0 (a primary's claim put on lease 0 had
+    no lease at all and kept its shard from electing: issue 36's session, test_primaries)."""
+    now = [100.0]
+    seen_while_granting: list[int] = []
+
+    class Watched(LocalKV):
+        def grant(self, ttl_s: float) -> int:
+            seen_while_granting.append(keeper.lease)
+            return super().grant(ttl_s)
+
+    renewed: list[int] = []
+    keeper = LeaseKeeper(Watched(tmp_path / "s.json", clock=lambda: now[0]), 3.0, name="test",
+                         clock=lambda: now[0], on_new_lease=renewed.append)
+    keeper._renew()  # noqa: SLF001 - the first grant, without the renewal thread
+    first = keeper.lease
+    now[0] += 10.0  # paused past the TTL
+    keeper._renew()  # noqa: SLF001
+    assert seen_while_granting == [0, first]  # the first grant starts from none; the second from the lapsed one
+    assert keeper.lease not in (0, first) and renewed == [keeper.lease]
