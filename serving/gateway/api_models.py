@@ -85,6 +85,9 @@ class DiagnosticsModel(BaseModel):
     shard_k: int = Field(description="hits asked of each shard (below k: per-shard top-k trimming)")
     second_round: list[int] = Field(description="shards asked again for the full k (their last hit could "
                                     "still make the top k)")
+    trimming: str = Field(description="per-shard top-k trimming: \"on\", or \"off: <why>\" (asked for exact, "
+                          "one shard, HNSW without ef_search ≥ k, a refined index, on which a trimmed list is "
+                          "not a prefix of the full one)")
     per_shard: list[ShardCallModel]
 
 

@@ -206,6 +206,7 @@ class QueryService:
                 "fanout_ms": fanout_ms,
                 "shard_k": result.asked_k,
                 "second_round": list(result.second_round),
+                "trimming": result.trimming,
                 "per_shard": [
                     {"shard": c.shard_id, "replica": c.replica, "latency_ms": c.latency_ms, "server_ms": c.server_ms,
                      "batch_size": c.batch_size, "attempts": c.attempts, "hedged": c.hedged,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import re
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -74,6 +75,22 @@ def trimmed_k(k: int, shards: int, probability: float) -> int:
     return min(k, max(1, math.ceil(k * p + z * math.sqrt(k * p * (1.0 - p)))))
 
 
+_REFINE = re.compile(r"(^|,)(Refine\(|RFlat)", re.IGNORECASE)
+
+
+def trimming_blocker(factory: str) -> str | None:
+    """Why per-shard top-k trimming can never equal the full-k answer on shards of ``factory``
+    (None: it can). Measured on real FAISS indexes (tests/unit/serving/test_trimming_rules.py): on a
+    refined index a shard's top k′ is not the first k′ of its top k, so a trimmed first round would
+    return different hits, not just fewer. (Fast-scan PQ differs only in the order of equal scores
+    and in which of the hits tied at the last score it keeps: the merge orders by score then id,
+    and such a shard is asked again for the full k, so trimming stays exact there.)"""
+    if _REFINE.search(factory):
+        return (f"{factory}: a refined index re-ranks k_factor × k candidates, so asking a shard for fewer "
+                "hits re-ranks fewer and can change which come first")
+    return None
+
+
 @dataclass(slots=True, frozen=True)
 class ShardRoute:
     """Where queries on one embedding version go: per shard, the replicas that hold it ready."""
@@ -85,6 +102,8 @@ class ShardRoute:
     # HNSW searches with a beam of max(efSearch, k): asking a shard for fewer hits narrows it, so
     # a shorter list would not be a prefix of the full one. Trimming needs an explicit ef_search ≥ k.
     k_shapes_search: bool = False
+    # Factories on which no trimmed list is a prefix of the full one (trimming_blocker): never trimmed.
+    trimming_blocked: str | None = None
 
     @property
     def num_shards(self) -> int:
@@ -116,6 +135,7 @@ class FanOutResult:
     missing: dict[int, str]  # shard id → why it is not in the answer
     asked_k: int = 0  # hits asked of each shard in the first round (< k: trimmed)
     second_round: tuple[int, ...] = ()  # shards asked again for the full k
+    trimming: str = "off"  # "on", or why each shard was asked for the full k
 
     @property
     def partial(self) -> bool:
@@ -172,9 +192,10 @@ class FanOut:
         the answer is always the full-k fan-out's."""
         targets = self.targets(vector, top_m, route)
         deadline = time.monotonic() + timeout_s
-        asked = params.k
-        if not exact and (not route.k_shapes_search or (params.ef_search or 0) >= params.k):
-            asked = trimmed_k(params.k, len(targets), self.topk_probability)
+        trimming = self._trimming(params, route, exact, len(targets))
+        asked = trimmed_k(params.k, len(targets), self.topk_probability) if trimming == "on" else params.k
+        if trimming == "on" and asked >= params.k:
+            trimming = "off: the binomial bound asks each shard for the whole k"
         first = replace(params, k=asked) if asked < params.k else params
         answers, missing = await self._round(vector, first, route, targets, deadline, timeout_s, min_seq)
         ordered = [answers[s] for s in targets if s in answers]
@@ -194,7 +215,21 @@ class FanOut:
                 ordered = [answers[s] for s in targets if s in answers]
                 merged = _merge(ordered, params.k)
         return FanOutResult(merged, route.version, route.num_shards, targets, [call for _, call in ordered], missing,
-                            asked, tuple(again))
+                            asked, tuple(again), trimming)
+
+    def _trimming(self, params: SearchParams, route: ShardRoute, exact: bool, shards: int) -> str:
+        """"on", or why this query's shards are asked for the full k (shown in its diagnostics)."""
+        if exact:
+            return "off: exact asked for"
+        if self.topk_probability == 0:
+            return "off: calls.topk_probability is 0"
+        if shards <= 1:
+            return "off: one shard queried"
+        if route.trimming_blocked is not None:
+            return f"off: {route.trimming_blocked}"
+        if route.k_shapes_search and (params.ef_search or 0) < params.k:
+            return "off: HNSW searches a beam of max(ef_search, k): trimmed only with an explicit ef_search ≥ k"
+        return "on"
 
     async def _round(self, vector: np.ndarray, params: SearchParams, route: ShardRoute, targets: list[int],
                      deadline: float, timeout_s: float,

@@ -26,7 +26,7 @@ from retrieval.errors import ConfigError, ShardragError, VersionConflict
 from retrieval.rollout import RolloutState
 from serving.encoding.query_encoder import QueryEncoder
 from serving.encoding.service import EncoderService
-from serving.shardcall.fanout import ShardRoute
+from serving.shardcall.fanout import ShardRoute, trimming_blocker
 from serving.transport.client import ShardClient
 from serving.versions.store import RolloutStore
 from serving.versions.topology import (
@@ -132,7 +132,8 @@ class VersionRegistry:
         snapshots = {}
         for version, topology in self.topologies.items():
             route = ShardRoute(version, tuple(self.eligible(s, version) for s in range(len(self.shard_replicas))),
-                               topology.centroids, topology.partitioner, "HNSW" in topology.factory.upper())
+                               topology.centroids, topology.partitioner, "HNSW" in topology.factory.upper(),
+                               trimming_blocker(topology.factory))
             snapshots[version] = VersionSnapshot(topology, self.encoders.get(version), route)
         self._view = RegistryView(state, snapshots)
 

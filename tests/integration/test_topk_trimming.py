@@ -1,7 +1,8 @@
 """Per-shard top-k trimming through real processes on msmarco + dbpedia (10k real MiniLM vectors):
 every query's answer equals the full-k fan-out's (``exact: true``) at 4 and 8 shards, hits and
 scores bit for bit, while each shard is asked for fewer hits; HNSW shards are trimmed only with
-an explicit ef_search ≥ k (a smaller k would narrow their beam)."""
+an explicit ef_search ≥ k (a smaller k would narrow their beam); fast-scan PQ shards exactly too;
+refined shards never (their shorter lists are not prefixes), with the reason in the diagnostics."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def test_trimmed_answers_equal_the_full_k_fan_out(tmp_path, corpus, shards):
             assert all(hits(a) == hits(b) and len(hits(a)) == k for a, b in zip(trimmed, full, strict=True))
             assert {a["diagnostics"]["shard_k"] for a in trimmed} == {trimmed_k(k, shards, 0.9999)} != {k}
             assert {b["diagnostics"]["shard_k"] for b in full} == {k}
+            assert {a["diagnostics"]["trimming"] for a in trimmed} == {"on"}
             again = sum(len(a["diagnostics"]["second_round"]) for a in trimmed)
             REPORT.append(f"top-k trimming, {shards} shards, k={k}: each shard asked for "
                           f"{trimmed_k(k, shards, 0.9999)}; {len(queries)} queries identical to full k, "
@@ -90,7 +92,37 @@ def test_hnsw_is_trimmed_only_with_an_explicit_ef_search(tmp_path, corpus):
             httpx.Client(base_url=cluster.gateway_url, timeout=30) as client:
         plain = answers(client, queries[:10], 50)
         assert {a["diagnostics"]["shard_k"] for a in plain} == {50}
+        assert all(a["diagnostics"]["trimming"].startswith("off: HNSW") for a in plain)
         wide = answers(client, queries, 50, ef_search=128)
         full = answers(client, queries, 50, ef_search=128, exact=True)
     assert {a["diagnostics"]["shard_k"] for a in wide} == {trimmed_k(50, 4, 0.9999)}
     assert all(hits(a) == hits(b) for a, b in zip(wide, full, strict=True))
+
+
+@pytest.mark.parametrize("shards, factory, trimmed", [(4, "IVF64,PQ16x4fs", True), (8, "IVF64,PQ16x4fs", True),
+                                                      (4, "IVF64,PQ16x4fs,RFlat", False),
+                                                      (8, "IVF64,PQ16x4fs,RFlat", False)])
+def test_fast_scan_is_trimmed_exactly_and_refined_shards_never_saying_why(tmp_path, corpus, shards, factory, trimmed):
+    """Fast-scan PQ shards: trimmed, and every answer equals the full-k one (their shorter lists
+    differ from the full ones only among equal scores: tests/unit/serving/test_trimming_rules.py).
+    Refined shards: a shorter list re-ranks fewer candidates, so the fan-out asks every shard for the
+    full k and the diagnostics say why. (One node hosts every shard: one process to start.)"""
+    documents, vectors, queries, version = corpus
+    build_collection(tmp_path / "root", documents, vectors, version, BuildConfig("fs", shards, factory=factory),
+                     show_progress=False)
+    with LocalCluster(tmp_path / "root", "fs", replicas=1, layout="nodes",
+                      gateway=GatewayConfig.from_dict(VECTORS_ONLY), workdir=tmp_path / "run") as cluster, \
+            httpx.Client(base_url=cluster.gateway_url, timeout=30) as client:
+        # nprobe 8: enough IVF lists that every shard has its k (the build's default of 1 may not)
+        plain, full = answers(client, queries, 100, nprobe=8), answers(client, queries, 100, nprobe=8, exact=True)
+    assert all(hits(a) == hits(b) and len(hits(a)) == 100 for a, b in zip(plain, full, strict=True))
+    reasons = {a["diagnostics"]["trimming"] for a in plain}
+    if trimmed:
+        assert reasons == {"on"} and {a["diagnostics"]["shard_k"] for a in plain} == {trimmed_k(100, shards, 0.9999)}
+    else:
+        assert {a["diagnostics"]["shard_k"] for a in plain} == {100}
+        assert len(reasons) == 1 and reasons.pop().startswith(f"off: {factory}: ")
+    assert {b["diagnostics"]["trimming"] for b in full} == {"off: exact asked for"}
+    REPORT.append(f"top-k trimming, {shards} shards of {factory}: {'trimmed' if trimmed else 'never trimmed'}; "
+                  f"{len(queries)} queries identical to exact, k=100, "
+                  f"{sum(len(a['diagnostics']['second_round']) for a in plain)} second-round shard calls")
