@@ -7,9 +7,11 @@ Every replica runs :class:`ShardRole` on a background thread, every ``tick_s``:
   the shard's replicas;
 * with **no live primary claim** — the primary's lease lapsed (it died, hung, or was cut off) —
   the in-sync replicas hold an election: the one with the most writes applied (ties: the lowest
-  name) that it can see is promoted with a compare-and-swap that bumps the term, removes the old
-  primary from the in-sync set and claims the shard on the winner's lease; the winner then
-  establishes its term on the others (``PrimaryWriter.establish``). Only an in-sync replica can
+  name) that it can see claims the shard on its lease (only one candidate can: the claim is
+  created only where none exists), then a compare-and-swap bumps the term, removes the old
+  primary from the in-sync set and names the winner (it fails, and the claim is given back, if
+  the record moved since it was read); the winner then establishes its term on the others
+  (``PrimaryWriter.establish``). Only an in-sync replica can
   win (it holds every acknowledged write); a shard whose in-sync replicas are all gone waits for
   one to come back rather than lose writes. The first election of a new shard (term 0) is open to
   every replica that registered by then (it waits until all ``replication`` replicas have, or a
@@ -230,6 +232,9 @@ class ShardRole:
             return
         if claim is None:
             self._elect(record)
+        elif claim.replica == self.replica and claim.term > record.term:
+            # ours, from a promotion whose record change did not go through: it blocks every election
+            self.state.drop_claim(self.shard_id, claim)
 
     def _progress(self, replica: str) -> tuple[int, int] | None:
         """(writes applied over every version held, the highest term it knows): who has applied
@@ -272,18 +277,34 @@ class ShardRole:
             return replace(current, term=term, primary=self.replica, in_sync=tuple(sorted(keep | {self.replica})),
                            replicas=tuple(sorted({*current.replicas, self.replica})))
 
-        self.versions.observe_term(term)  # persisted first: never act under a term that may be lost
-        updated = self.state.update_shard(self.shard_id, change)
-        if updated is None:
-            return
+        # The claim first: of two candidates that both saw no claim, only one gets it, and the other
+        # changes nothing — neither the record nor the term it knows. (Record first, a loser could
+        # move the record to a term with no primary, deposing the winner, or persist a term that
+        # never got recorded and refuse the winner's writes until the next failover.)
         lease = self._lease.lease
-        if not self.state.put_claim(self.shard_id, Claim(self.replica, term), lease):
-            logger.warning("shard %d: promoted to term %d but the claim was taken", self.shard_id, term)
+        claim = Claim(self.replica, term)
+        if not self.state.put_claim(self.shard_id, claim, lease):
+            return  # someone else claimed first: look again next round
+        try:
+            self.versions.observe_term(term)  # persisted before it is recorded: never act under a term that may be lost
+            updated = self.state.update_shard(self.shard_id, change)
+        except BaseException:
+            self._drop_stray_claim(claim)
+            raise
+        if updated is None:  # the record moved since it was read: give the claim back, look again
+            self._drop_stray_claim(claim)
             return
         self._record, self._claimed_term, self._claim_lease = updated, term, lease
         logger.warning("shard %d: promoted to primary, term %d (in sync: %s)", self.shard_id, term,
                        ", ".join(updated.in_sync))
         self.writer.establish()
+
+    def _drop_stray_claim(self, claim: Claim) -> None:
+        """Give back a claim whose promotion did not go through (a failure here is retried by
+        :meth:`tick`, which drops a claim of ours that no promotion backs)."""
+        assert self.state is not None
+        with contextlib.suppress(CoordinatorUnavailable, LeaseExpired):
+            self.state.drop_claim(self.shard_id, claim)
 
     def _bring_in_others(self, record: ShardRecord) -> None:
         assert self.state is not None

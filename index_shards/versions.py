@@ -191,15 +191,33 @@ class ShardVersions:
         """One search against the version ``params`` names (409 when this replica does not hold it;
         ``replica_behind`` when a session read needs a write it has not applied)."""
         started = time.perf_counter()
-        shard = self.get(params.version)
+        slot = self.slot(params.version)
+        shard = slot.live
+        assert shard is not None  # a ready slot is live
         if params.min_seq is not None and shard.applied_seq < params.min_seq:
             raise ReplicaBehind(f"shard {self.shard_id} applied up to seq {shard.applied_seq}, the read needs "
                                 f"{params.min_seq}", field="min_seq", shard=self.shard_id)
+        if params.min_term is not None and (held := self.applied_term(slot)) < params.min_term:
+            # Past the seq but not in the term: this log holds records of an older primary that the
+            # write's primary never had (diverged, not yet restored) — it may lack the write.
+            raise ReplicaBehind(f"shard {self.shard_id}'s records up to seq {shard.applied_seq} are of term {held}; "
+                                f"the read needs a write of term {params.min_term}", field="min_term",
+                                shard=self.shard_id)
         results = shard.search(np.asarray(vectors, dtype=np.float32), params.k, nprobe=params.nprobe,
                                ef_search=params.ef_search, with_text=params.with_text,
                                with_metadata=params.with_metadata,
                                filter_=filter_from_canonical(params.filter) if params.filter else None)
         return SearchReply(self.shard_id, shard.version_id, (time.perf_counter() - started) * 1000.0, results)
+
+    @staticmethod
+    def applied_term(slot: VersionSlot) -> int:
+        """The term of the record at the slot's applied seq (0: none, or no log): a log is a prefix of
+        that term's primary's log, which holds every write acknowledged under that term or before."""
+        live, log = slot.live, slot.log
+        if live is None or log is None or live.applied_seq == 0:
+            return 0
+        mark = log.mark(live.applied_seq)
+        return mark.term if mark is not None else 0
 
     def matching_ids(self, version_id: str, filter_canonical: str, limit: int) -> list[str]:
         """Ids of live documents of the version that the filter (canonical JSON) selects."""

@@ -137,19 +137,21 @@ class ShardragClient:
         filter: dict[str, Any] | None = None,
         with_metadata: bool = False,
         min_seq: dict[str, int] | None = None,
+        min_term: dict[str, int] | None = None,
     ) -> dict[str, Any]:
         """``filter``: only documents whose metadata match (``docs/filters.md``); ``with_metadata``:
-        each hit carries its metadata; ``min_seq``: a session read — only replicas that applied
-        these writes answer (pass the ``seq`` an :meth:`upsert` or :meth:`delete` returned)."""
+        each hit carries its metadata; ``min_seq`` and ``min_term``: a session read — only replicas
+        that hold these writes answer (pass the ``seq`` and ``term`` an :meth:`upsert` or
+        :meth:`delete` returned; the term keeps out a replica whose log diverged in a failover)."""
         body = query_body(text=text, vector=vector, k=k, top_m=top_m, nprobe=nprobe, ef_search=ef_search,
                           timeout_ms=timeout_ms, with_text=with_text, version=version, filter=filter,
-                          with_metadata=with_metadata, min_seq=min_seq)
+                          with_metadata=with_metadata, min_seq=min_seq, min_term=min_term)
         return self._check(self._post(f"{self._data}/query", body))
 
     def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
                idempotency_key: str | None = None) -> dict[str, Any]:
         """Insert or replace documents (``{"id", "title"?, "text" | "vector", "metadata"?}``); returns
-        ``{"ids", "seq", "version"}`` once ``write_ack`` replicas of each touched shard have them
+        ``{"ids", "seq", "term", "version"}`` once ``write_ack`` replicas of each touched shard have them
         fsynced. Needs a key with the ``write`` scope."""
         body = write_body(documents=documents, write_ack=write_ack, idempotency_key=idempotency_key)
         return self._check(self._post(f"{self._data}/documents", body))
@@ -288,10 +290,11 @@ class AsyncShardragClient:
                     top_m: int | None = None, nprobe: int | None = None, ef_search: int | None = None,
                     timeout_ms: int | None = None, with_text: bool = True, version: str | None = None,
                     filter: dict[str, Any] | None = None, with_metadata: bool = False,
-                    min_seq: dict[str, int] | None = None) -> dict[str, Any]:
+                    min_seq: dict[str, int] | None = None, min_term: dict[str, int] | None = None) -> dict[str, Any]:
         return await self._post(f"{self._data}/query", query_body(
             text=text, vector=vector, k=k, top_m=top_m, nprobe=nprobe, ef_search=ef_search, timeout_ms=timeout_ms,
-            with_text=with_text, version=version, filter=filter, with_metadata=with_metadata, min_seq=min_seq))
+            with_text=with_text, version=version, filter=filter, with_metadata=with_metadata, min_seq=min_seq,
+            min_term=min_term))
 
     async def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
                      idempotency_key: str | None = None) -> dict[str, Any]:

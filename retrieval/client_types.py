@@ -36,12 +36,15 @@ def rollout_error(status: int, content: bytes) -> ShardragError:
 def query_body(*, text: str | None, vector: Sequence[float] | None, k: int | None, top_m: int | None,
                nprobe: int | None, ef_search: int | None, timeout_ms: int | None, with_text: bool,
                version: str | None, filter: dict[str, Any] | None, with_metadata: bool,
-               min_seq: dict[str, int] | None) -> dict[str, Any]:
+               min_seq: dict[str, int] | None, min_term: dict[str, int] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"with_text": with_text}
     if with_metadata:
         body["with_metadata"] = True
-    if min_seq is not None:
-        body.update(consistency="session", min_seq=dict(min_seq))
+    if min_seq is not None or min_term is not None:
+        body["consistency"] = "session"
+        for name, given in (("min_seq", min_seq), ("min_term", min_term)):
+            if given is not None:
+                body[name] = dict(given)
     for name, value in (("text", text), ("k", k), ("top_m", top_m), ("nprobe", nprobe), ("ef_search", ef_search),
                         ("timeout_ms", timeout_ms), ("version", version), ("filter", filter)):
         if value is not None:

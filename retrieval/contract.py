@@ -40,6 +40,17 @@ class HitColumns(TypedDict):
 
 
 @dataclass(slots=True, frozen=True)
+class SessionFloor:
+    """What a session read needs of one shard's replica: the client's write there, by the seq and
+    the primary term its reply named. A replica answers when it applied ``seq`` and its record at
+    its applied seq is of ``term`` or newer: a replica whose log diverged during a failover (records
+    of an old primary that were never acknowledged) can reach the seq without holding the write."""
+
+    seq: int
+    term: int | None = None  # None: a client that sent min_seq alone (no protection against a diverged log)
+
+
+@dataclass(slots=True, frozen=True)
 class SearchParams:
     """Everything of a search but the vectors; queries with equal params can share one shard call."""
 
@@ -50,7 +61,8 @@ class SearchParams:
     with_text: bool = True  # return titles and texts
     with_metadata: bool = False  # return each hit's metadata
     filter: str | None = None  # a filter's canonical JSON (retrieval.filters): only documents it selects
-    min_seq: int | None = None  # session reads: only a replica that applied this write may answer
+    min_seq: int | None = None  # session reads: only a replica that applied this write may answer ...
+    min_term: int | None = None  # ... and holds the log it was made in (not a diverged one of an older term)
 
     def query_string(self) -> str:
         params: dict[str, Any] = {"k": self.k}
@@ -68,6 +80,8 @@ class SearchParams:
             params["filter"] = self.filter
         if self.min_seq is not None:
             params["min_seq"] = self.min_seq
+        if self.min_term is not None:
+            params["min_term"] = self.min_term
         return urlencode(params)
 
     @classmethod
@@ -101,9 +115,10 @@ class SearchParams:
         return cls(**params)
 
 
-_SEARCH_PARAMS = ("k", "version", "nprobe", "ef_search", "with_text", "with_metadata", "filter", "min_seq")
+_SEARCH_PARAMS = ("k", "version", "nprobe", "ef_search", "with_text", "with_metadata", "filter", "min_seq",
+                  "min_term")
 _INT_PARAMS: dict[str, tuple[int, int | None]] = {"k": (1, None), "nprobe": (1, 65536), "ef_search": (1, 65536),
-                                                  "min_seq": (0, None)}
+                                                  "min_seq": (0, None), "min_term": (0, None)}
 
 
 @dataclass(slots=True, frozen=True)

@@ -89,12 +89,14 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         batch: list[dict[str, Any]] = []
         position = 0
         seq: dict[str, int] = {}
+        term: dict[str, int] = {}  # with seq: a later session read's min_term
 
         def send(batch: list[dict[str, Any]], first: int) -> None:
             key = f"ingest:{args.collection}:{corpus_hash[:32]}:{first}:{len(batch)}"
             reply = client.upsert(batch, write_ack=args.write_ack, idempotency_key=key)
             for shard, value in reply["seq"].items():
                 seq[shard] = max(seq.get(shard, 0), int(value))
+                term[shard] = max(term.get(shard, 0), int(reply.get("term", {}).get(shard, 0)))
             atomic_write_bytes(progress_file, json.dumps({
                 "collection": args.collection, "corpus": str(corpus.resolve()), "sha256": corpus_hash,
                 "acknowledged": first + len(batch), "total": total}).encode())
@@ -111,7 +113,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         if batch:
             send(batch, position - len(batch))
         bar.close()
-    print(json.dumps({"collection": args.collection, "acknowledged": total, "sent": total - done, "seq": seq}))
+    print(json.dumps({"collection": args.collection, "acknowledged": total, "sent": total - done, "seq": seq,
+                      "term": term}))
     return 0
 
 

@@ -43,6 +43,9 @@ class QueryRequest(BaseModel):
         "eventual", description="session: only replicas that applied min_seq answer (read your writes)")
     min_seq: dict[str, SeqInt] | None = Field(
         None, description="per shard, the seq a write returned: what a session read must see")
+    min_term: dict[str, SeqInt] | None = Field(
+        None, description="per shard, the term a write returned (with min_seq): a replica whose log diverged "
+        "in a failover never answers for it")
     exact: bool = Field(False, description="ask every shard for the full k (no per-shard top-k trimming; the "
                         "answer is the same either way, trimming only moves fewer hits)")
 

@@ -52,8 +52,10 @@ def query_request_schema(limits: Limits, topology: Topology | None) -> dict[str,
     if topology is not None:
         shard_names = {"enum": [str(i) for i in range(int(topology.num_shards))]}
     set_in("min_seq", propertyNames=shard_names)
-    # min_seq only with consistency "session" (a session read); "eventual" takes none
-    schema["if"] = {"required": ["min_seq"], "properties": {"min_seq": {"type": "object", "minProperties": 1}}}
+    set_in("min_term", propertyNames=shard_names)
+    # min_seq and min_term only with consistency "session" (a session read); "eventual" takes none
+    schema["if"] = {"anyOf": [{"required": [name], "properties": {name: {"type": "object", "minProperties": 1}}}
+                              for name in ("min_seq", "min_term")]}
     schema["then"] = {"required": ["consistency"], "properties": {"consistency": {"const": "session"}}}
     props["filter"] = {"anyOf": [{"$ref": f"#/components/schemas/{FILTER_SCHEMA}0"}, {"type": "null"}],
                        "description": props["filter"].get("description", "")}

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from retrieval.contract import SearchParams
+from retrieval.contract import SearchParams, SessionFloor
 from retrieval.errors import (
     DeadlineExceeded,
     DimensionMismatch,
@@ -117,19 +117,21 @@ class QueryService:
         return vector
 
     @staticmethod
-    def _min_seq(request: QueryRequest, snapshot: VersionSnapshot) -> dict[int, int] | None:
+    def _session(request: QueryRequest, snapshot: VersionSnapshot) -> dict[int, SessionFloor] | None:
+        """Per shard, what a replica must hold to answer a session read (min_seq, with min_term)."""
         if request.consistency != "session":
-            if request.min_seq:
-                raise InvalidRequest("min_seq needs consistency: session", field="min_seq")
+            for name in ("min_seq", "min_term"):
+                if getattr(request, name):
+                    raise InvalidRequest(f"{name} needs consistency: session", field=name)
             return None
-        out: dict[int, int] = {}
         names = {str(i) for i in range(snapshot.topology.num_shards)}
-        for shard, seq in (request.min_seq or {}).items():
-            if shard not in names:  # exactly "0", "1", ...: the keys a write's reply uses
-                raise InvalidRequest(f"min_seq names shard {shard!r}; this collection has shards 0.."
-                                     f"{snapshot.topology.num_shards - 1}", field=f"min_seq.{shard}")
-            out[int(shard)] = seq
-        return out
+        seqs, terms = request.min_seq or {}, request.min_term or {}
+        for name, given in (("min_seq", seqs), ("min_term", terms)):
+            for shard in given:
+                if shard not in names:  # exactly "0", "1", ...: the keys a write's reply uses
+                    raise InvalidRequest(f"{name} names shard {shard!r}; this collection has shards 0.."
+                                         f"{snapshot.topology.num_shards - 1}", field=f"{name}.{shard}")
+        return {int(shard): SessionFloor(seqs.get(shard, 0), terms.get(shard)) for shard in {*seqs, *terms}}
 
     @staticmethod
     def _hit(hit: Hit) -> dict[str, Any]:
@@ -169,11 +171,11 @@ class QueryService:
         params = SearchParams(k=k, version=snapshot.version, nprobe=request.nprobe, ef_search=request.ef_search,
                               with_text=request.with_text, with_metadata=request.with_metadata,
                               filter=filter_.canonical() if filter_ is not None and not filter_.empty else None)
-        min_seq = self._min_seq(request, snapshot)
+        session = self._session(request, snapshot)
         fanout_started = time.perf_counter()
         remaining_ms = timeout_ms - (fanout_started - started) * 1000.0  # encoding spent part of it
         result = await self.fanout.search(vector, params, snapshot.route, top_m=request.top_m,
-                                          timeout_s=max(remaining_ms, 1.0) / 1000.0, min_seq=min_seq,
+                                          timeout_s=max(remaining_ms, 1.0) / 1000.0, session=session,
                                           exact=request.exact)
         fanout_ms = (time.perf_counter() - fanout_started) * 1000.0
         missing = sorted(result.missing)

@@ -42,7 +42,8 @@ class Op:
     completed: float = 0.0
     outcome: str = "pending"  # ok | fail | unknown
     found: int | None = None  # read: the n of the content seen (None: absent)
-    seq: dict[str, int] | None = None  # write: the per-shard seqs it returned
+    seq: dict[str, int] | None = None  # write: the per-shard seqs it returned; read: the min_seq it asked
+    term: dict[str, int] | None = None  # ... and the terms (min_term)
     versions: tuple[str, ...] = ()  # query: the answer's version, then each hit's
     detail: str = ""
 
@@ -54,6 +55,9 @@ class Op:
             seen = f" -> {'absent' if self.found is None else f'v{self.found}'}"
         if self.kind == "query" and self.outcome == "ok":
             seen = f" -> answer {self.versions[0]}, hits {sorted(set(self.versions[1:]))}"
+        if self.kind in ("upsert", "delete", "read") and self.seq:
+            at = ", ".join(f"{s}: {self.seq[s]}/t{(self.term or {}).get(s, '?')}" for s in sorted(self.seq))
+            seen += f" (seq/term {at})" if self.kind != "read" else f" (asked seq/term {at})"
         extra = f" [{self.detail}]" if self.detail else ""
         return (f"{self.invoked:8.3f} c{self.client} invoke {what} via {self.gateway}\n"
                 f"{self.completed:8.3f} c{self.client} {self.outcome:<7} {what}{seen}{extra}")
@@ -70,6 +74,7 @@ class History:
     """Thread-safe: clients and the nemesis append while the run goes on."""
 
     started: float = field(default_factory=time.monotonic)
+    wall_started: float = field(default_factory=time.time)  # to line the history up with the processes' logs
     ops: list[Op] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -121,6 +126,7 @@ class Anomaly:
 class Report:
     anomalies: list[Anomaly]
     counts: dict[str, int]
+    wall_started: float = 0.0  # the wall-clock time of the history's second 0 (the logs' timestamps)
 
     @property
     def ok(self) -> bool:
@@ -128,6 +134,9 @@ class Report:
 
     def text(self, limit: int = 5) -> str:
         head = f"{len(self.anomalies)} anomalies in {self.counts.get('operations', 0)} operations"
+        if self.wall_started:
+            clock = time.strftime("%H:%M:%S", time.localtime(self.wall_started))
+            head += f" (second 0 of the history: {clock}.{int(self.wall_started % 1 * 1000):03d} in the logs)"
         return "\n\n".join([head, *(a.text() for a in self.anomalies[:limit])])
 
 
@@ -193,7 +202,7 @@ def check(history: History, final: Mapping[str, int | None],
             anomalies.append(Anomaly("diverged-replicas", f"shard {shard}", "replicas end with different content: " +
                                      ", ".join(f"{r}: {d[:12]} at seq {s}" for r, (d, s) in sorted(replicas.items())),
                                      tuple(f"{e.at:8.3f} nemesis {e.text}" for e in history.events[-5:])))
-    return Report(anomalies, history.counts())
+    return Report(anomalies, history.counts(), history.wall_started)
 
 
 def _after_read(document: _Document, found: int | None, start: int) -> int:

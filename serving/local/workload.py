@@ -4,8 +4,9 @@ through several gateways, recording each operation in a :class:`~serving.local.h
 Each client owns ``ids_per_client`` document ids (``c<client>-<k>``), so the operations on a
 document are sequential and the checker knows exactly which write a read sees: an upsert writes
 title ``"<id> v<n>"`` (``n``: the client's op number) and a text made of it. A session read asks
-for one document (``filter: has_id``) with ``consistency: session`` and the ``min_seq`` of the
-client's acknowledged writes, pinned to the version those writes returned (seqs are per version).
+for one document (``filter: has_id``) with ``consistency: session`` and the ``min_seq`` and
+``min_term`` of the client's acknowledged writes, pinned to the version those writes returned
+(seqs are per version).
 
 Outcomes: 200 → ok; 400/409/422 → fail (refused: it did not happen); anything else, a timeout
 or a dropped connection → unknown (it may have happened, now or later).
@@ -80,7 +81,7 @@ class Workload:
 
     def _client(self, index: int) -> None:
         rng = random.Random(self.seed * 1000 + index)
-        seqs: dict[str, dict[str, int]] = {}  # version → shard → the highest seq an acknowledged write returned
+        seqs: dict[str, dict[str, tuple[int, int]]] = {}  # version → shard → the newest (term, seq) a write returned
         last_version: dict[str, str] = {}  # doc → the version its last acknowledged write returned
         n = 0
         with httpx.Client(timeout=self.mix.timeout_s) as http:
@@ -114,7 +115,7 @@ class Workload:
         outcome = "fail" if response.status_code in REFUSED else "unknown"
         return outcome, None, f"{response.status_code} {response.text[:160]}"
 
-    def _write(self, http: httpx.Client, gateway: str, op: Op, seqs: dict[str, dict[str, int]],
+    def _write(self, http: httpx.Client, gateway: str, op: Op, seqs: dict[str, dict[str, tuple[int, int]]],
                last_version: dict[str, str], rng: random.Random) -> Op:
         key = f"c{op.client}-op{op.n}-s{self.seed}"
         if op.kind == "upsert":
@@ -128,13 +129,17 @@ class Workload:
         if answer is not None:
             version = str(answer["version"])
             mine = seqs.setdefault(version, {})
+            terms = answer.get("term", {})
             for shard, seq in answer.get("seq", {}).items():
-                mine[shard] = max(mine.get(shard, 0), int(seq))
+                mine[shard] = max(mine.get(shard, (0, 0)), (int(terms.get(shard, 0)), int(seq)))
             last_version[str(op.doc_id)] = version
-        return self.history.complete(op, outcome, seq=answer.get("seq") if answer else None, detail=detail)
+        return self.history.complete(op, outcome, seq=answer.get("seq") if answer else None,
+                                     term=answer.get("term") if answer else None, detail=detail)
 
-    def _read(self, http: httpx.Client, gateway: str, op: Op, min_seq: dict[str, int], version: str) -> Op:
-        body = {"text": str(op.doc_id), "k": 3, "consistency": "session", "min_seq": dict(min_seq),
+    def _read(self, http: httpx.Client, gateway: str, op: Op, floors: dict[str, tuple[int, int]], version: str
+              ) -> Op:
+        op.seq, op.term = {s: seq for s, (_, seq) in floors.items()}, {s: term for s, (term, _) in floors.items()}
+        body = {"text": str(op.doc_id), "k": 3, "consistency": "session", "min_seq": op.seq, "min_term": op.term,
                 "version": version, "filter": {"must": [{"has_id": [op.doc_id]}]}}
         outcome, answer, detail = self._call(http, op, gateway, "/v1/query", body)
         if answer is not None and answer.get("partial"):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from retrieval.contract import HitColumns, SearchParams
+from retrieval.contract import HitColumns, SearchParams, SessionFloor
 from retrieval.errors import ConfigError, InvalidRequest, VersionConflict
 from retrieval.merge import merge_topk_columns
 from retrieval.routing import route_top_m
@@ -184,9 +184,10 @@ class FanOut:
         return [int(s) for s in route_top_m(vector[None, :], route.centroids, top_m)[0]]
 
     async def search(self, vector: np.ndarray, params: SearchParams, route: ShardRoute, *, top_m: int | None,
-                     timeout_s: float, min_seq: Mapping[int, int] | None = None, exact: bool = False) -> FanOutResult:
-        """``route`` must be that of ``params.version``. ``min_seq``: per shard, the write a replica
-        must have applied to answer (session reads). Unless ``exact``, each shard is first asked for
+                     timeout_s: float, session: Mapping[int, SessionFloor] | None = None,
+                     exact: bool = False) -> FanOutResult:
+        """``route`` must be that of ``params.version``. ``session``: per shard, the write a replica
+        must hold to answer (session reads). Unless ``exact``, each shard is first asked for
         :func:`trimmed_k` hits; a shard whose last hit could still be in the global top k (its
         lowest score ≥ the merged k-th, or fewer than k merged) is asked again for the full k, so
         the answer is always the full-k fan-out's."""
@@ -197,7 +198,7 @@ class FanOut:
         if trimming == "on" and asked >= params.k:
             trimming = "off: the binomial bound asks each shard for the whole k"
         first = replace(params, k=asked) if asked < params.k else params
-        answers, missing = await self._round(vector, first, route, targets, deadline, timeout_s, min_seq)
+        answers, missing = await self._round(vector, first, route, targets, deadline, timeout_s, session)
         ordered = [answers[s] for s in targets if s in answers]
         merged = _merge(ordered, params.k)  # ties break by doc id: the order of answers does not matter
         again: list[int] = []
@@ -207,7 +208,7 @@ class FanOut:
                      if len(columns["scores"]) >= asked and (kth is None or min(columns["scores"]) >= kth)]
             if again:
                 more, failed = await self._round(vector, params, route, again, deadline,
-                                                 max(deadline - time.monotonic(), 0.0), min_seq)
+                                                 max(deadline - time.monotonic(), 0.0), session)
                 for shard in again:  # a shard without its full answer is missing, not inexact
                     answers.pop(shard)
                 answers.update(more)
@@ -233,9 +234,9 @@ class FanOut:
 
     async def _round(self, vector: np.ndarray, params: SearchParams, route: ShardRoute, targets: list[int],
                      deadline: float, timeout_s: float,
-                     min_seq: Mapping[int, int] | None) -> tuple[dict[int, _Answer], dict[int, str]]:
+                     session: Mapping[int, SessionFloor] | None) -> tuple[dict[int, _Answer], dict[int, str]]:
         """One call per target shard (coalesced with other queries): the answers and the missing."""
-        futures = [self._batchers[s].submit(replace(params, min_seq=min_seq[s]) if min_seq and s in min_seq else params,
+        futures = [self._batchers[s].submit(_floored(params, session.get(s) if session else None),
                                             (vector, deadline, route.replicas[s])) for s in targets]
         if futures and timeout_s > 0:
             _, pending = await asyncio.wait(futures, timeout=timeout_s)
@@ -274,6 +275,11 @@ class FanOut:
             return [(columns, info) for columns in result.reply.results]
 
         return call
+
+
+def _floored(params: SearchParams, floor: SessionFloor | None) -> SearchParams:
+    """``params`` for one shard of a session read (unchanged for an eventual one)."""
+    return params if floor is None else replace(params, min_seq=floor.seq, min_term=floor.term)
 
 
 def _merge(answers: list[_Answer], k: int) -> list[Hit]:

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from clusterstate.lease import LeaseKeeper
@@ -49,7 +49,9 @@ class ClusterSettings:
 
 class GatewayPresence:
     def __init__(self, state: ClusterState, settings: ClusterSettings, *, url: str = "",
-                 current_generation: Callable[[], int], reload: Callable[[], object]) -> None:
+                 current_generation: Callable[[], int], reload: Callable[[], Awaitable[object]]) -> None:
+        """``reload``: adopts the stored rollout state, on the event loop (it makes encoders, which
+        live on the loop, and swaps the view queries read)."""
         self.state = state
         self.settings = settings
         self.gateway_id = uuid.uuid4().hex[:12]
@@ -77,16 +79,20 @@ class GatewayPresence:
         self.state.register_gateway(self.gateway_id, self._lease.lease, self.url, generation)
         self._announced = generation
 
-    def poll(self) -> bool:
-        """One watch round (blocking): reload when the store moved; whether it did."""
-        revision = self.state.revision()
+    async def poll(self) -> bool:
+        """One watch round: reload when the store moved; whether it did. The store is read on a
+        worker thread; the reload runs on the loop."""
+        revision = await asyncio.to_thread(self.state.revision)
         if revision == self._revision:
             return False
-        self._revision = revision
-        self._reload()
+        await self._reload()
+        self._revision = revision  # only once reloaded: a failed reload is tried again next round
+        await asyncio.to_thread(self._announce)
+        return True
+
+    def _announce(self) -> None:
         self._register()
         self.live_gateways = max(1, len(self.state.gateways()))
-        return True
 
     def quota_share(self) -> float:
         """This gateway's share of a cluster-wide requests-per-second quota: the live gateways
@@ -96,7 +102,7 @@ class GatewayPresence:
     async def watch_forever(self) -> None:
         while True:
             try:
-                await asyncio.to_thread(self.poll)
+                await self.poll()
             except CoordinatorUnavailable as exc:
                 logger.warning("cluster state watch: %s", exc.message)
             except ShardragError as exc:

@@ -187,9 +187,10 @@ class VersionRegistry:
         infos = await asyncio.gather(*(fetch_info(self.client, r, self.probe_timeout_s) for r in replicas))
         self._absorb(dict(zip(replicas, infos, strict=True)))
 
-    def sync(self) -> bool:
-        """Adopt the store's state if another gateway (or a restart) changed it."""
-        stored = self.store.load()
+    async def sync(self) -> bool:
+        """Adopt the store's state if another gateway (or a restart) changed it: read on a worker
+        thread (the store may be etcd), adopted on the loop (encoders are made there)."""
+        stored = await asyncio.to_thread(self.store.load)
         current = self.state
         if stored is not None and (current is None or stored.generation != current.generation):
             self.apply(stored)
@@ -225,7 +226,7 @@ class VersionRegistry:
         while True:
             await asyncio.sleep(interval_s)
             try:
-                self.sync()
+                await self.sync()
                 await self.refresh()
                 await self.reconcile()
             except ShardragError as exc:

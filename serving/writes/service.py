@@ -120,7 +120,7 @@ class WriteService:
             assert request.ids is not None
             ids = list(request.ids)
         if not ids and request.idempotency_key is None:
-            return {"ids": [], "seq": {}, "version": versions[0]}
+            return {"ids": [], "seq": {}, "term": {}, "version": versions[0]}
         plans: dict[str, dict[int, list[Item]]] = {}
         for version in versions:
             topology = view.snapshot(version).topology
@@ -149,7 +149,7 @@ class WriteService:
                 if time.monotonic() + pause > deadline:
                     raise ShardUnavailable("the cluster state kept changing under this write (a rollout step); "
                                            "retry it", field="version") from None
-                await asyncio.to_thread(self.registry.sync)
+                await self.registry.sync()
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.5)
 
@@ -273,11 +273,13 @@ class WriteService:
             raise _Replan()
         replies = [r for r in results if isinstance(r, WriteReply)]
         # per shard of the active version the first request wrote to (a key-only no-op part does not count)
-        seq = {str(r.shard_id): r.last_seq for (version, _, _), r in zip(parts, replies, strict=True)
-               if version == active and (r.doc_ids if r.duplicate else plans[version].get(r.shard_id))}
+        counted = [r for (version, _, _), r in zip(parts, replies, strict=True)
+                   if version == active and (r.doc_ids if r.duplicate else plans[version].get(r.shard_id))]
+        seq = {str(r.shard_id): r.last_seq for r in counted}
+        term = {str(r.shard_id): r.term for r in counted}  # with seq, what a session read asks for (min_term)
         if any(r.duplicate for r in replies) and isinstance(request, DeleteRequest) and request.filter is not None:
             ids = sorted({*ids, *(i for r in replies if r.duplicate and r.version == active for i in r.doc_ids)})
-        return {"ids": ids, "seq": seq, "version": active}
+        return {"ids": ids, "seq": seq, "term": term, "version": active}
 
     async def send(self, version: str, shard: int, payload: bytes, ack: str, generation: int) -> WriteReply:
         """One (version, shard) batch to the shard's primary, retried — a new primary looked up —

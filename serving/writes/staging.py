@@ -68,7 +68,7 @@ class StagedSync:
         staged version is an empty base (a created collection's rollout): it is first filled with
         every live document of the active version, read from each shard's primary, re-embedded."""
         async with self._lock:
-            await asyncio.to_thread(self.registry.sync)
+            await self.registry.sync()
             state = self.registry.view.state
             if state.staged != staged or state.synced:
                 return

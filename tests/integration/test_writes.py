@@ -43,8 +43,9 @@ def http(cluster):
         yield client
 
 
-def session(http, text: str, seq: dict, **extra) -> dict:
-    response = http.post("/v1/query", json={"text": text, "k": 5, "consistency": "session", "min_seq": seq,
+def session(http, text: str, seq: dict, term: dict | None = None, **extra) -> dict:
+    floor = {"min_seq": seq, **({"min_term": term} if term is not None else {})}
+    response = http.post("/v1/query", json={"text": text, "k": 5, "consistency": "session", **floor,
                                             "with_metadata": True, **extra})
     assert response.status_code == 200, response.text
     return response.json()
@@ -116,9 +117,10 @@ def test_a_stopped_replica_is_skipped_by_session_reads_then_catches_up(cluster, 
         reply = http.post("/v1/documents", json={"documents": [  # majority: 2 of 3 are enough
             {"id": doc_id, "text": "the lighthouse keeper logged every passing ship in red ink"}]})
         assert reply.status_code == 200, reply.text
-        seq = reply.json()["seq"]
+        seq, term = reply.json()["seq"], reply.json()["term"]
+        assert set(term) == set(seq) == {"1"} and term["1"] >= 1
         for _ in range(10):  # the stopped replica never answers a read that needs this write
-            hits = session(http, "lighthouse keeper ship log", seq)["hits"]
+            hits = session(http, "lighthouse keeper ship log", seq, term)["hits"]
             assert hits[0]["doc_id"] == doc_id
     finally:
         os.kill(stopped.process.pid, signal.SIGCONT)
@@ -175,6 +177,18 @@ def test_bad_writes_are_refused_naming_the_field(http, body, status, field):
     response = http.post(path, json=body)
     assert response.status_code == status, response.text
     assert response.json()["error"]["field"].startswith(field), response.json()
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"min_term": {"0": 1}}, "min_term"),  # without consistency: session
+    ({"consistency": "session", "min_seq": {"0": 1}, "min_term": {"7": 1}}, "min_term.7"),
+    ({"consistency": "session", "min_seq": {"0": 1}, "min_term": {"0": -1}}, "min_term.0"),
+    ({"consistency": "session", "min_seq": {"x": 1}}, "min_seq.x"),
+])
+def test_bad_session_reads_are_refused_naming_the_field(http, body, field):
+    response = http.post("/v1/query", json={"text": "anything", **body})
+    assert 400 <= response.status_code < 500, response.text
+    assert response.json()["error"]["field"] == field, response.json()
 
 
 def test_nan_and_huge_documents_are_refused(http):
@@ -340,7 +354,8 @@ def test_the_python_client_writes_reads_and_deletes(cluster):
         with pytest.raises(VersionConflict) as reused:  # new content under a used key is refused, not dropped
             client.upsert([{"id": doc_id, "text": "other content"}], idempotency_key=doc_id)
         assert reused.value.field == "idempotency_key"
-        hits = client.query(text="how are fjords formed", k=3, min_seq=reply["seq"], with_metadata=True,
+        hits = client.query(text="how are fjords formed", k=3, min_seq=reply["seq"], min_term=reply["term"],
+                            with_metadata=True,
                             filter={"must": [{"key": "kind", "match": {"value": "geo"}}]})["hits"]
         assert [h["doc_id"] for h in hits] == [doc_id] and hits[0]["metadata"] == {"kind": "geo"}
         assert client.get(doc_id)["text"] == "glaciers carve fjords over millennia"

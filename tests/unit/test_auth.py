@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from httpkit.auth import KeyRing, RateLimiter, gateway_policy, internal_headers, internal_policy
@@ -57,15 +59,18 @@ def test_live_gateways_share_a_quota_as_they_come_and_go(tmp_path):
     state = ClusterState(LocalKV(tmp_path / "state.json"), "docs")
     settings = ClusterSettings(gateway_lease_s=30.0, fence_hold_s=60.0)
 
+    async def reload() -> None:
+        return None
+
     def presence() -> GatewayPresence:
-        return GatewayPresence(state, settings, current_generation=lambda: 0, reload=lambda: None).start()
+        return GatewayPresence(state, settings, current_generation=lambda: 0, reload=reload).start()
 
     first, second = presence(), presence()
     try:
-        first.poll()
+        asyncio.run(first.poll())
         assert first.quota_share() == 0.5
         second.stop()  # its registration goes at once
-        first.poll()
+        asyncio.run(first.poll())
         assert first.quota_share() == 1.0
     finally:
         first.stop()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from clusterstate.local import LocalKV
-from clusterstate.state import ClusterState
+from clusterstate.state import Claim, ClusterState
 from index_shards import snapshots
 from index_shards.build import BuildConfig, build_collection
 from index_shards.layout import resolve_version, shard_dir
@@ -27,8 +27,16 @@ from index_shards.role import ShardRole
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from index_shards.writes import accept
-from retrieval.contract import WriteReply
-from retrieval.errors import Diverged, NotPrimary, ShardUnavailable, StaleTerm, VersionConflict
+from retrieval.contract import SearchParams, WriteReply
+from retrieval.errors import (
+    Diverged,
+    InvalidRequest,
+    NotPrimary,
+    ReplicaBehind,
+    ShardUnavailable,
+    StaleTerm,
+    VersionConflict,
+)
 from retrieval.records import NOOP, UPSERT, WalRecord
 from tests.conftest import random_corpus
 
@@ -277,3 +285,77 @@ def test_a_primary_whose_record_moved_on_drops_its_claim_so_the_shard_elects_aga
         assert time.monotonic() < deadline, ("no primary after the record moved on", state.shard_state(0))
         time.sleep(0.05)
     assert not old.view().is_primary or old.view().term > moved.term
+
+
+def test_a_candidate_that_loses_the_claim_changes_neither_the_record_nor_its_term(tmp_path, shard_dir_built):
+    """The across-hosts nemesis found this race: two replicas saw no claim; the winner had recorded
+    its term and not yet claimed, the loser read that record, recorded the next term naming itself,
+    then lost the claim: the record named a primary without a claim (the winner stepped down), and
+    the in-sync set lost both. The claim now comes first, so the loser stops at it."""
+    directory, _ = shard_dir_built
+    state = ClusterState(LocalKV(tmp_path / "state.json"), "c")
+    peers = LocalPeers()
+    roles = {}
+    for name in ("r0", "r1"):
+        peers.replicas[name] = ShardVersions(Shard.load(directory, device="cpu"), data_dir=tmp_path / name)
+        roles[name] = ShardRole(peers.replicas[name], name, state, peers, replication=2, lease_s=2.0)
+    try:
+        for role in roles.values():
+            role._join()
+        before = state.shard(0)
+        assert before.term == 0 and state.claim(0) is None
+        # r1 has claimed (the first step of its promotion) when r0, which read no claim, elects
+        assert state.put_claim(0, Claim("r1", 1), roles["r1"]._lease.lease)
+        roles["r0"]._elect(before)
+        assert state.shard(0) == before and roles["r0"].versions.term == 0 and not roles["r0"].view().is_primary
+        # r1's record change fails too (the record moved), so it gives its claim back ...
+        state.update_shard(0, lambda current: replace(current, replicas=(*current.replicas, "r9")))  # moved
+        state.drop_claim(0, Claim("r1", 1))
+        roles["r1"]._elect(before)
+        assert state.claim(0) is None and state.shard(0).term == 0
+        # ... and a claim of its own that no promotion backs (the give-back failed) goes at its next tick
+        assert state.put_claim(0, Claim("r1", 1), roles["r1"]._lease.lease)
+        roles["r1"].tick()
+        assert state.claim(0) is None
+    finally:
+        for role in roles.values():
+            role.stop()
+            role.versions.close()
+
+
+def test_a_replica_whose_log_diverged_past_a_write_never_answers_a_session_read_for_it(tmp_path, shard_dir_built):
+    """The nemesis across hosts found this: a deposed primary holds records of its old term that
+    were never acknowledged, up to a seq past the new primary's acknowledged write. Its seq says
+    it has the write; the term of its record at that seq says it does not."""
+    directory, version = shard_dir_built
+    deposed = ShardVersions(Shard.load(directory, device="cpu"), data_dir=tmp_path / "deposed")
+    successor = ShardVersions(Shard.load(directory, device="cpu"), data_dir=tmp_path / "successor")
+    shared = [record("a", 1).sequenced(1, 2), record("b", 2).sequenced(2, 2)]  # acknowledged under term 2
+    for replica in (deposed, successor):
+        assert accept(replica, version, 2, None, shared) == 2
+    # the old primary's unacknowledged records, seqs 3..6 of term 2
+    assert accept(deposed, version, 2, deposed.slot(version).log.mark(2),
+                  [record(f"lost{i}", 10 + i).sequenced(3 + i, 2) for i in range(4)]) == 6
+    # the new primary of term 3: its no-op at seq 3, then the acknowledged write at seq 4
+    assert accept(successor, version, 3, successor.slot(version).log.mark(2),
+                  [WalRecord(3, NOOP, "", term=3), record("mine", 99).sequenced(4, 3)]) == 4
+    mine = record("mine", 99).vector[None, :]
+    params = SearchParams(k=1, version=version, with_text=False, min_seq=4, min_term=3)
+    with pytest.raises(ReplicaBehind) as behind:
+        deposed.search(mine, params)
+    assert behind.value.field == "min_term" and "term 2" in behind.value.message
+    # by the seq alone (a client that sent no min_term) the deposed replica answers, without the write
+    alone = deposed.search(mine, replace(params, min_term=None)).results
+    assert "mine" not in alone[0]["doc_ids"]
+    assert successor.search(mine, params).results[0]["doc_ids"][0] == "mine"
+    assert ShardVersions.applied_term(successor.slot(version)) == 3
+    for replica in (deposed, successor):
+        replica.close()
+
+
+def test_session_floors_travel_in_the_query_string_both_ways():
+    params = SearchParams(k=5, version="v", min_seq=42, min_term=3)
+    assert SearchParams.from_query_string(params.query_string(), 100) == params
+    with pytest.raises(InvalidRequest) as bad:
+        SearchParams.from_query_string("k=5&min_term=-1", 100)
+    assert bad.value.field == "min_term"
