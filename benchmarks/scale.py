@@ -50,54 +50,15 @@ from index_shards.build import BuildConfig, build_collection
 from index_shards.ids import doc_int_ids
 from index_shards.layout import INDEX_FILE, resolve_version, shard_dir
 from index_shards.search_defaults import SearchDefaults, write_search_defaults
+from index_shards.synthetic import synthesize
 from index_shards.tuning import ShardTask, evaluate_shard
 from retrieval.tuning_choice import choose
 from retrieval.types import Document
 from serving.local.launcher import LocalCluster
 
 CACHE = Path.home() / ".cache" / "shardrag" / "scale"
-CLUSTERS = 256
-NOISE_FLOOR = 0.1  # isotropic noise, as a fraction of the real vectors' median per-dimension std
 GENERATOR = "fullcov1"  # part of the ground-truth cache key: a new generator never reuses old answers
 SHARDS, REPLICAS = 4, 2
-
-
-def synthesize(real: np.ndarray, total: int, seed: int = 0) -> np.ndarray:
-    """``total`` vectors: the real ones first, then draws from the Gaussian mixture fitted to them
-    (per cluster its mean and its empirical covariance, plus a small isotropic floor)."""
-    if total <= len(real):
-        return real[:total].copy()
-    kmeans = faiss.Kmeans(real.shape[1], CLUSTERS, niter=20, seed=seed, spherical=True)
-    kmeans.train(real)
-    _, assign = kmeans.index.search(real, 1)
-    assign = assign[:, 0]
-    members = [real[assign == c] for c in range(CLUSTERS)]
-    counts = np.array([len(m) for m in members], dtype=np.float64)
-    floor = float(np.median(real.std(axis=0))) * NOISE_FLOOR
-    rng = np.random.default_rng(seed)
-    out = np.empty((total, real.shape[1]), dtype=np.float32)
-    out[:len(real)] = real
-    picks = rng.choice(CLUSTERS, size=total - len(real), p=counts / counts.sum())
-    position = len(real)
-    for cluster in np.flatnonzero(counts >= 2):
-        size = int((picks == cluster).sum())
-        if not size:
-            continue
-        mean = members[cluster].mean(axis=0)
-        # x = mean + z·D/√(n−1), z ~ N(0, I_n): exactly the cluster's empirical covariance DᵀD/(n−1)
-        spread = (members[cluster] - mean) / np.sqrt(len(members[cluster]) - 1)
-        for start in range(0, size, 50_000):  # bounded temporaries
-            block_size = min(50_000, size - start)
-            block = mean + rng.standard_normal((block_size, len(spread))) @ spread
-            block += floor * rng.standard_normal(block.shape)
-            out[position:position + block_size] = block / np.linalg.norm(block, axis=1, keepdims=True)
-            position += block_size
-    while position < total:  # draws for single-member clusters go to a real vector plus the floor
-        base = real[rng.integers(len(real))]
-        vector = base + floor * rng.standard_normal(real.shape[1])
-        out[position] = vector / np.linalg.norm(vector)
-        position += 1
-    return out
 
 
 def ground_truth(vectors: np.ndarray, queries: np.ndarray, key: str) -> np.ndarray:

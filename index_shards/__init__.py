@@ -3,8 +3,9 @@ the version store of a replica (``versions``), search, tuning a search knob (``t
 shard's files, ``live_tuning`` on a running replica's base), fault injection, the shard server
 process (``python -m index_shards serve``), the node that hosts replicas of any collection
 placed on it at run time (``node``, ``python -m index_shards node``) and its share of the launched
-collection (``placement``: replica r of shard i on node (i + r) mod N), and the flags both processes
-share (``server_flags``).
+collection (``placement``: replica r of shard i on node (i + r) mod N), the flags both processes
+share (``server_flags``), and corpora and filters grown from real embeddings for tests and
+benchmarks at sizes the shipped data does not reach (``synthetic``).
 
 May import ``retrieval`` and ``httpkit`` (the server); never ``serving`` or ``training``, and never
 torch (a shard server starts in about a second and a half).

@@ -102,13 +102,18 @@ class Shard:
             return [_empty(with_metadata) for _ in range(len(queries))]
         excluding = exclude is not None and exclude.size > 0
         if filter_ is not None and not filter_.empty:
-            allowed = self.payload.select(filter_)
+            mask = self.payload.mask(filter_)
+            allowed = self.payload.int_ids[mask]
+            # a filter keeping most documents is handed over by what it rejects too (a smaller set)
+            rejected = self.payload.int_ids[~mask] if 2 * allowed.size > mask.size else None
             if exclude is not None and exclude.size:
                 allowed = np.setdiff1d(allowed, exclude, assume_unique=True)
+                rejected = np.union1d(rejected, exclude) if rejected is not None else None
             field = self.manifest.partition_field
             scores, ids, plan = self.filtered.search(queries, min(k, self.manifest.count), allowed,
                                                      nprobe=nprobe, ef_search=ef_search,
-                                                     exact=field is not None and filter_.pins(field))
+                                                     exact=field is not None and filter_.pins(field),
+                                                     rejected=rejected)
             self.filter_plans[plan.strategy] += 1
         elif excluding:
             assert exclude is not None

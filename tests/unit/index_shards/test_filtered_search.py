@@ -143,3 +143,27 @@ def test_a_search_pinned_to_one_partition_scores_only_its_documents(tmp_path, fa
     partitioned.search(queries, K, filter_=parse_filter(same_size), with_text=False)
     plain.search(queries, K, filter_=parse_filter(pinned), with_text=False)
     assert partitioned.filter_plans["index"] == 1 and dict(plain.filter_plans) == {"index": 1}
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW32"])
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+def test_an_exact_scan_over_most_of_the_shard_scores_in_place_as_the_oracle(tmp_path, factory, metric):
+    """Past a quarter of the shard matching, the exact scan scores every stored vector in place
+    (FAISS's SIMD routines over the flat storage, memory-mapped or not) and picks the matches."""
+    documents, vectors = corpus()
+    version = EmbeddingVersion("filtered", "f" * 64, DIM)
+    build_collection(tmp_path, documents, vectors * 3.0, version, BuildConfig("c", 1, factory=factory, metric=metric),
+                     show_progress=False)
+    directory, _ = resolve_version(tmp_path, "c")
+    shard = Shard.load(shard_dir(directory, 0), device="cpu", mmap=True)
+    data = {"must": [{"key": "u", "range": {"lt": N // 2}}]}
+    keep = np.array([parse_filter(data).matches(d.doc_id, d.metadata) for d in documents])
+    ids = np.flatnonzero(keep)
+    queries = vectors[:8] + 0.3
+    assert shard.filtered._whole_storage(shard.payload.select(parse_filter(data))) is not None
+    for query, row in zip(queries, shard.search(queries, K, filter_=parse_filter(data), with_text=False), strict=True):
+        stored = vectors[ids] * 3.0
+        scores = stored @ query if metric == "ip" else -np.sum((stored - query) ** 2, axis=1)
+        want = [documents[ids[j]].doc_id for j in np.argsort(-scores, kind="stable")[:K]]
+        assert row["doc_ids"] == want
+        assert np.allclose(row["scores"], np.sort(scores)[::-1][:K], rtol=1e-4, atol=1e-4)  # l2: -distance
