@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from index_shards.ids import doc_int_id
+from index_shards.lexical import SegmentLexicon
+from index_shards.lexical_search import LexicalView
 from index_shards.segment_rows import SegmentRows
 from index_shards.shard import Shard, _empty
 from retrieval.contract import HitColumns
@@ -88,6 +90,7 @@ class LiveShard:
         self._rows = SegmentRows(self.dim)  # the segment as an append-only matrix (index_shards.segment_rows)
         self._tombstones: set[int] = set()  # base int ids hidden by a later write
         self._tombstone_array = np.zeros(0, dtype=np.int64)
+        self._lexicon: SegmentLexicon | None = None  # made on the first lexical query, then kept by every write
         self._lock = threading.RLock()
 
     @property
@@ -131,6 +134,8 @@ class LiveShard:
                                      record.seq)
                     self._docs[record.doc_id] = doc
                     self._rows.add(doc, vector)
+                    if self._lexicon is not None:
+                        self._lexicon.add(doc.doc_id, doc.title, doc.text)
                 elif record.op != DELETE:
                     raise InvalidRequest(f"unknown write op {record.op}", field="op")
                 self.applied_seq = record.seq
@@ -139,12 +144,30 @@ class LiveShard:
 
     def _hide(self, doc_id: str) -> None:
         self._docs.pop(doc_id, None)
+        if self._lexicon is not None:
+            self._lexicon.remove(doc_id)
         self._rows.remove(doc_id)
         int_id = doc_int_id(doc_id)
         if self.base.payload.contains(int_id):
             self._tombstones.add(int_id)
 
     # -- reads -----------------------------------------------------------------------------------
+    def lexical_view(self, terms: Sequence[str]) -> LexicalView:
+        """What a lexical query reads of the live state, taken at one applied seq: the base rows
+        hidden by writes, and the segment's documents holding any of ``terms`` with its statistics."""
+        base = self.base.lexicon  # built before the lock: writes are not held up by a first build
+        with self._lock:
+            if self._lexicon is None:
+                self._lexicon = SegmentLexicon()
+                for doc in self._docs.values():
+                    self._lexicon.add(doc.doc_id, doc.title, doc.text)
+            lexicon = self._lexicon
+            holders = {t: list(lexicon.holders(t)) for t in terms}
+            docs = {doc_id: self._docs[doc_id] for found in holders.values() for doc_id, _ in found}
+            lengths = {doc_id: lexicon.length(doc_id) for doc_id in docs}
+            return LexicalView(base, base.rows_of(self._tombstone_array), holders, docs, lengths,
+                               lexicon.stats(terms))
+
     def get(self, doc_id: str, *, with_vector: bool = False) -> StoredDocument | None:
         with self._lock:
             doc = self._docs.get(doc_id)

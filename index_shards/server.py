@@ -2,6 +2,8 @@
 
     POST /v1/search     body: n × dim little-endian float32; query: SearchParams (retrieval.contract)
                         header x-shardrag-timeout-ms: the caller's remaining budget (expired work is dropped)
+                        with text=... (no body): a lexical search, BM25 under the corpus=... statistics, or
+                        this replica's statistics for the text's terms (stats_only=true; index_shards.lexical_search)
     GET  /v1/info       versions held (applied seq, last record's term and checksum), the role
     GET  /healthz       liveness + the version served
     GET  /metrics       Prometheus
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
+import numpy as np
 import orjson
 from fastapi import FastAPI, Query, Request, Response
 
@@ -151,7 +154,12 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
                     raise MalformedBody("x-shardrag-timeout-ms is not a number",
                                         field="x-shardrag-timeout-ms") from None
         served = versions.get(params.version)  # 409 naming the versions held when it is not one of them
-        queries = decode_vectors(body, served.manifest.dim, field="body", max_rows=config.max_batch)
+        if params.lexical:  # the query is the text parameter: no vectors
+            if body:
+                raise MalformedBody("a lexical search (text=...) has no body", field="body")
+            queries = np.zeros((0, served.manifest.dim), dtype=np.float32)
+        else:
+            queries = decode_vectors(body, served.manifest.dim, field="body", max_rows=config.max_batch)
         deadline = arrived + timeout_ms / 1000.0 if timeout_ms is not None else None
         if params.min_seq is not None and served.applied_seq < params.min_seq:
             await _wait_for_seq(served, params.min_seq, deadline)
@@ -165,18 +173,13 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
             metrics.expired.inc()
             raise DeadlineExceeded(f"request expired after {timeout_ms:.0f} ms before the search ran", field="deadline")
         started = time.perf_counter()
-        results = versions.search(queries, replace(params, version=served.version_id)).results
+        reply = versions.search(queries, replace(params, version=served.version_id))
         took_s = time.perf_counter() - started
         if faults.active and faults.config.slowdown > 1.0:
             await wait_unless_gone(receive, faults.extra_service_s(took_s), deadline)
         metrics.search_latency.observe(took_s)
-        metrics.batch_size.observe(len(queries))
-        return 200, orjson.dumps({
-            "shard_id": shard_id,
-            "version": served.version_id,
-            "took_ms": took_s * 1000.0,
-            "results": results,
-        })
+        metrics.batch_size.observe(max(len(queries), 1))
+        return 200, orjson.dumps(reply.to_dict())
 
     def header(scope: Scope, name: bytes) -> str | None:
         for key, value in scope.get("headers", ()):
@@ -269,10 +272,10 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
 
         @app.post(
             "/v1/search",
-            summary="Top-k search for a batch of query vectors",
+            summary="Top-k search for a batch of query vectors, or a lexical (BM25) search of a text",
             openapi_extra={
                 "requestBody": {
-                    "required": True,
+                    "required": False,
                     "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
                     "description": "n × dim little-endian float32 values, row-major",
                 }
@@ -288,6 +291,11 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
             with_metadata: Annotated[bool, Query(description="return each hit's metadata")] = False,
             filter: Annotated[str | None, Query(description="only documents this filter selects (canonical JSON, "
                                                             "see retrieval.filters)")] = None,
+            text: Annotated[str | None, Query(description="a lexical search: BM25 of this text (no body)")] = None,
+            corpus: Annotated[str | None, Query(description="the collection's BM25 statistics (retrieval.bm25 "
+                                                            "CorpusStats JSON); absent: this replica's own")] = None,
+            stats_only: Annotated[bool, Query(description="answer only this replica's statistics for the "
+                                                          "text's terms")] = False,
         ) -> Response:
             # Served by the fast path below; this route documents it and answers when the
             # FastAPI app is mounted without the wrapper.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from index_shards.docstore import DocStore
 from index_shards.faiss_index import SearchableIndex, read_index, wants_gpu
 from index_shards.filtered import FilteredSearcher
 from index_shards.layout import DOCSTORE_FILE, INDEX_FILE
+from index_shards.lexical import BaseLexicon
 from index_shards.manifest import ShardManifest, verify_shard_dir
 from index_shards.payload import PayloadIndex
 from index_shards.search_defaults import read_search_defaults
@@ -34,6 +36,8 @@ class Shard:
         self._payload_lock = threading.Lock()
         self.filtered = FilteredSearcher(index, manifest.metric)
         self.filter_plans: Counter[str] = Counter()  # filtered searches by strategy (none / exact / index)
+        self._lexicon: BaseLexicon | None = None  # built on the first lexical query (or warmed by a compaction)
+        self._lexicon_lock = threading.Lock()
 
     @property
     def payload(self) -> PayloadIndex:
@@ -43,6 +47,25 @@ class Shard:
                 if self._payload is None:
                     self._payload = PayloadIndex(self.docstore.iter_metadata())
         return self._payload
+
+    @property
+    def lexicon(self) -> BaseLexicon:
+        """The base's inverted index (index_shards.lexical), built on first use in one pass over
+        docs.sqlite: derived from the documents, so whatever carries them carries it."""
+        if self._lexicon is None:
+            with self._lexicon_lock:
+                if self._lexicon is None:
+                    started = time.perf_counter()
+                    lexicon = BaseLexicon.build((i, d.title, d.text) for i, d in self.docstore.iter_all())
+                    logger.info("lexical index of %s: %d docs, %d terms, %.1f MiB, built in %.1f s", self.directory,
+                                lexicon.count, len(lexicon.vocabulary), lexicon.nbytes / 2**20,
+                                time.perf_counter() - started)
+                    self._lexicon = lexicon
+        return self._lexicon
+
+    @property
+    def has_lexicon(self) -> bool:
+        return self._lexicon is not None
 
     @classmethod
     def load(cls, directory: str | Path, *, device: str = "auto", mmap: bool = True) -> Shard:

@@ -1,6 +1,7 @@
 """shardrag's light core: types, the shard contract's records (``contract``), the one error tree
-(``errors``, with ``error_for_status``), top-k merge, wire codec, the version protocol's pure state
-machine (``rollout``), choosing a tuned search knob from measured answers (``tuning_choice``),
+(``errors``, with ``error_for_status``), top-k merge, BM25's corpus statistics (``bm25``) and the
+fusion of ranked lists (``fusion``), wire codec, the version protocol's pure state machine
+(``rollout``), choosing a tuned search knob from measured answers (``tuning_choice``),
 encoders, embedding cache, datasets, IR metrics, crash-safe writes, the one reader of
 ``SHARDRAG_*`` variables (``env``), the command-line runner, and the Python client.
 

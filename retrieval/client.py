@@ -138,14 +138,22 @@ class ShardragClient:
         with_metadata: bool = False,
         min_seq: dict[str, int] | None = None,
         min_term: dict[str, int] | None = None,
+        mode: str = "dense",
+        fusion: str | None = None,
+        rrf_k: int | None = None,
+        weights: dict[str, float] | None = None,
+        candidates: int | None = None,
     ) -> dict[str, Any]:
         """``filter``: only documents whose metadata match (``docs/filters.md``); ``with_metadata``:
         each hit carries its metadata; ``min_seq`` and ``min_term``: a session read — only replicas
         that hold these writes answer (pass the ``seq`` and ``term`` an :meth:`upsert` or
-        :meth:`delete` returned; the term keeps out a replica whose log diverged in a failover)."""
+        :meth:`delete` returned; the term keeps out a replica whose log diverged in a failover).
+        ``mode``: dense, lexical (BM25) or hybrid, fused by ``fusion`` (rrf with ``rrf_k``, or
+        weighted with ``weights`` per leg) over ``candidates`` hits per leg (``docs/hybrid.md``)."""
         body = query_body(text=text, vector=vector, k=k, top_m=top_m, nprobe=nprobe, ef_search=ef_search,
                           timeout_ms=timeout_ms, with_text=with_text, version=version, filter=filter,
-                          with_metadata=with_metadata, min_seq=min_seq, min_term=min_term)
+                          with_metadata=with_metadata, min_seq=min_seq, min_term=min_term, mode=mode, fusion=fusion,
+                          rrf_k=rrf_k, weights=weights, candidates=candidates)
         return self._check(self._post(f"{self._data}/query", body))
 
     def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
@@ -290,11 +298,13 @@ class AsyncShardragClient:
                     top_m: int | None = None, nprobe: int | None = None, ef_search: int | None = None,
                     timeout_ms: int | None = None, with_text: bool = True, version: str | None = None,
                     filter: dict[str, Any] | None = None, with_metadata: bool = False,
-                    min_seq: dict[str, int] | None = None, min_term: dict[str, int] | None = None) -> dict[str, Any]:
+                    min_seq: dict[str, int] | None = None, min_term: dict[str, int] | None = None,
+                    mode: str = "dense", fusion: str | None = None, rrf_k: int | None = None,
+                    weights: dict[str, float] | None = None, candidates: int | None = None) -> dict[str, Any]:
         return await self._post(f"{self._data}/query", query_body(
             text=text, vector=vector, k=k, top_m=top_m, nprobe=nprobe, ef_search=ef_search, timeout_ms=timeout_ms,
             with_text=with_text, version=version, filter=filter, with_metadata=with_metadata, min_seq=min_seq,
-            min_term=min_term))
+            min_term=min_term, mode=mode, fusion=fusion, rrf_k=rrf_k, weights=weights, candidates=candidates))
 
     async def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
                      idempotency_key: str | None = None) -> dict[str, Any]:

@@ -36,8 +36,12 @@ def rollout_error(status: int, content: bytes) -> ShardragError:
 def query_body(*, text: str | None, vector: Sequence[float] | None, k: int | None, top_m: int | None,
                nprobe: int | None, ef_search: int | None, timeout_ms: int | None, with_text: bool,
                version: str | None, filter: dict[str, Any] | None, with_metadata: bool,
-               min_seq: dict[str, int] | None, min_term: dict[str, int] | None = None) -> dict[str, Any]:
+               min_seq: dict[str, int] | None, min_term: dict[str, int] | None = None, mode: str = "dense",
+               fusion: str | None = None, rrf_k: int | None = None, weights: dict[str, float] | None = None,
+               candidates: int | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"with_text": with_text}
+    if mode != "dense":
+        body["mode"] = mode
     if with_metadata:
         body["with_metadata"] = True
     if min_seq is not None or min_term is not None:
@@ -46,7 +50,8 @@ def query_body(*, text: str | None, vector: Sequence[float] | None, k: int | Non
             if given is not None:
                 body[name] = dict(given)
     for name, value in (("text", text), ("k", k), ("top_m", top_m), ("nprobe", nprobe), ("ef_search", ef_search),
-                        ("timeout_ms", timeout_ms), ("version", version), ("filter", filter)):
+                        ("timeout_ms", timeout_ms), ("version", version), ("filter", filter), ("fusion", fusion),
+                        ("rrf_k", rrf_k), ("weights", weights), ("candidates", candidates)):
         if value is not None:
             body[name] = value
     if vector is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
 from urllib.parse import parse_qsl, urlencode
 
+from retrieval.bm25 import CorpusStats
 from retrieval.errors import InvalidRequest
 from retrieval.filters import filter_from_canonical
 from retrieval.types import EmbeddingVersion
@@ -63,6 +64,10 @@ class SearchParams:
     filter: str | None = None  # a filter's canonical JSON (retrieval.filters): only documents it selects
     min_seq: int | None = None  # session reads: only a replica that applied this write may answer ...
     min_term: int | None = None  # ... and holds the log it was made in (not a diverged one of an older term)
+    # A lexical search (no vectors in the body): BM25 of this text ...
+    text: str | None = None
+    corpus: str | None = None  # ... under these statistics (CorpusStats canonical JSON; None: the replica's own)
+    stats_only: bool = False  # ... or only the replica's statistics for its terms (the first phase)
 
     def query_string(self) -> str:
         params: dict[str, Any] = {"k": self.k}
@@ -82,6 +87,12 @@ class SearchParams:
             params["min_seq"] = self.min_seq
         if self.min_term is not None:
             params["min_term"] = self.min_term
+        if self.text is not None:
+            params["text"] = self.text
+        if self.corpus is not None:
+            params["corpus"] = self.corpus
+        if self.stats_only:
+            params["stats_only"] = "true"
         return urlencode(params)
 
     @classmethod
@@ -103,20 +114,29 @@ class SearchParams:
                 if number < low or (high is not None and number > high):
                     raise InvalidRequest(f"{name} must be between {low} and {high}, got {number}", field=name)
                 params[name] = number
-            elif name in ("with_text", "with_metadata"):
+            elif name in ("with_text", "with_metadata", "stats_only"):
                 if value.lower() not in ("true", "false", "1", "0"):
                     raise InvalidRequest(f"{name} must be true or false, got {value!r}", field=name)
                 params[name] = value.lower() in ("true", "1")
             elif name == "filter":
                 filter_from_canonical(value)  # refused here, naming the clause, if it does not parse
                 params[name] = value
+            elif name == "corpus":
+                CorpusStats.from_canonical(value)  # refused here, naming the part, if it is not statistics
+                params[name] = value
             else:
                 params[name] = value
+        if params.get("text") is None and (params.get("corpus") is not None or params.get("stats_only")):
+            raise InvalidRequest("corpus and stats_only go with a lexical search's text", field="text")
         return cls(**params)
+
+    @property
+    def lexical(self) -> bool:
+        return self.text is not None
 
 
 _SEARCH_PARAMS = ("k", "version", "nprobe", "ef_search", "with_text", "with_metadata", "filter", "min_seq",
-                  "min_term")
+                  "min_term", "text", "corpus", "stats_only")
 _INT_PARAMS: dict[str, tuple[int, int | None]] = {"k": (1, None), "nprobe": (1, 65536), "ef_search": (1, 65536),
                                                   "min_seq": (0, None), "min_term": (0, None)}
 
@@ -126,16 +146,20 @@ class SearchReply:
     shard_id: int
     version: str
     took_ms: float
-    results: list[HitColumns]  # one per query vector, in request order
+    results: list[HitColumns]  # one per query vector (a lexical search: one), in request order
+    stats: CorpusStats | None = None  # a stats_only lexical search's answer (results empty)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"shard_id": self.shard_id, "version": self.version, "took_ms": self.took_ms,
-                "results": self.results}
+        data = {"shard_id": self.shard_id, "version": self.version, "took_ms": self.took_ms, "results": self.results}
+        if self.stats is not None:
+            data["stats"] = self.stats.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SearchReply:
+        stats = data.get("stats")
         return cls(int(data["shard_id"]), str(data["version"]), float(data.get("took_ms", 0.0)),
-                   list(data["results"]))
+                   list(data["results"]), CorpusStats.from_dict(stats, field_name="stats") if stats else None)
 
 
 _DETAIL_KEYS = ("count", "embedding_version", "dim", "metric", "factory", "partitioner", "num_shards", "centroid",

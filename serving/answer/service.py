@@ -26,8 +26,8 @@ from retrieval.errors import ConfigError, GeneratorUnavailable, InvalidRequest
 from serving.answer.prompt import build_messages, passage_texts
 from serving.answer.routing import AffinityRouter
 
-RetrieveFn = Callable[[str, int, int | None], Awaitable[dict[str, Any]]]
-"""(question, k, timeout_ms) → the query response (hits with title and text, version, partial)."""
+RetrieveFn = Callable[[str, int, int | None, str, str], Awaitable[dict[str, Any]]]
+"""(question, k, timeout_ms, mode, fusion) → the query response (hits with title and text, version, partial)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,6 +61,9 @@ class AnswerRequest(BaseModel):
                           "generators' --kv-reuse)")
     recompute_fraction: float | None = Field(None, ge=0, le=1, description="passage reuse: share of the reused "
                                              "tokens recomputed (default: the generators' setting, 0.15)")
+    mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="how the passages are retrieved "
+                                                        "(as /v1/query's mode; docs/hybrid.md)")
+    fusion: Literal["rrf", "weighted"] = Field("rrf", description="hybrid retrieval: how the legs are fused")
 
 
 class AnswerService:
@@ -87,7 +90,8 @@ class AnswerService:
         if not request.question.strip():
             raise InvalidRequest("question is empty", field="question")
         started = time.perf_counter()
-        retrieved = await (retrieve or self.retrieve)(request.question, request.k, request.timeout_ms)
+        retrieved = await (retrieve or self.retrieve)(request.question, request.k, request.timeout_ms, request.mode,
+                                                      request.fusion)
         retrieval_ms = (time.perf_counter() - started) * 1000.0
         return retrieved, build_messages(request.question, retrieved["hits"]), retrieval_ms
 

@@ -206,6 +206,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only documents whose metadata match, as JSON (or @FILE), e.g. "
                             "'{\"must\": [{\"key\": \"lang\", \"match\": {\"value\": \"en\"}}]}' (docs/filters.md)")
     query.add_argument("--with-metadata", action="store_true", help="print each hit's metadata")
+    query.add_argument("--mode", choices=("dense", "lexical", "hybrid"), default="dense",
+                       help="dense (vectors, default), lexical (BM25 over titles and texts) or hybrid (both, "
+                            "fused; each hit shows each leg's rank) (docs/hybrid.md)")
+    query.add_argument("--fusion", choices=("rrf", "weighted"), default=None,
+                       help="hybrid: rrf (reciprocal rank fusion, default) or weighted (normalized scores)")
+    query.add_argument("--rrf-k", type=int, default=None, help="rrf: Σ 1/(rrf_k + rank) (default 60)")
+    query.add_argument("--weights", default=None, metavar="DENSE,LEXICAL",
+                       help="weighted: the legs' weights, e.g. 0.7,0.3 (default: the ones chosen on msmarco)")
+    query.add_argument("--candidates", type=int, default=None,
+                       help="hybrid: hits each leg brings to the fusion (default max(k, 50))")
     query.set_defaults(func=cmd_query)
     add_write_commands(commands)
     add_collections_command(commands)

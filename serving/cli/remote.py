@@ -20,19 +20,37 @@ def cmd_query(args: argparse.Namespace) -> int:
     filter_ = _json_argument(args.filter, "--filter") if args.filter else None
     with ShardragClient(url, timeout_s=args.timeout, api_key=args.api_key) as client:
         response = client.query(text=args.text, k=args.k, top_m=args.top_m, filter=filter_,
-                                with_metadata=args.with_metadata)
+                                with_metadata=args.with_metadata, mode=args.mode, fusion=args.fusion,
+                                rrf_k=args.rrf_k, weights=_weights(args.weights), candidates=args.candidates)
     if args.json:
         print(json.dumps(response, indent=1))
         return 0
     diagnostics = response["diagnostics"]
+    fusion = f", {diagnostics['fusion']}" if diagnostics.get("fusion") else ""
     print(f"{len(response['hits'])} hits in {diagnostics['took_ms']:.1f} ms "
-          f"({diagnostics['shards_answered']}/{diagnostics['shards_total']} shards, {response['version']})")
+          f"({diagnostics['shards_answered']}/{diagnostics['shards_total']} shards, {response['version']}, "
+          f"{diagnostics.get('mode', 'dense')}{fusion})")
     for rank, hit in enumerate(response["hits"], start=1):
         snippet = " ".join(hit["text"].split())[:110]
-        print(f"{rank:2d}. {hit['score']:.4f}  [{hit['doc_id']}] {hit['title']}\n      {snippet}")
+        legs = "  " + " ".join(f"{leg} #{where['rank']} ({where['score']:.4g})"
+                               for leg, where in hit["legs"].items()) if hit.get("legs") else ""
+        print(f"{rank:2d}. {hit['score']:.4f}  [{hit['doc_id']}] {hit['title']}{legs}\n      {snippet}")
         if "metadata" in hit:
             print(f"      {json.dumps(hit['metadata'], sort_keys=True)}")
     return 0
+
+
+def _weights(text: str | None) -> dict[str, float] | None:
+    """--weights DENSE,LEXICAL as the API's {"dense", "lexical"}."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    try:
+        dense, lexical = (float(part) for part in parts)
+    except ValueError:
+        raise ConfigError(f"--weights takes two numbers, DENSE,LEXICAL (e.g. 0.7,0.3), got {text!r}",
+                          field="weights") from None
+    return {"dense": dense, "lexical": lexical}
 
 
 def _json_argument(text: str, flag: str) -> Any:

@@ -1,5 +1,6 @@
 """The gateway: its HTTP API (``app``), the query path (``query``), the composition root that
-builds a complete gateway (``factory``), its config (``config``: one settings dataclass per
+builds a complete gateway (``factory``), the lexical and hybrid modes of a query
+(``search_modes``: BM25 across the shards, or both legs fused), its config (``config``: one settings dataclass per
 component), API models, the OpenAPI query schema, the cluster view and Prometheus metrics; the
 collections created at run time: their API (``collection_routes``), their rollouts
 (``collection_rollout``: re-embedding in place), their REST tune (``collection_tune``), a stack

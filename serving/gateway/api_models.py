@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from httpkit.api import ERROR_RESPONSES, JSON_INTEGER, ErrorDetail, ErrorResponse, FiniteFloat, PositiveInt
+from retrieval.fusion import DEFAULT_WEIGHTS, DENSE, LEXICAL
 
 __all__ = ["ERROR_RESPONSES", "ErrorDetail", "ErrorResponse", "QueryRequest", "QueryResponse", "StageCommand",
            "ActivateCommand", "RetireCommand", "VersionCommand"]
@@ -15,6 +16,18 @@ KnobInt = Annotated[int, Field(ge=1, le=65536), JSON_INTEGER]
 SeqInt = Annotated[int, Field(ge=0), JSON_INTEGER]
 # Embedding version ids: encoder name, weights hash, preprocessing hash — a file-name-safe token.
 VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$"
+
+
+class LegWeights(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    dense: Annotated[float, Field(ge=0, le=1000)] = DEFAULT_WEIGHTS[DENSE]
+    lexical: Annotated[float, Field(ge=0, le=1000)] = DEFAULT_WEIGHTS[LEXICAL]
+
+
+class LegRankModel(BaseModel):
+    rank: int = Field(description="the document's rank in this leg (from 1)")
+    score: float = Field(description="its score in this leg (cosine / inner product, or BM25)")
 
 
 class QueryRequest(BaseModel):
@@ -48,6 +61,18 @@ class QueryRequest(BaseModel):
         "in a failover never answers for it")
     exact: bool = Field(False, description="ask every shard for the full k (no per-shard top-k trimming; the "
                         "answer is the same either way, trimming only moves fewer hits)")
+    mode: Literal["dense", "lexical", "hybrid"] = Field(
+        "dense", description="dense: the vector index; lexical: BM25 over titles and texts, ranked as on one "
+        "unsharded index; hybrid: both legs fused (docs/hybrid.md)")
+    fusion: Literal["rrf", "weighted"] = Field(
+        "rrf", description="hybrid: rrf (reciprocal rank fusion) or weighted (each leg's scores min-max "
+        "normalized, times its weight)")
+    rrf_k: Annotated[int, Field(ge=0, le=10_000), JSON_INTEGER] = Field(
+        60, description="rrf: a document scores Σ 1/(rrf_k + rank) over the legs")
+    weights: LegWeights | None = Field(None, description="weighted: per-leg weights (default: the ones "
+                                       "chosen on msmarco, docs/hybrid.md)")
+    candidates: Annotated[int, Field(ge=1, le=1000), JSON_INTEGER] | None = Field(
+        None, description="hybrid: hits each leg contributes to the fusion (default max(k, 50))")
 
 
 class HitModel(BaseModel):
@@ -58,6 +83,8 @@ class HitModel(BaseModel):
     title: str = ""
     text: str = ""
     metadata: dict[str, Any] | None = Field(None, description="the document's metadata (with_metadata)")
+    legs: dict[str, LegRankModel] | None = Field(None, description="hybrid: where each leg that returned the "
+                                                 "document ranked it, and its score there")
 
 
 class ShardCallModel(BaseModel):
@@ -69,6 +96,8 @@ class ShardCallModel(BaseModel):
     attempts: int = Field(description="replicas the call went to (primary + retries + hedges)")
     hedged: bool = Field(description="a hedge (second copy) was sent for this shard call")
     hedge_won: bool = Field(description="the answer came from the hedge")
+    leg: str = Field("dense", description="dense, lexical (BM25 under the collection's statistics) or "
+                     "lexical-stats (its first phase: the shard's statistics for the query's terms)")
 
 
 class MissingShardModel(BaseModel):
@@ -92,6 +121,10 @@ class DiagnosticsModel(BaseModel):
                           "one shard, HNSW without ef_search ≥ k, a refined index, on which a trimmed list is "
                           "not a prefix of the full one)")
     per_shard: list[ShardCallModel]
+    mode: str = Field("dense", description="the query's mode: dense, lexical or hybrid")
+    fusion: str | None = Field(None, description="hybrid: how the legs were fused (rrf k=…, or weighted …)")
+    lexical_ms: float = Field(0.0, description="the lexical leg: both phases, from the first call to the merged "
+                              "list (0 for a dense query)")
 
 
 class QueryResponse(BaseModel):

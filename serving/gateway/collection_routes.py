@@ -272,8 +272,9 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
             raise InvalidRequest(f"collection {name!r} holds vectors only (no encoder): it cannot retrieve for a "
                                  "question", field="question")
 
-        async def retrieve(text: str, k: int, timeout_ms: int | None) -> dict[str, Any]:
-            parsed = QueryRequest(text=text, k=k, timeout_ms=timeout_ms)
+        async def retrieve(text: str, k: int, timeout_ms: int | None, mode: str, fusion: str) -> dict[str, Any]:
+            parsed = QueryRequest.model_validate({"text": text, "k": k, "timeout_ms": timeout_ms, "mode": mode,
+                                                  "fusion": fusion})
             if tenant is None or tenant_field is None:
                 return await queries.query(parsed)
             # the same confinement as the query route: the tenant's clause in the shards, hits re-checked

@@ -26,12 +26,13 @@ from retrieval.errors import (
     validation_error_body,
 )
 from retrieval.filters import parse_filter
-from retrieval.types import Hit
 from retrieval.wire import check_finite
 from serving.gateway.api_models import QueryRequest
 from serving.gateway.config import Limits
 from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.search_modes import Legs, SearchModes, shaped_hit
 from serving.shardcall.fanout import FanOut
+from serving.shardcall.lexical import LexicalFanOut
 from serving.versions.registry import VersionRegistry, VersionSnapshot
 
 
@@ -69,6 +70,7 @@ class QueryService:
         self.fanout = fanout
         self.metrics = metrics
         self.recent_queries: deque[str] = deque(maxlen=recent_queries)  # the quality gate's default sample
+        self.modes = SearchModes(self, LexicalFanOut(fanout.caller))  # mode lexical and hybrid
 
     @staticmethod
     def parse(body: bytes) -> QueryRequest:
@@ -98,9 +100,11 @@ class QueryService:
                                            timeout_s=self.limits.default_timeout_ms / 1000.0)
         return [hit.doc_id for hit in outcome.hits]
 
-    async def retrieve(self, text: str, k: int, timeout_ms: int | None) -> dict[str, Any]:
+    async def retrieve(self, text: str, k: int, timeout_ms: int | None, mode: str = "dense",
+                       fusion: str = "rrf") -> dict[str, Any]:
         """A text query with titles and texts (the answer service's retrieval)."""
-        return await self.query(QueryRequest(text=text, k=k, timeout_ms=timeout_ms))
+        return await self.query(QueryRequest.model_validate(
+            {"text": text, "k": k, "timeout_ms": timeout_ms, "mode": mode, "fusion": fusion}))
 
     def _vector(self, request: QueryRequest, snapshot: VersionSnapshot) -> np.ndarray:
         limits = self.limits
@@ -133,12 +137,6 @@ class QueryService:
                                          f"{snapshot.topology.num_shards - 1}", field=f"{name}.{shard}")
         return {int(shard): SessionFloor(seqs.get(shard, 0), terms.get(shard)) for shard in {*seqs, *terms}}
 
-    @staticmethod
-    def _hit(hit: Hit) -> dict[str, Any]:
-        """A hit with its metadata (the query asked ``with_metadata``)."""
-        return {"doc_id": hit.doc_id, "score": hit.score, "shard": hit.shard_id, "version": hit.version,
-                "title": hit.title, "text": hit.text, "metadata": dict(hit.metadata or {})}
-
     async def query(self, request: QueryRequest) -> dict[str, Any]:
         limits = self.limits
         started = time.perf_counter()
@@ -150,36 +148,61 @@ class QueryService:
             raise InvalidRequest(f"timeout_ms must be between {limits.min_timeout_ms} and {limits.max_timeout_ms}",
                                  field="timeout_ms")
         snapshot = self._snapshot(request.version)
-        if (request.text is None) == (request.vector is None):
-            raise InvalidRequest("give exactly one of 'text' and 'vector'",
-                                 field="text" if request.text is not None else "vector")
-        encode_ms = 0.0
-        if request.vector is not None:
-            vector = self._vector(request, snapshot)
-        else:
-            text = request.text.strip() if request.text is not None else ""
-            if not text:
-                raise InvalidRequest("text is empty", field="text")
-            if len(text) > limits.max_text_chars:
-                raise InvalidRequest(f"text is longer than {limits.max_text_chars} characters", field="text")
-            encode_started = time.perf_counter()
-            vector = await self.encode(snapshot, text, timeout_ms / 1000.0)
-            encode_ms = (time.perf_counter() - encode_started) * 1000.0
-            self.metrics.encode_latency.observe(encode_ms / 1000.0)
-            self.recent_queries.append(text)
+        text = self._text(request)
         filter_ = parse_filter(request.filter) if request.filter is not None else None
         params = SearchParams(k=k, version=snapshot.version, nprobe=request.nprobe, ef_search=request.ef_search,
                               with_text=request.with_text, with_metadata=request.with_metadata,
                               filter=filter_.canonical() if filter_ is not None and not filter_.empty else None)
         session = self._session(request, snapshot)
+        if request.mode != "dense":
+            legs = await self.modes.run(request, text, params, snapshot, session, timeout_ms, started)
+            return self._answer(request, legs, started)
+        encode_ms = 0.0
+        if request.vector is not None:
+            vector = self._vector(request, snapshot)
+        else:
+            assert text is not None
+            vector, encode_ms = await self.encode_timed(snapshot, text, timeout_ms)
         fanout_started = time.perf_counter()
         remaining_ms = timeout_ms - (fanout_started - started) * 1000.0  # encoding spent part of it
         result = await self.fanout.search(vector, params, snapshot.route, top_m=request.top_m,
                                           timeout_s=max(remaining_ms, 1.0) / 1000.0, session=session,
                                           exact=request.exact)
         fanout_ms = (time.perf_counter() - fanout_started) * 1000.0
+        return self._answer(request, Legs(result, [shaped_hit(h, request.with_metadata) for h in result.hits],
+                                          encode_ms, fanout_ms), started)
+
+    def _text(self, request: QueryRequest) -> str | None:
+        """The query text, checked; None for a dense vector query."""
+        if request.mode == "dense" and (request.text is None) == (request.vector is None):
+            raise InvalidRequest("give exactly one of 'text' and 'vector'",
+                                 field="text" if request.text is not None else "vector")
+        if request.mode == "lexical" and request.vector is not None:
+            raise InvalidRequest("mode lexical ranks the text; leave vector out", field="vector")
+        if request.text is None:
+            if request.mode != "dense":
+                raise InvalidRequest(f"mode {request.mode} needs the query's text", field="text")
+            return None
+        text = request.text.strip()
+        if not text:
+            raise InvalidRequest("text is empty", field="text")
+        if len(text) > self.limits.max_text_chars:
+            raise InvalidRequest(f"text is longer than {self.limits.max_text_chars} characters", field="text")
+        return text
+
+    async def encode_timed(self, snapshot: VersionSnapshot, text: str, timeout_ms: float) -> tuple[np.ndarray, float]:
+        """The text's vector and the milliseconds it took (recorded as the encode latency)."""
+        encode_started = time.perf_counter()
+        vector = await self.encode(snapshot, text, timeout_ms / 1000.0)
+        encode_ms = (time.perf_counter() - encode_started) * 1000.0
+        self.metrics.encode_latency.observe(encode_ms / 1000.0)
+        self.recent_queries.append(text)
+        return vector, encode_ms
+
+    def _answer(self, request: QueryRequest, legs: Legs, started: float) -> dict[str, Any]:
+        result = legs.result
         missing = sorted(result.missing)
-        allow_partial = request.allow_partial if request.allow_partial is not None else limits.allow_partial
+        allow_partial = request.allow_partial if request.allow_partial is not None else self.limits.allow_partial
         if missing and (not allow_partial or not result.calls):
             reasons = "; ".join(f"shard {s}: {result.missing[s]}" for s in missing)
             why = "partial answers not allowed" if result.calls else "no shard answered"
@@ -189,11 +212,7 @@ class QueryService:
         took_ms = (time.perf_counter() - started) * 1000.0
         self.metrics.query_latency.observe(took_ms / 1000.0)
         return {
-            "hits": [self._hit(h) for h in result.hits] if request.with_metadata else [
-                {"doc_id": h.doc_id, "score": h.score, "shard": h.shard_id, "version": h.version, "title": h.title,
-                 "text": h.text}
-                for h in result.hits
-            ],
+            "hits": legs.hits,
             "version": result.version,
             "partial": bool(missing),
             "coverage": len(result.calls) / len(result.shards_queried),
@@ -204,16 +223,19 @@ class QueryService:
                 "shards_queried": len(result.shards_queried),
                 "shards_answered": len(result.calls),
                 "took_ms": took_ms,
-                "encode_ms": encode_ms,
-                "fanout_ms": fanout_ms,
+                "encode_ms": legs.encode_ms,
+                "fanout_ms": legs.fanout_ms,
                 "shard_k": result.asked_k,
                 "second_round": list(result.second_round),
                 "trimming": result.trimming,
                 "per_shard": [
                     {"shard": c.shard_id, "replica": c.replica, "latency_ms": c.latency_ms, "server_ms": c.server_ms,
                      "batch_size": c.batch_size, "attempts": c.attempts, "hedged": c.hedged,
-                     "hedge_won": c.hedge_won}
-                    for c in result.calls
+                     "hedge_won": c.hedge_won, "leg": leg}
+                    for leg, calls in legs.calls() for c in calls
                 ],
+                "mode": request.mode,
+                "fusion": legs.fusion,
+                "lexical_ms": legs.lexical_ms,
             },
         }

@@ -21,6 +21,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -200,7 +201,7 @@ class FanOut:
         first = replace(params, k=asked) if asked < params.k else params
         answers, missing = await self._round(vector, first, route, targets, deadline, timeout_s, session)
         ordered = [answers[s] for s in targets if s in answers]
-        merged = _merge(ordered, params.k)  # ties break by doc id: the order of answers does not matter
+        merged = merge_answers(ordered, params.k)  # ties break by doc id: the order of answers does not matter
         again: list[int] = []
         if asked < params.k:
             kth = merged[-1].score if len(merged) == params.k else None
@@ -214,7 +215,7 @@ class FanOut:
                 answers.update(more)
                 missing.update(failed)
                 ordered = [answers[s] for s in targets if s in answers]
-                merged = _merge(ordered, params.k)
+                merged = merge_answers(ordered, params.k)
         return FanOutResult(merged, route.version, route.num_shards, targets, [call for _, call in ordered], missing,
                             asked, tuple(again), trimming)
 
@@ -236,27 +237,10 @@ class FanOut:
                      deadline: float, timeout_s: float,
                      session: Mapping[int, SessionFloor] | None) -> tuple[dict[int, _Answer], dict[int, str]]:
         """One call per target shard (coalesced with other queries): the answers and the missing."""
-        futures = [self._batchers[s].submit(_floored(params, session.get(s) if session else None),
+        futures = [self._batchers[s].submit(floored(params, session.get(s) if session else None),
                                             (vector, deadline, route.replicas[s])) for s in targets]
-        if futures and timeout_s > 0:
-            _, pending = await asyncio.wait(futures, timeout=timeout_s)
-        else:
-            pending = {f for f in futures if not f.done()}
-        answers: dict[int, _Answer] = {}
-        missing: dict[int, str] = {}
-        for shard_id, future in zip(targets, futures, strict=True):
-            if future in pending:
-                future.cancel()  # the shard call goes on for the other queries of its batch
-                missing[shard_id] = f"no answer within {timeout_s * 1000:.0f} ms"
-                continue
-            error = future.exception()
-            if error is None:
-                answers[shard_id] = future.result()
-            elif isinstance(error, RETRYABLE):
-                missing[shard_id] = getattr(error, "message", str(error))
-            else:
-                raise error  # bad request, version conflict: the query itself is wrong
-        return answers, missing
+        # a cancelled future's shard call goes on for the other queries of its batch
+        return await settle(dict(zip(targets, futures, strict=True)), timeout_s)
 
     def _caller(self, shard_id: int) -> Callable[[SearchParams, list[_Item]], Awaitable[Sequence[_Answer]]]:
         async def call(params: SearchParams, items: list[_Item]) -> Sequence[_Answer]:
@@ -277,12 +261,40 @@ class FanOut:
         return call
 
 
-def _floored(params: SearchParams, floor: SessionFloor | None) -> SearchParams:
+T = TypeVar("T")
+
+
+async def settle(futures: Mapping[int, asyncio.Future[T]], timeout_s: float) -> tuple[dict[int, T], dict[int, str]]:
+    """Wait up to ``timeout_s`` for one future per shard: the answers, and per shard that has none
+    why it is missing (no answer in time: cancelled; a failure of its replicas). An error that is
+    the query's own (bad request, version conflict) is raised."""
+    if futures and timeout_s > 0:
+        _, pending = await asyncio.wait(futures.values(), timeout=timeout_s)
+    else:
+        pending = {f for f in futures.values() if not f.done()}
+    answers: dict[int, T] = {}
+    missing: dict[int, str] = {}
+    for shard_id, future in futures.items():
+        if future in pending:
+            future.cancel()
+            missing[shard_id] = f"no answer within {max(timeout_s, 0.0) * 1000:.0f} ms"
+            continue
+        error = future.exception()
+        if error is None:
+            answers[shard_id] = future.result()
+        elif isinstance(error, RETRYABLE):
+            missing[shard_id] = getattr(error, "message", str(error))
+        else:
+            raise error  # bad request, version conflict: the query itself is wrong
+    return answers, missing
+
+
+def floored(params: SearchParams, floor: SessionFloor | None) -> SearchParams:
     """``params`` for one shard of a session read (unchanged for an eventual one)."""
     return params if floor is None else replace(params, min_seq=floor.seq, min_term=floor.term)
 
 
-def _merge(answers: list[_Answer], k: int) -> list[Hit]:
+def merge_answers(answers: list[_Answer], k: int) -> list[Hit]:
     winners = merge_topk_columns([(columns["doc_ids"], columns["scores"]) for columns, _ in answers], k)
     hits = []
     for a, i in winners:

@@ -22,6 +22,7 @@ from retrieval.contract import (
     HealthInfo,
     ReplicaInfo,
     SearchParams,
+    SearchReply,
     StageReply,
     UnloadReply,
     WriteReply,
@@ -66,7 +67,8 @@ class HttpShardClient(JsonControlClient):
         started = time.perf_counter()
         try:
             status, body = await self._pool.request("POST", f"{replica}/v1/search?{params.query_string()}",
-                                                    encode_vectors(vectors), timeout_s=timeout_s,
+                                                    b"" if params.lexical else encode_vectors(vectors),
+                                                    timeout_s=timeout_s,
                                                     headers=f"{TIMEOUT_HEADER}: {timeout_s * 1000:.1f}\r\n{self._auth}")
         except TimeoutError as exc:
             raise DeadlineExceeded(f"shard {shard_id} ({replica}) did not answer in {timeout_s:.3f}s",
@@ -75,9 +77,9 @@ class HttpShardClient(JsonControlClient):
             raise ShardUnavailable(f"shard {shard_id} ({replica}) unreachable: {exc}", shard=shard_id) from exc
         if status != 200:
             raise error_for_status(status, body, peer=replica, shard=shard_id)
-        payload = orjson.loads(body)
-        return ShardReply(shard_id, payload["version"], replica, payload["results"],
-                          (time.perf_counter() - started) * 1000.0, payload.get("took_ms", 0.0))
+        reply = SearchReply.from_dict(orjson.loads(body))
+        return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1000.0,
+                          reply.took_ms, reply.stats)
 
     async def _json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
                     timeout_s: float) -> dict[str, Any]:

@@ -70,7 +70,7 @@ class RayShardClient(ShardClient):
         ref = self._handle(replica, shard_id).search.remote(np.ascontiguousarray(vectors, dtype=np.float32), params)
         reply: SearchReply = await self._call(ref, f"shard {shard_id} ({replica})", shard_id, timeout_s)
         return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1000.0,
-                          reply.took_ms)
+                          reply.took_ms, reply.stats)
 
     async def info(self, replica: str, timeout_s: float) -> ReplicaInfo:
         info: ReplicaInfo = await self._call(self._handle(replica).info.remote(), f"{replica} info", None, timeout_s)

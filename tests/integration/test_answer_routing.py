@@ -47,7 +47,7 @@ def generators(tmp_path):
         child.stop()
 
 
-async def retrieve(question: str, k: int, timeout_ms: int | None) -> dict:
+async def retrieve(question: str, k: int, timeout_ms: int | None, mode: str = "dense", fusion: str = "rrf") -> dict:
     return {"hits": [{**h, "score": 1.0} for h in PASSAGES[question][:k]], "version": "v1", "partial": False}
 
 

@@ -104,9 +104,15 @@ def test_same_records_answers_and_errors_over_http_and_in_process(shard_dirs, se
                 await client.set_search_defaults(replica, v1, {"ef_search": 8}, 5.0)
             tuning = (queries.tolist(), ids.tolist(), evaluated.knob, evaluated.exact_ids.tolist(),
                       refused.value.field)
+            # the lexical search on the same seam: a shard's statistics, then BM25 under them
+            no_vectors = np.zeros((0, DIM), dtype=np.float32)
+            stats = (await client.search(replica, 1, no_vectors, SearchParams(k=4, version=v1, text="Title 17 text",
+                                                                              stats_only=True), 5.0)).stats
+            lexical = await client.search(replica, 1, no_vectors, SearchParams(
+                k=4, version=v1, text="Title 17 text", corpus=stats.canonical() if stats else None), 5.0)
             await client.close()
             results.append((comparable(info), health, reply, errors, staged.version.id, unloaded.unloaded,
-                            again.unloaded, tuning))
+                            again.unloaded, tuning, (stats, lexical.results)))
         return results
 
     over_http, in_process = asyncio.run(scenario())
@@ -119,6 +125,14 @@ def test_same_records_answers_and_errors_over_http_and_in_process(shard_dirs, se
     assert over_http[3] == in_process[3] == [(VersionConflict, "version"), (NotFound, "version")]
     assert over_http[4:7] == in_process[4:7] == (v2, True, False)
     assert over_http[7] == in_process[7] and len(over_http[7][0]) == 5 and over_http[7][2] is None
+    assert over_http[8] == in_process[8]
+    stats, lexical = over_http[8]
+    assert stats.docs == info_count(over_http[0]) and set(stats.df) == {"titl", "17", "text"}
+    assert len(lexical) == 1 and len(lexical[0]["doc_ids"]) == 4
+
+
+def info_count(info) -> int:
+    return info.primary.count
 
 
 def test_an_unreachable_replica_is_unavailable(shard_dirs):

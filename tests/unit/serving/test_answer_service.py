@@ -13,7 +13,7 @@ HITS = {"hits": [{"doc_id": "d1", "title": "T", "text": "passage", "score": 0.5}
 def test_without_generators_the_answer_is_a_503_naming_the_generator_not_the_encoder():
     asked = []
 
-    async def retrieve(question, k, timeout_ms):
+    async def retrieve(question, k, timeout_ms, mode="dense", fusion="rrf"):
         asked.append(question)
         return HITS
 
@@ -32,7 +32,7 @@ def test_without_generators_the_answer_is_a_503_naming_the_generator_not_the_enc
 
 
 def test_unreachable_generators_are_tried_in_order_then_reported():
-    async def retrieve(question, k, timeout_ms):
+    async def retrieve(question, k, timeout_ms, mode="dense", fusion="rrf"):
         return HITS
 
     async def scenario():

@@ -1,0 +1,221 @@
+"""The lexical leg of a shard: an inverted index over its documents' titles and texts, scored
+with BM25 under statistics the caller supplies (``retrieval.bm25``: the whole collection's, so a
+sharded ranking equals the unsharded one).
+
+* :func:`analyze` — the one text analysis, for documents and queries alike: Unicode words,
+  lower-cased, Lucene's English stop words dropped, Snowball English stems (PyStemmer, C).
+* :class:`BaseLexicon` — the sealed base's postings in CSR form (NumPy arrays: term → rows and
+  term frequencies, per-row lengths), built in one pass over the base's document store. It is
+  derived from the documents, never stored: every path that carries documents (a build, a
+  compaction, a snapshot install, a rollout's fill, a catch-up) carries the lexical index with
+  them, and it cannot disagree with them.
+* :class:`SegmentLexicon` — the documents written since the base, kept by every write applied.
+* :func:`bm25_weights` — a term's contribution to each document's score, the same NumPy code
+  for base and segment so that a document scores the same bits wherever it lives.
+
+Why our own index rather than tantivy or bm25s: scoring must take the collection's statistics
+from outside (no engine we could embed lets a query override document frequencies), and the
+segment must follow every write in sequence order — bm25s has no updates, and tantivy keeps
+its own segments and commit cycle beside ours. ``benchmarks/lexical_engines.py`` measures
+ingest, memory and query time against bm25s on the same documents.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from retrieval.bm25 import K1, B, CorpusStats
+
+_WORD = re.compile(r"[^\W_]+")
+# Lucene's EnglishAnalyzer stop set: words too common to rank by (and the bulk of every posting list).
+STOP_WORDS = frozenset(
+    "a an and are as at be but by for if in into is it no not of on or such that the their then there these they "
+    "this to was will with".split())
+
+
+class _Stemmer:
+    """PyStemmer's Snowball English stemmer, created on first use (a C extension; import is cheap)."""
+
+    _stem_words = None
+
+    @classmethod
+    def stem(cls, words: list[str]) -> list[str]:
+        if cls._stem_words is None:
+            import Stemmer
+
+            cls._stem_words = Stemmer.Stemmer("english").stemWords
+        result: list[str] = cls._stem_words(words)
+        return result
+
+
+def analyze(text: str) -> list[str]:
+    """The terms of ``text`` in order (with repeats): what is indexed and what is looked up."""
+    words = [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS]
+    return _Stemmer.stem(words) if words else []
+
+
+def document_terms(title: str, text: str) -> list[str]:
+    """A document's terms: its title's, then its text's."""
+    return analyze(f"{title}\n{text}" if title else text)
+
+
+def query_terms(text: str) -> list[tuple[str, int]]:
+    """A query's distinct terms with how often each occurs, in first-occurrence order (the order
+    in which scores are summed: fixed, so every shard adds the same floats in the same order)."""
+    counts = Counter(analyze(text))
+    return list(counts.items())
+
+
+def bm25_weights(weight: float, tf: np.ndarray, lengths: np.ndarray, average_length: float) -> np.ndarray:
+    """BM25's contribution of one term with ``weight`` (idf × its count in the query) to documents
+    holding it ``tf`` times with ``lengths`` tokens: weight · tf·(k1+1) / (tf + k1·(1 − b + b·len/avg))."""
+    tf = tf.astype(np.float64, copy=False)
+    norm = K1 * (1.0 - B + B * (lengths.astype(np.float64, copy=False) / average_length))
+    result: np.ndarray = weight * (tf * (K1 + 1.0)) / (tf + norm)
+    return result
+
+
+@dataclass(slots=True, frozen=True)
+class Scored:
+    """Rows (of a base or a segment) with their BM25 scores, unordered."""
+
+    rows: np.ndarray
+    scores: np.ndarray
+
+
+def score(postings: Sequence[tuple[float, np.ndarray, np.ndarray]], lengths: np.ndarray,
+          average_length: float, size: int) -> Scored:
+    """Sum each term's contributions per row. ``postings``: per query term in query order,
+    (weight, rows holding it, their tfs). Rows no term touches are left out."""
+    if not postings:
+        return Scored(np.zeros(0, np.int64), np.zeros(0, np.float64))
+    rows = np.concatenate([p[1] for p in postings])
+    weights = np.concatenate([bm25_weights(w, tf, lengths[r], average_length) for w, r, tf in postings])
+    # bincount adds in array order (term by term, as the query orders them): the same additions,
+    # in the same order, for a document in a base or in a segment, on any shard.
+    totals = np.bincount(rows, weights=weights, minlength=size)
+    touched = np.flatnonzero(totals > 0)  # every weight is positive (idf > 0 for a term any document holds)
+    return Scored(touched, totals[touched])
+
+
+class BaseLexicon:
+    """The sealed base's postings. Rows are the base's documents in int-id order (the payload
+    index's order, so a filter's mask applies as is)."""
+
+    def __init__(self, int_ids: np.ndarray, lengths: np.ndarray, vocabulary: dict[str, int], starts: np.ndarray,
+                 rows: np.ndarray, tfs: np.ndarray) -> None:
+        self.int_ids = int_ids  # row → int id (ascending)
+        self.lengths = lengths  # row → tokens
+        self.vocabulary = vocabulary  # term → term number
+        self.starts = starts  # term number → first posting; starts[-1] = postings
+        self.rows = rows  # postings: rows, grouped by term
+        self.tfs = tfs  # postings: term frequencies
+        self.total_length = int(lengths.sum())
+
+    @classmethod
+    def build(cls, documents: Iterable[tuple[int, str, str]]) -> BaseLexicon:
+        """From (int id, title, text) in ascending int-id order."""
+        vocabulary: dict[str, int] = {}
+        int_ids: list[int] = []
+        lengths: list[int] = []
+        chunks: list[np.ndarray] = []
+        for int_id, title, text in documents:
+            terms = document_terms(title, text)
+            int_ids.append(int_id)
+            lengths.append(len(terms))
+            setdefault = vocabulary.setdefault
+            chunks.append(np.fromiter((setdefault(t, len(vocabulary)) for t in terms), dtype=np.int64,
+                                      count=len(terms)))
+        n = len(int_ids)
+        length_array = np.asarray(lengths, dtype=np.int32)
+        term_of_token = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+        row_of_token = np.repeat(np.arange(n, dtype=np.int64), length_array)
+        # one (term, row) key per token: sorting groups the postings by term, rows ascending
+        keys, counts = np.unique(term_of_token * max(n, 1) + row_of_token, return_counts=True)
+        terms = keys // max(n, 1)
+        starts = np.searchsorted(terms, np.arange(len(vocabulary) + 1)).astype(np.int64)
+        return cls(np.asarray(int_ids, dtype=np.int64), length_array, vocabulary, starts,
+                   (keys % max(n, 1)).astype(np.int32), np.minimum(counts, 65535).astype(np.uint16))
+
+    @property
+    def count(self) -> int:
+        return int(self.int_ids.size)
+
+    @property
+    def nbytes(self) -> int:
+        """The arrays' memory (the vocabulary dict's is measured in benchmarks/lexical_engines.py)."""
+        return sum(a.nbytes for a in (self.int_ids, self.lengths, self.starts, self.rows, self.tfs))
+
+    def postings(self, term: str) -> tuple[np.ndarray, np.ndarray]:
+        number = self.vocabulary.get(term)
+        if number is None:
+            return np.zeros(0, np.int32), np.zeros(0, np.uint16)
+        start, end = self.starts[number], self.starts[number + 1]
+        return self.rows[start:end], self.tfs[start:end]
+
+    def rows_of(self, int_ids: np.ndarray) -> np.ndarray:
+        """The rows of those of ``int_ids`` that are in the base, ascending."""
+        slots = np.searchsorted(self.int_ids, int_ids)
+        inside = slots < self.int_ids.size
+        slots, wanted = slots[inside], int_ids[inside]
+        return np.sort(slots[self.int_ids[slots] == wanted])
+
+    def stats(self, terms: Iterable[str], hidden_rows: np.ndarray) -> CorpusStats:
+        """Statistics of the base's live documents (all but ``hidden_rows``, sorted) for ``terms``."""
+        df: dict[str, int] = {}
+        for term in terms:
+            rows, _ = self.postings(term)
+            hidden = int(np.isin(rows, hidden_rows, assume_unique=True).sum()) if hidden_rows.size else 0
+            df[term] = int(rows.size) - hidden
+        hidden_length = int(self.lengths[hidden_rows].sum()) if hidden_rows.size else 0
+        return CorpusStats(self.count - int(hidden_rows.size), self.total_length - hidden_length, df)
+
+
+class SegmentLexicon:
+    """The written documents' terms, by doc id, with an inverted map for lookups."""
+
+    def __init__(self) -> None:
+        self._terms: dict[str, Counter[str]] = {}  # doc id → term frequencies
+        self._lengths: dict[str, int] = {}
+        self._postings: dict[str, dict[str, int]] = {}  # term → doc id → tf
+        self.total_length = 0
+
+    def add(self, doc_id: str, title: str, text: str) -> None:
+        self.remove(doc_id)
+        terms = document_terms(title, text)
+        counts = Counter(terms)
+        self._terms[doc_id] = counts
+        self._lengths[doc_id] = len(terms)
+        self.total_length += len(terms)
+        for term, tf in counts.items():
+            self._postings.setdefault(term, {})[doc_id] = tf
+
+    def remove(self, doc_id: str) -> None:
+        counts = self._terms.pop(doc_id, None)
+        if counts is None:
+            return
+        self.total_length -= self._lengths.pop(doc_id)
+        for term in counts:
+            holders = self._postings[term]
+            del holders[doc_id]
+            if not holders:
+                del self._postings[term]
+
+    def __len__(self) -> int:
+        return len(self._terms)
+
+    def stats(self, terms: Iterable[str]) -> CorpusStats:
+        return CorpusStats(len(self._terms), self.total_length,
+                           {t: len(self._postings.get(t, ())) for t in terms})
+
+    def holders(self, term: str) -> Iterator[tuple[str, int]]:
+        """(doc id, tf) of the documents holding ``term``."""
+        yield from self._postings.get(term, {}).items()
+
+    def length(self, doc_id: str) -> int:
+        return self._lengths[doc_id]

@@ -1,0 +1,129 @@
+"""``mode: lexical`` and ``mode: hybrid`` of ``POST /v1/query`` (``serving.gateway.query`` runs
+``dense`` itself and shapes every answer).
+
+* **lexical** — BM25 across the shards (``serving.shardcall.lexical``: the collection's
+  statistics, so the ranking is the unsharded one).
+* **hybrid** — both legs at once: the lexical leg's two phases run while the text is embedded
+  and the dense leg fans out, then the two lists (``candidates`` hits each) are fused
+  (``retrieval.fusion``: rrf or weighted) and each hit says where each leg ranked it.
+
+A filter applies to both legs; session floors too. ``top_m`` routes the dense leg only: a lexical
+hit can be on any shard, so the lexical leg always reads every shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from retrieval.contract import SearchParams, SessionFloor
+from retrieval.errors import InvalidRequest
+from retrieval.fusion import DEFAULT_WEIGHTS, DENSE, LEXICAL, fuse
+from retrieval.types import Hit
+from serving.gateway.api_models import QueryRequest
+from serving.shardcall.fanout import FanOutResult
+from serving.shardcall.lexical import LexicalFanOut
+from serving.versions.registry import VersionSnapshot
+
+if TYPE_CHECKING:
+    from serving.gateway.query import QueryService
+
+DEFAULT_CANDIDATES = 50  # hits each leg brings to a fusion (at least k)
+
+
+@dataclass(slots=True)
+class Legs:
+    """What a query's legs produced, for the answer: the result whose shards, calls and missing
+    shards the answer reports (the dense leg's, or the lexical's alone), and the shaped hits."""
+
+    result: FanOutResult
+    hits: list[dict[str, Any]]
+    encode_ms: float = 0.0
+    fanout_ms: float = 0.0
+    lexical_ms: float = 0.0
+    fusion: str | None = None
+    leg: str = DENSE  # the leg ``result`` is
+    lexical: FanOutResult | None = None  # hybrid: the lexical leg (its calls and missing shards count too)
+
+    def calls(self) -> Iterator[tuple[str, list[Any]]]:
+        yield self.leg, self.result.calls
+        if self.lexical is not None:
+            yield LEXICAL, self.lexical.calls
+
+
+class SearchModes:
+    def __init__(self, service: QueryService, lexical: LexicalFanOut) -> None:
+        self.service = service
+        self.lexical = lexical
+
+    async def run(self, request: QueryRequest, text: str | None, params: SearchParams, snapshot: VersionSnapshot,
+                  session: Mapping[int, SessionFloor] | None, timeout_ms: float, started: float) -> Legs:
+        assert text is not None  # QueryService._text refuses lexical and hybrid queries without text
+        deadline_s = timeout_ms / 1000.0 - (time.perf_counter() - started)
+        if request.mode == LEXICAL:
+            if request.top_m is not None:
+                raise InvalidRequest("top_m routes by the query vector; a lexical query reads every shard",
+                                     field="top_m")
+            lexical_started = time.perf_counter()
+            result = await self.lexical.search(text, params, snapshot.route, timeout_s=max(deadline_s, 0.001),
+                                               session=session)
+            took = (time.perf_counter() - lexical_started) * 1000.0
+            return Legs(result, [shaped_hit(h, params.with_metadata) for h in result.hits], 0.0, took, took,
+                        leg=LEXICAL)
+        return await self._hybrid(request, text, params, snapshot, session, deadline_s)
+
+    async def _hybrid(self, request: QueryRequest, text: str, params: SearchParams, snapshot: VersionSnapshot,
+                      session: Mapping[int, SessionFloor] | None, deadline_s: float) -> Legs:
+        service = self.service
+        depth = max(params.k, request.candidates or DEFAULT_CANDIDATES)
+        leg_params = replace(params, k=depth)
+        timing: dict[str, float] = {}
+
+        async def dense() -> FanOutResult:
+            if request.vector is not None:
+                vector = service._vector(request, snapshot)
+            else:
+                vector, timing["encode_ms"] = await service.encode_timed(snapshot, text, deadline_s * 1000.0)
+            fanout_started = time.perf_counter()
+            remaining = deadline_s - timing.get("encode_ms", 0.0) / 1000.0
+            result = await service.fanout.search(vector, leg_params, snapshot.route, top_m=request.top_m,
+                                                 timeout_s=max(remaining, 0.001), session=session,
+                                                 exact=request.exact)
+            timing["fanout_ms"] = (time.perf_counter() - fanout_started) * 1000.0
+            return result
+
+        async def lexical() -> FanOutResult:
+            lexical_started = time.perf_counter()
+            result = await self.lexical.search(text, leg_params, snapshot.route, timeout_s=max(deadline_s, 0.001),
+                                               session=session)
+            timing["lexical_ms"] = (time.perf_counter() - lexical_started) * 1000.0
+            return result
+
+        dense_result, lexical_result = await asyncio.gather(dense(), lexical())
+        weights = request.weights.model_dump() if request.weights is not None else None
+        fused = fuse({DENSE: dense_result.hits, LEXICAL: lexical_result.hits}, params.k, method=request.fusion,
+                     rrf_k=request.rrf_k, weights=weights)
+        hits = []
+        for item in fused:
+            shaped = shaped_hit(item.hit, params.with_metadata)
+            shaped["score"] = item.score
+            shaped["legs"] = {leg: {"rank": where.rank, "score": where.score} for leg, where in item.legs.items()}
+            hits.append(shaped)
+        chosen = weights or DEFAULT_WEIGHTS
+        how = f"rrf k={request.rrf_k}" if request.fusion == "rrf" else \
+            f"weighted dense={chosen[DENSE]:g} lexical={chosen[LEXICAL]:g}"
+        merged = replace(dense_result, missing={**lexical_result.missing, **dense_result.missing})
+        return Legs(merged, hits, timing.get("encode_ms", 0.0), timing.get("fanout_ms", 0.0),
+                    timing.get("lexical_ms", 0.0), f"{how}, {depth} candidates per leg", lexical=lexical_result)
+
+
+def shaped_hit(hit: Hit, with_metadata: bool) -> dict[str, Any]:
+    """A hit as the API returns it (with its metadata when the query asked ``with_metadata``)."""
+    shaped = {"doc_id": hit.doc_id, "score": hit.score, "shard": hit.shard_id, "version": hit.version,
+              "title": hit.title, "text": hit.text}
+    if with_metadata:
+        shaped["metadata"] = dict(hit.metadata or {})
+    return shaped

@@ -1,0 +1,166 @@
+"""Lexical and hybrid search through the REST API of a sharded cluster (real shard processes):
+the lexical ranking equals an unsharded BM25 index's on every query — before writes, after
+upserts and deletes through the API, and after each shard compacted; hybrid fuses both legs
+and says where each leg ranked each hit; a filter holds on both legs; bad input is a 4xx
+naming the field. nDCG@10 of every mode is reported (the acceptance table and the choice of
+weights: benchmarks/hybrid_quality.py)."""
+
+import httpx
+import numpy as np
+import pytest
+
+from index_shards import compaction
+from index_shards.build import BuildConfig, build_collection
+from index_shards.layout import resolve_version, shard_dir
+from index_shards.shard import Shard
+from index_shards.versions import ShardVersions
+from index_shards.writes import accept
+from retrieval.contract import SearchParams
+from retrieval.ir_metrics import ndcg_at_k
+from retrieval.records import DELETE, UPSERT, WalRecord
+from retrieval.types import EmbeddingVersion
+from serving.local.launcher import LocalCluster
+from tests.conftest import REPORT
+
+pytestmark = pytest.mark.slow
+SHARDS = 3
+K = 10
+
+
+class Unsharded:
+    """The reference: every document in one shard, BM25 under its own statistics."""
+
+    def __init__(self, root, documents) -> None:
+        vectors = np.zeros((len(documents), 8), dtype=np.float32)  # the lexical leg never reads them
+        build_collection(root, documents, vectors, EmbeddingVersion("ref", "0" * 64, 8),
+                         BuildConfig("ref", 1), show_progress=False)
+        directory, _ = resolve_version(root, "ref")
+        self.replica = ShardVersions(Shard.load(shard_dir(directory, 0), device="cpu"), data_dir=root / "data")
+        self.version = self.replica.ready_ids()[0]
+
+    def search(self, text: str, k: int = K) -> list[tuple[str, float]]:
+        hits = self.replica.search(np.zeros((0, 8)), SearchParams(k, None, text=text)).results[0]
+        return list(zip(hits["doc_ids"], hits["scores"], strict=True))
+
+    def write(self, op: int, doc_id: str, title: str = "", text: str = "", metadata=None) -> None:
+        seq = self.replica.get(self.version).applied_seq + 1
+        accept(self.replica, self.version, 0, None, [WalRecord(seq, op, doc_id, title, text, metadata or {},
+                                                               np.zeros(8, np.float32) if op == UPSERT else None)])
+
+
+def launch(request, tmp_path_factory):
+    corpus = request.getfixturevalue(request.param)
+    root = tmp_path_factory.mktemp("root")
+    build_collection(root, corpus.documents, corpus.vectors, corpus.version, BuildConfig(request.param, SHARDS),
+                     show_progress=False)
+    reference = Unsharded(tmp_path_factory.mktemp("reference"), corpus.documents)
+    with LocalCluster(root, request.param, replicas=1, workdir=tmp_path_factory.mktemp("work")) as cluster:
+        with httpx.Client(base_url=cluster.gateway_url, timeout=120) as http:
+            yield corpus, cluster, http, reference
+
+
+@pytest.fixture(scope="module", params=["msmarco", "dbpedia"])
+def setup(request, tmp_path_factory):
+    """A cluster of the corpus as built: no test writes to it."""
+    yield from launch(request, tmp_path_factory)
+
+
+@pytest.fixture(params=["msmarco", "dbpedia"])
+def written(request, tmp_path_factory):
+    """A cluster of its own, for the test that writes and compacts."""
+    yield from launch(request, tmp_path_factory)
+
+
+def query(http: httpx.Client, text: str, **extra) -> dict:
+    reply = http.post("/v1/query", json={"text": text, "k": K, **extra})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def lexical(http: httpx.Client, text: str, **extra) -> list[tuple[str, float]]:
+    return [(h["doc_id"], h["score"]) for h in query(http, text, mode="lexical", **extra)["hits"]]
+
+
+def test_lexical_ranking_equals_unsharded_bm25_through_writes_and_compaction(written):
+    corpus, cluster, http, reference = written
+    texts = [corpus.dataset.queries[q] for q in sorted(corpus.dataset.queries)]
+
+    def all_equal(stage: str) -> None:
+        for text in texts:
+            assert lexical(http, text) == reference.search(text), f"{stage}: {text}"  # ids, order, score bits
+
+    all_equal("as built")
+    rng = np.random.default_rng(11)
+    documents = corpus.documents
+    upserts, deleted = [], []
+    for i in range(40):  # new documents, and existing ones rewritten, through the API (the gateway embeds)
+        donor = documents[int(rng.integers(len(documents)))]
+        doc_id = f"written-{i}" if i % 2 else documents[int(rng.integers(len(documents)))].doc_id
+        text = f"{donor.text} {texts[i % len(texts)]}"
+        upserts.append({"id": doc_id, "title": donor.title, "text": text, "metadata": {"written": True}})
+    for start in range(0, len(upserts), 20):
+        reply = http.post("/v1/documents", json={"documents": upserts[start:start + 20], "write_ack": "all"})
+        assert reply.status_code == 200, reply.text
+    for doc in upserts:
+        reference.write(UPSERT, doc["id"], doc["title"], doc["text"], doc["metadata"])
+    deleted = sorted({documents[int(i)].doc_id for i in rng.integers(len(documents), size=30)} -
+                     {doc["id"] for doc in upserts})
+    reply = http.post("/v1/documents/delete", json={"ids": deleted, "write_ack": "all"})
+    assert reply.status_code == 200, reply.text
+    for doc_id in deleted:
+        reference.write(DELETE, doc_id)
+    all_equal("after upserts and deletes")
+
+    only_written = {"must": [{"key": "written", "match": {"value": True}}]}
+    for text in texts[:10]:  # a filter holds on the lexical leg and on the fused list
+        assert all(doc_id in {d["id"] for d in upserts} for doc_id, _ in lexical(http, text, filter=only_written))
+        fused = query(http, text, mode="hybrid", filter=only_written, with_metadata=True)["hits"]
+        assert fused and all(hit["metadata"] == {"written": True} for hit in fused)
+
+    for urls in cluster.shard_urls:
+        for url in urls:
+            done = httpx.post(f"{url}/admin/compact", timeout=120)
+            assert done.status_code == 200 and done.json()["compacted"] > 0, done.text
+    compaction.compact(reference.replica, reference.version)
+    all_equal("after compaction")
+
+
+def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
+    corpus, _, http, _ = setup
+    queries = corpus.dataset.judged_queries()
+    scores = {}
+    for label, extra in {"dense": {}, "lexical": {"mode": "lexical"}, "rrf": {"mode": "hybrid"},
+                         "weighted": {"mode": "hybrid", "fusion": "weighted"}}.items():
+        rankings = {}
+        for query_id, text in queries.items():
+            answer = query(http, text, **extra)
+            rankings[query_id] = [hit["doc_id"] for hit in answer["hits"]]
+            assert answer["diagnostics"]["mode"] == extra.get("mode", "dense")
+            if label == "rrf":  # the fused score is Σ 1/(60 + rank) over the legs each hit shows
+                for hit in answer["hits"]:
+                    assert hit["legs"] and all(1 <= where["rank"] <= 50 for where in hit["legs"].values())
+                    assert hit["score"] == pytest.approx(sum(1 / (60 + w["rank"]) for w in hit["legs"].values()))
+                legs = {call["leg"] for call in answer["diagnostics"]["per_shard"]}
+                assert legs == {"dense", "lexical"} and answer["diagnostics"]["fusion"].startswith("rrf k=60")
+        scores[label] = ndcg_at_k(rankings, corpus.dataset.qrels, 10)
+    REPORT.append(f"nDCG@10 through REST ({corpus.dataset.name}, {SHARDS} shards): " +
+                  ", ".join(f"{label} {value:.4f}" for label, value in scores.items()))
+    assert min(scores["rrf"], scores["weighted"]) > scores["lexical"]  # fusion beats the weaker leg everywhere
+
+
+def test_bad_mode_input_is_refused_naming_the_field(setup):
+    _, _, http, _ = setup
+    cases = [
+        ({"mode": "lexical", "vector": [0.0] * 384}, "vector"),
+        ({"mode": "hybrid"}, "text"),
+        ({"mode": "lexical", "text": "x", "top_m": 1}, "top_m"),
+        ({"mode": "sparse", "text": "x"}, "mode"),
+        ({"mode": "hybrid", "text": "x", "fusion": "max"}, "fusion"),
+        ({"mode": "hybrid", "text": "x", "fusion": "weighted", "weights": {"dense": -1}}, "weights.dense"),
+        ({"mode": "hybrid", "text": "x", "rrf_k": -1}, "rrf_k"),
+        ({"mode": "hybrid", "text": "x", "candidates": 0}, "candidates"),
+    ]
+    for body, field in cases:
+        reply = http.post("/v1/query", json=body)
+        assert 400 <= reply.status_code < 500, (body, reply.text)
+        assert reply.json()["error"]["field"] == field, (body, reply.text)
