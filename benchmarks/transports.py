@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -20,16 +21,18 @@ import orjson
 
 from httpkit.auth import internal_headers
 from httpkit.tls import client_ssl_context
-from retrieval.contract import TIMEOUT_HEADER, SearchParams, WriteReply
+from retrieval.bm25 import LexicalQuery
+from retrieval.contract import TIMEOUT_HEADER, SearchParams, SearchReply, WriteReply
 from retrieval.errors import DeadlineExceeded, ShardUnavailable, error_for_status
-from retrieval.wire import CONTENT_TYPE, encode_vectors
+from retrieval.wire import CONTENT_TYPE
 from serving.transport.client import ShardClient, ShardReply
-from serving.transport.http import HttpShardClient, JsonControlClient
+from serving.transport.http import HttpShardClient, JsonControlClient, search_body
 
 
 def _reply(body: bytes, shard_id: int, replica: str, started: float) -> ShardReply:
-    payload = orjson.loads(body)
-    return ShardReply(shard_id, payload["version"], replica, payload["results"], (time.perf_counter() - started) * 1e3)
+    reply = SearchReply.from_dict(orjson.loads(body))
+    return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1e3,
+                      reply.took_ms, reply.stats)
 
 
 class _WritesThroughThePooledClient(JsonControlClient):
@@ -97,13 +100,13 @@ class AiohttpShardClient(_WritesThroughThePooledClient):
         return self._session
 
     async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
-                     timeout_s: float) -> ShardReply:
+                     timeout_s: float, *, lexical: Sequence[LexicalQuery] = ()) -> ShardReply:
         import aiohttp
 
         started = time.perf_counter()
         try:
             async with self._client().post(
-                f"{replica}/v1/search?{params.query_string()}", data=encode_vectors(vectors),
+                f"{replica}/v1/search?{params.query_string()}", data=search_body(vectors, params, lexical),
                 headers={"Content-Type": CONTENT_TYPE, TIMEOUT_HEADER: f"{timeout_s * 1000:.1f}"},
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as response:
@@ -153,13 +156,13 @@ class HttpxShardClient(_WritesThroughThePooledClient):
         )
 
     async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
-                     timeout_s: float) -> ShardReply:
+                     timeout_s: float, *, lexical: Sequence[LexicalQuery] = ()) -> ShardReply:
         import httpx
 
         started = time.perf_counter()
         try:
             response = await self._client.post(
-                f"{replica}/v1/search?{params.query_string()}", content=encode_vectors(vectors),
+                f"{replica}/v1/search?{params.query_string()}", content=search_body(vectors, params, lexical),
                 headers={"Content-Type": CONTENT_TYPE, TIMEOUT_HEADER: f"{timeout_s * 1000:.1f}"}, timeout=timeout_s,
             )
         except httpx.TimeoutException as exc:

@@ -2,8 +2,8 @@
 with BM25 under statistics the caller supplies (``retrieval.bm25``: the whole collection's, so a
 sharded ranking equals the unsharded one).
 
-* :func:`analyze` — the one text analysis, for documents and queries alike: Unicode words,
-  lower-cased, Lucene's English stop words dropped, Snowball English stems (PyStemmer, C).
+* the text analysis is ``retrieval.analysis`` (one function for documents and queries, and the
+  gateway's guess at a query's terms);
 * :class:`BaseLexicon` — the sealed base's postings in CSR form (NumPy arrays: term → rows and
   term frequencies, per-row lengths), built in one pass over the base's document store. It is
   derived from the documents, never stored: every path that carries documents (a build, a
@@ -22,53 +22,16 @@ ingest, memory and query time against bm25s on the same documents.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from retrieval.analysis import document_terms, query_terms
 from retrieval.bm25 import K1, B, CorpusStats
 
-_WORD = re.compile(r"[^\W_]+")
-# Lucene's EnglishAnalyzer stop set: words too common to rank by (and the bulk of every posting list).
-STOP_WORDS = frozenset(
-    "a an and are as at be but by for if in into is it no not of on or such that the their then there these they "
-    "this to was will with".split())
-
-
-class _Stemmer:
-    """PyStemmer's Snowball English stemmer, created on first use (a C extension; import is cheap)."""
-
-    _stem_words = None
-
-    @classmethod
-    def stem(cls, words: list[str]) -> list[str]:
-        if cls._stem_words is None:
-            import Stemmer
-
-            cls._stem_words = Stemmer.Stemmer("english").stemWords
-        result: list[str] = cls._stem_words(words)
-        return result
-
-
-def analyze(text: str) -> list[str]:
-    """The terms of ``text`` in order (with repeats): what is indexed and what is looked up."""
-    words = [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS]
-    return _Stemmer.stem(words) if words else []
-
-
-def document_terms(title: str, text: str) -> list[str]:
-    """A document's terms: its title's, then its text's."""
-    return analyze(f"{title}\n{text}" if title else text)
-
-
-def query_terms(text: str) -> list[tuple[str, int]]:
-    """A query's distinct terms with how often each occurs, in first-occurrence order (the order
-    in which scores are summed: fixed, so every shard adds the same floats in the same order)."""
-    counts = Counter(analyze(text))
-    return list(counts.items())
+__all__ = ["BaseLexicon", "Scored", "SegmentLexicon", "bm25_weights", "document_terms", "query_terms", "score"]
 
 
 def bm25_weights(weight: float, tf: np.ndarray, lengths: np.ndarray, average_length: float) -> np.ndarray:

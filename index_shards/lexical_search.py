@@ -1,7 +1,7 @@
-"""A lexical query on one live shard (``LiveShard.lexical_view`` gives the state it reads):
-the shard's statistics for the query's terms (the gateway's first phase) and its BM25 top k
-under the collection's statistics (the second), the base and the segment scored by the same
-code and merged the way the gateway merges shards (score, then doc id)."""
+"""A lexical query on one live shard (``LiveShard.lexical_view`` gives the state it reads): its
+BM25 top k under the collection's statistics, with the shard's own statistics for the query's
+terms (which the gateway sums to check the ones it sent); the base and the segment scored by the
+same code and merged the way the gateway merges shards (score, then doc id)."""
 
 from __future__ import annotations
 
@@ -35,23 +35,21 @@ class LexicalView:
         return self.base.stats(self.holders, self.hidden_rows) + self.segment_stats
 
 
-def shard_stats(live: LiveShard, text: str) -> CorpusStats:
-    """This shard's statistics for ``text``'s terms: what the gateway sums over shards."""
-    return live.lexical_view([term for term, _ in query_terms(text)]).stats()
-
-
 def shard_search(live: LiveShard, text: str, corpus: CorpusStats | None, k: int, *, with_text: bool = True,
-                 with_metadata: bool = False, filter_: Filter | None = None) -> HitColumns:
+                 with_metadata: bool = False, filter_: Filter | None = None) -> tuple[HitColumns, CorpusStats]:
     """The top ``k`` of ``text`` by BM25 under ``corpus`` (None: this shard's own statistics, the
-    unsharded ranking of a one-shard collection), among the documents ``filter_`` selects."""
+    unsharded ranking of a one-shard collection), among the documents ``filter_`` selects; and
+    this shard's statistics for the text's terms (what the gateway sums over shards), both read
+    at one applied seq. A term ``corpus`` does not count is not scored."""
     terms = query_terms(text)
     view = live.lexical_view([term for term, _ in terms])
-    stats = corpus if corpus is not None else view.stats()
+    own = view.stats()
+    stats = corpus if corpus is not None else own
     average = stats.average_length
     weights = [(term, stats.idf(term) * count) for term, count in terms]
     weights = [(term, w) for term, w in weights if w > 0]
     if not weights or average <= 0:
-        return _columns(with_metadata)
+        return _columns(with_metadata), own
     base = view.base
     base_postings = []
     for term, weight in weights:
@@ -62,7 +60,7 @@ def shard_search(live: LiveShard, text: str, corpus: CorpusStats | None, k: int,
     allowed = _allowed_rows(live.base, base, filter_) if filter_ is not None and not filter_.empty else None
     best = _base_top(live.base, base, scored, allowed, view.hidden_rows, k, with_text, with_metadata)
     segment = _segment_top(view, weights, average, k, with_text, with_metadata, filter_)
-    return _merge(best, segment, k, with_text, with_metadata)
+    return _merge(best, segment, k, with_text, with_metadata), own
 
 
 def _allowed_rows(shard: Shard, base: BaseLexicon, filter_: Filter) -> np.ndarray:

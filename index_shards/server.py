@@ -2,8 +2,8 @@
 
     POST /v1/search     body: n × dim little-endian float32; query: SearchParams (retrieval.contract)
                         header x-shardrag-timeout-ms: the caller's remaining budget (expired work is dropped)
-                        with text=... (no body): a lexical search, BM25 under the corpus=... statistics, or
-                        this replica's statistics for the text's terms (stats_only=true; index_shards.lexical_search)
+                        with lexical=true: the body is lexical queries (retrieval.bm25), each answered with its
+                        BM25 top k and this replica's statistics for its terms (index_shards.lexical_search)
     GET  /v1/info       versions held (applied seq, last record's term and checksum), the role
     GET  /healthz       liveness + the version served
     GET  /metrics       Prometheus
@@ -57,6 +57,7 @@ from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from index_shards.wal import decode_records, encode_records
 from index_shards.writes import accept, writes_after
+from retrieval.bm25 import LexicalQuery, decode_lexical_queries
 from retrieval.contract import TIMEOUT_HEADER, WRITE_ACKS, SearchParams
 from retrieval.errors import DeadlineExceeded, InvalidRequest, MalformedBody, NotFound, ReplicaBehind
 from retrieval.records import Snapshot
@@ -154,9 +155,9 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
                     raise MalformedBody("x-shardrag-timeout-ms is not a number",
                                         field="x-shardrag-timeout-ms") from None
         served = versions.get(params.version)  # 409 naming the versions held when it is not one of them
-        if params.lexical:  # the query is the text parameter: no vectors
-            if body:
-                raise MalformedBody("a lexical search (text=...) has no body", field="body")
+        lexical: list[LexicalQuery] = []
+        if params.lexical:  # the body holds lexical queries, not vectors
+            lexical = decode_lexical_queries(body, max_queries=config.max_batch)
             queries = np.zeros((0, served.manifest.dim), dtype=np.float32)
         else:
             queries = decode_vectors(body, served.manifest.dim, field="body", max_rows=config.max_batch)
@@ -173,12 +174,12 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
             metrics.expired.inc()
             raise DeadlineExceeded(f"request expired after {timeout_ms:.0f} ms before the search ran", field="deadline")
         started = time.perf_counter()
-        reply = versions.search(queries, replace(params, version=served.version_id))
+        reply = versions.search(queries, replace(params, version=served.version_id), lexical)
         took_s = time.perf_counter() - started
         if faults.active and faults.config.slowdown > 1.0:
             await wait_unless_gone(receive, faults.extra_service_s(took_s), deadline)
         metrics.search_latency.observe(took_s)
-        metrics.batch_size.observe(max(len(queries), 1))
+        metrics.batch_size.observe(len(lexical) or len(queries))
         return 200, orjson.dumps(reply.to_dict())
 
     def header(scope: Scope, name: bytes) -> str | None:
@@ -291,11 +292,8 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
             with_metadata: Annotated[bool, Query(description="return each hit's metadata")] = False,
             filter: Annotated[str | None, Query(description="only documents this filter selects (canonical JSON, "
                                                             "see retrieval.filters)")] = None,
-            text: Annotated[str | None, Query(description="a lexical search: BM25 of this text (no body)")] = None,
-            corpus: Annotated[str | None, Query(description="the collection's BM25 statistics (retrieval.bm25 "
-                                                            "CorpusStats JSON); absent: this replica's own")] = None,
-            stats_only: Annotated[bool, Query(description="answer only this replica's statistics for the "
-                                                          "text's terms")] = False,
+            lexical: Annotated[bool, Query(description="the body is lexical queries (JSON, retrieval.bm25): "
+                                                       "each one's BM25 top k and this replica's statistics")] = False,
         ) -> Response:
             # Served by the fast path below; this route documents it and answers when the
             # FastAPI app is mounted without the wrapper.

@@ -20,20 +20,20 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from index_shards.layout import INDEX_FILE
-from index_shards.lexical_search import shard_search, shard_stats
+from index_shards.lexical_search import shard_search
 from index_shards.manifest import SHARD_MANIFEST
 from index_shards.segment import LiveShard
 from index_shards.shard import Shard
 from index_shards.slot import VersionSlot, open_live
 from index_shards.wal import SEGMENT_BYTES
 from retrieval.atomic import atomic_write_bytes
-from retrieval.bm25 import CorpusStats
+from retrieval.bm25 import LexicalQuery
 from retrieval.contract import (
     FAILED,
     LOADING,
@@ -63,7 +63,6 @@ from retrieval.filters import filter_from_canonical
 COMPACT_AFTER = 20_000  # segment documents + tombstones that start a background compaction
 WAL_RETAIN = 100_000  # WAL records kept behind a checkpoint, for peers that fall behind
 TERM_FILE = "term.json"
-MAX_LEXICAL_CHARS = 10_000  # a lexical query's text (the gateway's own limit is lower)
 
 logger = logging.getLogger(__name__)
 
@@ -190,9 +189,11 @@ class ShardVersions:
                                    shard=self.shard_id)
         return slot
 
-    def search(self, vectors: np.ndarray, params: SearchParams) -> SearchReply:
+    def search(self, vectors: np.ndarray, params: SearchParams, lexical: Sequence[LexicalQuery] = ()) -> SearchReply:
         """One search against the version ``params`` names (409 when this replica does not hold it;
-        ``replica_behind`` when a session read needs a write it has not applied)."""
+        ``replica_behind`` when a session read needs a write it has not applied). With
+        ``params.lexical``, the BM25 top k of each of ``lexical`` instead, each with this replica's
+        statistics for its terms."""
         started = time.perf_counter()
         slot = self.slot(params.version)
         shard = slot.live
@@ -207,16 +208,11 @@ class ShardVersions:
                                 f"the read needs a write of term {params.min_term}", field="min_term",
                                 shard=self.shard_id)
         filter_ = filter_from_canonical(params.filter) if params.filter else None
-        if params.text is not None:  # a lexical search: its statistics, or its BM25 top k
-            if len(params.text) > MAX_LEXICAL_CHARS:
-                raise InvalidRequest(f"a lexical query has at most {MAX_LEXICAL_CHARS} characters", field="text")
-            if params.stats_only:
-                return SearchReply(self.shard_id, shard.version_id, (time.perf_counter() - started) * 1000.0, [],
-                                   shard_stats(shard, params.text))
-            corpus = CorpusStats.from_canonical(params.corpus) if params.corpus is not None else None
-            hits = shard_search(shard, params.text, corpus, params.k, with_text=params.with_text,
-                                with_metadata=params.with_metadata, filter_=filter_)
-            return SearchReply(self.shard_id, shard.version_id, (time.perf_counter() - started) * 1000.0, [hits])
+        if params.lexical:
+            answers = [shard_search(shard, query.text, query.corpus, params.k, with_text=params.with_text,
+                                    with_metadata=params.with_metadata, filter_=filter_) for query in lexical]
+            return SearchReply(self.shard_id, shard.version_id, (time.perf_counter() - started) * 1000.0,
+                               [hits for hits, _ in answers], [stats for _, stats in answers])
         results = shard.search(np.asarray(vectors, dtype=np.float32), params.k, nprobe=params.nprobe,
                                ef_search=params.ef_search, with_text=params.with_text,
                                with_metadata=params.with_metadata, filter_=filter_)

@@ -1,19 +1,23 @@
 """BM25's corpus statistics and its term weight: the one fact a sharded lexical search needs to
-rank exactly as an unsharded one.
+rank exactly as an unsharded one; and the lexical queries a shard call carries (their one
+encoder and decoder).
 
 A shard's BM25 score of a document depends on the *corpus*: the number of documents, their
 average length and each query term's document frequency. Scored with its own statistics, each
 shard would rank on a different corpus and the merged list would not be the unsharded ranking.
-So a lexical query runs in two phases (Elasticsearch's ``dfs_query_then_fetch``): every shard
-reports its :class:`CorpusStats` for the query's terms, the gateway sums them, and every shard
-scores with the sum. The statistics cover every live document (filters do not change them, as
-in Lucene), so a filtered ranking is the unfiltered one restricted to the filter's documents.
+So every shard scores with the *collection's* statistics, summed over the shards
+(Elasticsearch's ``dfs_query_then_fetch``). The gateway does not ask for them first: it sends
+the sums it already knows (``serving.shardcall.lexical``), every shard answers its top k under
+them together with its own statistics for the query's terms, and only when those do not add up
+to what was sent (a term never seen, a write since) is the query asked again under the new sums.
+The statistics cover every live document (filters do not change them, as in Lucene), so a
+filtered ranking is the unfiltered one restricted to the filter's documents.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,3 +97,43 @@ class CorpusStats:
         except orjson.JSONDecodeError:
             raise InvalidRequest(f"{field_name} is not JSON", field=field_name) from None
         return cls.from_dict(data, field_name=field_name)
+
+
+MAX_LEXICAL_CHARS = 10_000  # a lexical query's text at a shard (the gateway's own limit is lower)
+
+
+@dataclass(slots=True, frozen=True)
+class LexicalQuery:
+    """One lexical query of a shard call: its text, and the statistics to score it under (None:
+    the shard's own — the unsharded ranking of a one-shard collection)."""
+
+    text: str
+    corpus: CorpusStats | None = None
+
+
+def encode_lexical_queries(queries: Sequence[LexicalQuery]) -> bytes:
+    """A lexical search's body: ``{"queries": [{"text", "corpus"?}, ...]}``."""
+    return orjson.dumps({"queries": [{"text": q.text, **({"corpus": q.corpus.to_dict()} if q.corpus else {})}
+                                     for q in queries]})
+
+
+def decode_lexical_queries(body: bytes, *, max_queries: int) -> list[LexicalQuery]:
+    """The body :func:`encode_lexical_queries` makes, validated; an error names the bad part."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("a lexical search's body is JSON: {\"queries\": [{\"text\", \"corpus\"?}]}",
+                             field="body") from None
+    queries = data.get("queries") if isinstance(data, dict) else None
+    if not isinstance(queries, list) or not 1 <= len(queries) <= max_queries:
+        raise InvalidRequest(f"body.queries must be a list of 1 to {max_queries} queries", field="body.queries")
+    decoded = []
+    for i, query in enumerate(queries):
+        text = query.get("text") if isinstance(query, dict) else None
+        if not isinstance(text, str) or len(text) > MAX_LEXICAL_CHARS:
+            raise InvalidRequest(f"a lexical query's text is a string of at most {MAX_LEXICAL_CHARS} characters",
+                                 field=f"body.queries.{i}.text")
+        corpus = query.get("corpus")
+        decoded.append(LexicalQuery(text, CorpusStats.from_dict(corpus, field_name=f"body.queries.{i}.corpus")
+                                    if corpus is not None else None))
+    return decoded

@@ -64,10 +64,7 @@ class SearchParams:
     filter: str | None = None  # a filter's canonical JSON (retrieval.filters): only documents it selects
     min_seq: int | None = None  # session reads: only a replica that applied this write may answer ...
     min_term: int | None = None  # ... and holds the log it was made in (not a diverged one of an older term)
-    # A lexical search (no vectors in the body): BM25 of this text ...
-    text: str | None = None
-    corpus: str | None = None  # ... under these statistics (CorpusStats canonical JSON; None: the replica's own)
-    stats_only: bool = False  # ... or only the replica's statistics for its terms (the first phase)
+    lexical: bool = False  # the body holds lexical queries (retrieval.bm25), not vectors: BM25 top k of each
 
     def query_string(self) -> str:
         params: dict[str, Any] = {"k": self.k}
@@ -87,12 +84,8 @@ class SearchParams:
             params["min_seq"] = self.min_seq
         if self.min_term is not None:
             params["min_term"] = self.min_term
-        if self.text is not None:
-            params["text"] = self.text
-        if self.corpus is not None:
-            params["corpus"] = self.corpus
-        if self.stats_only:
-            params["stats_only"] = "true"
+        if self.lexical:
+            params["lexical"] = "true"
         return urlencode(params)
 
     @classmethod
@@ -114,29 +107,20 @@ class SearchParams:
                 if number < low or (high is not None and number > high):
                     raise InvalidRequest(f"{name} must be between {low} and {high}, got {number}", field=name)
                 params[name] = number
-            elif name in ("with_text", "with_metadata", "stats_only"):
+            elif name in ("with_text", "with_metadata", "lexical"):
                 if value.lower() not in ("true", "false", "1", "0"):
                     raise InvalidRequest(f"{name} must be true or false, got {value!r}", field=name)
                 params[name] = value.lower() in ("true", "1")
             elif name == "filter":
                 filter_from_canonical(value)  # refused here, naming the clause, if it does not parse
                 params[name] = value
-            elif name == "corpus":
-                CorpusStats.from_canonical(value)  # refused here, naming the part, if it is not statistics
-                params[name] = value
             else:
                 params[name] = value
-        if params.get("text") is None and (params.get("corpus") is not None or params.get("stats_only")):
-            raise InvalidRequest("corpus and stats_only go with a lexical search's text", field="text")
         return cls(**params)
-
-    @property
-    def lexical(self) -> bool:
-        return self.text is not None
 
 
 _SEARCH_PARAMS = ("k", "version", "nprobe", "ef_search", "with_text", "with_metadata", "filter", "min_seq",
-                  "min_term", "text", "corpus", "stats_only")
+                  "min_term", "lexical")
 _INT_PARAMS: dict[str, tuple[int, int | None]] = {"k": (1, None), "nprobe": (1, 65536), "ef_search": (1, 65536),
                                                   "min_seq": (0, None), "min_term": (0, None)}
 
@@ -146,20 +130,22 @@ class SearchReply:
     shard_id: int
     version: str
     took_ms: float
-    results: list[HitColumns]  # one per query vector (a lexical search: one), in request order
-    stats: CorpusStats | None = None  # a stats_only lexical search's answer (results empty)
+    results: list[HitColumns]  # one per query vector (a lexical search: per lexical query), in request order
+    # a lexical search: per query, this replica's statistics for its terms (what the caller sums)
+    stats: list[CorpusStats] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {"shard_id": self.shard_id, "version": self.version, "took_ms": self.took_ms, "results": self.results}
         if self.stats is not None:
-            data["stats"] = self.stats.to_dict()
+            data["stats"] = [stats.to_dict() for stats in self.stats]
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SearchReply:
         stats = data.get("stats")
         return cls(int(data["shard_id"]), str(data["version"]), float(data.get("took_ms", 0.0)),
-                   list(data["results"]), CorpusStats.from_dict(stats, field_name="stats") if stats else None)
+                   list(data["results"]),
+                   [CorpusStats.from_dict(s, field_name="stats") for s in stats] if stats is not None else None)
 
 
 _DETAIL_KEYS = ("count", "embedding_version", "dim", "metric", "factory", "partitioner", "num_shards", "centroid",

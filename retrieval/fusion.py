@@ -21,7 +21,7 @@ from retrieval.types import Hit
 DENSE, LEXICAL = "dense", "lexical"
 LEGS = (DENSE, LEXICAL)
 DEFAULT_RRF_K = 60
-DEFAULT_WEIGHTS: Mapping[str, float] = {DENSE: 0.7, LEXICAL: 0.3}  # chosen on msmarco (docs/hybrid.md)
+DEFAULT_WEIGHTS: Mapping[str, float] = {DENSE: 0.6, LEXICAL: 0.4}  # chosen on msmarco (docs/hybrid.md)
 
 
 @dataclass(slots=True, frozen=True)

@@ -213,9 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="hybrid: rrf (reciprocal rank fusion, default) or weighted (normalized scores)")
     query.add_argument("--rrf-k", type=int, default=None, help="rrf: Σ 1/(rrf_k + rank) (default 60)")
     query.add_argument("--weights", default=None, metavar="DENSE,LEXICAL",
-                       help="weighted: the legs' weights, e.g. 0.7,0.3 (default: the ones chosen on msmarco)")
+                       help="weighted: the legs' weights, e.g. 0.6,0.4 (default: the ones chosen on msmarco)")
     query.add_argument("--candidates", type=int, default=None,
-                       help="hybrid: hits each leg brings to the fusion (default max(k, 50))")
+                       help="hybrid: hits each leg brings to the fusion (default max(k, 20))")
     query.set_defaults(func=cmd_query)
     add_write_commands(commands)
     add_collections_command(commands)

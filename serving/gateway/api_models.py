@@ -72,7 +72,7 @@ class QueryRequest(BaseModel):
     weights: LegWeights | None = Field(None, description="weighted: per-leg weights (default: the ones "
                                        "chosen on msmarco, docs/hybrid.md)")
     candidates: Annotated[int, Field(ge=1, le=1000), JSON_INTEGER] | None = Field(
-        None, description="hybrid: hits each leg contributes to the fusion (default max(k, 50))")
+        None, description="hybrid: hits each leg contributes to the fusion (default max(k, 20))")
 
 
 class HitModel(BaseModel):

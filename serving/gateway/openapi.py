@@ -53,15 +53,23 @@ def query_request_schema(limits: Limits, topology: Topology | None) -> dict[str,
         shard_names = {"enum": [str(i) for i in range(int(topology.num_shards))]}
     set_in("min_seq", propertyNames=shard_names)
     set_in("min_term", propertyNames=shard_names)
-    # min_seq and min_term only with consistency "session" (a session read); "eventual" takes none
-    schema["if"] = {"anyOf": [{"required": [name], "properties": {name: {"type": "object", "minProperties": 1}}}
-                              for name in ("min_seq", "min_term")]}
-    schema["then"] = {"required": ["consistency"], "properties": {"consistency": {"const": "session"}}}
     props["filter"] = {"anyOf": [{"$ref": f"#/components/schemas/{FILTER_SCHEMA}0"}, {"type": "null"}],
                        "description": props["filter"].get("description", "")}
-    # exactly one of text and vector
-    schema["oneOf"] = [{"required": ["text"], "properties": {"text": {"type": "string"}}},
-                       {"required": ["vector"], "properties": {"vector": {"type": "array"}}}]
+    has_text = {"required": ["text"], "properties": {"text": {"type": "string"}}}
+    schema["allOf"] = [
+        # min_seq and min_term only with consistency "session" (a session read); "eventual" takes none
+        {"if": {"anyOf": [{"required": [name], "properties": {name: {"type": "object", "minProperties": 1}}}
+                          for name in ("min_seq", "min_term")]},
+         "then": {"required": ["consistency"], "properties": {"consistency": {"const": "session"}}}},
+        # dense (the default): exactly one of text and vector; lexical and hybrid: the text (hybrid
+        # may add a vector for its dense leg)
+        {"if": {"properties": {"mode": {"const": "dense"}}},
+         "then": {"oneOf": [has_text, {"required": ["vector"], "properties": {"vector": {"type": "array"}}}]},
+         "else": has_text},
+        # lexical ranks the text alone, on every shard: no vector, no top_m
+        {"if": {"required": ["mode"], "properties": {"mode": {"const": "lexical"}}},
+         "then": {"properties": {"vector": {"type": "null"}, "top_m": {"type": "null"}}}},
+    ]
     return schema
 
 

@@ -31,7 +31,7 @@ from serving.versions.registry import VersionSnapshot
 if TYPE_CHECKING:
     from serving.gateway.query import QueryService
 
-DEFAULT_CANDIDATES = 50  # hits each leg brings to a fusion (at least k)
+DEFAULT_CANDIDATES = 20  # hits each leg brings to a fusion (at least k); chosen with the weights
 
 
 @dataclass(slots=True)

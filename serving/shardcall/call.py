@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from retrieval.bm25 import LexicalQuery
 from retrieval.contract import SearchParams
 from retrieval.errors import (
     ConfigError,
@@ -175,8 +176,9 @@ class ShardCaller:
         return delay
 
     async def call(self, shard_id: int, replicas: Sequence[str], vectors: np.ndarray, params: SearchParams,
-                   deadline: float) -> CallResult:
-        """Search ``vectors`` on one of ``replicas`` (those of ``shard_id`` holding ``params.version``)."""
+                   deadline: float, *, lexical: Sequence[LexicalQuery] = ()) -> CallResult:
+        """Search ``vectors`` (``params.lexical``: the ``lexical`` queries) on one of ``replicas``
+        (those of ``shard_id`` holding ``params.version``)."""
         timer = self.timer
         started = timer.now()
         if not replicas:
@@ -210,7 +212,8 @@ class ShardCaller:
             tried.append(replica)
             self.balancer.on_start(replica)
             remaining_s = max(deadline - timer.now(), 0.001)
-            task = asyncio.ensure_future(self.client.search(replica, shard_id, vectors, params, remaining_s))
+            task = asyncio.ensure_future(self.client.search(replica, shard_id, vectors, params, remaining_s,
+                                                            lexical=lexical))
             task.add_done_callback(_consume_outcome)
             running[task] = _Attempt(replica, timer.now(), is_hedge)
             return True

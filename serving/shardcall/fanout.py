@@ -21,7 +21,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -163,14 +163,18 @@ class FanOut:
         self.caller = caller
         self.topk_probability = topk_probability
         self._on_call = on_call
-        self._batchers: list[NaturalBatcher[SearchParams, _Item, _Answer]] = []
-        for shard_id, replicas in enumerate(shard_replicas):
-            if coalesce:  # batches never mix versions: the version is part of the batch key
-                batcher = NaturalBatcher(self._caller(shard_id), max_batch=max_batch,
-                                         max_inflight=max_inflight_per_replica * len(replicas))
-            else:  # one call per query, no queueing: the baseline coalescing is measured against
-                batcher = NaturalBatcher(self._caller(shard_id), max_batch=1, max_inflight=1 << 30)
-            self._batchers.append(batcher)
+        self._batch_limits = [(max_batch, max_inflight_per_replica * len(replicas)) if coalesce
+                              else (1, 1 << 30)  # one call per query, no queueing: coalescing's baseline
+                              for replicas in shard_replicas]
+        # batches never mix versions: the version is part of the batch key
+        self._batchers: list[NaturalBatcher[SearchParams, _Item, _Answer]] = self.batchers(self._caller)
+
+    def batchers(self, caller: Callable[[int], Callable[[SearchParams, list[Any]], Awaitable[Sequence[Any]]]],
+                 ) -> list[NaturalBatcher[SearchParams, Any, Any]]:
+        """One batcher per shard around ``caller(shard_id)``, with this fan-out's batch limits (the
+        lexical leg batches its calls the same way)."""
+        return [NaturalBatcher(caller(shard_id), max_batch=size, max_inflight=inflight)
+                for shard_id, (size, inflight) in enumerate(self._batch_limits)]
 
     @staticmethod
     def targets(vector: np.ndarray, top_m: int | None, route: ShardRoute) -> list[int]:

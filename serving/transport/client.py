@@ -11,12 +11,13 @@ DeadlineExceeded, a replica's own error answer → :func:`retrieval.errors.error
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from retrieval.bm25 import CorpusStats
+from retrieval.bm25 import CorpusStats, LexicalQuery
 from retrieval.contract import (
     HealthInfo,
     HitColumns,
@@ -38,16 +39,16 @@ class ShardReply:
     results: list[HitColumns]  # per query vector, best first
     latency_ms: float  # the call as the caller timed it: wire, queueing and search
     server_ms: float = 0.0  # the search alone, as the replica timed it (0 where it does not say)
-    stats: CorpusStats | None = None  # a stats_only lexical search's answer (results empty)
+    stats: list[CorpusStats] | None = None  # a lexical search: per query, the replica's statistics for its terms
 
 
 class ShardClient(ABC):
     @abstractmethod
     async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
-                     timeout_s: float) -> ShardReply:
+                     timeout_s: float, *, lexical: Sequence[LexicalQuery] = ()) -> ShardReply:
         """Top-k of each row of ``vectors`` on ``replica`` (which serves ``shard_id``); with
-        ``params.text``, a lexical search instead (``vectors`` has no rows): its one hit list, or
-        with ``params.stats_only`` the replica's BM25 statistics for the text's terms."""
+        ``params.lexical``, the BM25 top k of each of ``lexical`` instead (``vectors`` unused), each
+        with the replica's statistics for its terms (``ShardReply.stats``)."""
 
     @abstractmethod
     async def info(self, replica: str, timeout_s: float) -> ReplicaInfo:

@@ -10,6 +10,7 @@ internal token (``x-shardrag-token``) is written into every request.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -17,6 +18,7 @@ import numpy as np
 import orjson
 
 from httpkit.auth import internal_headers
+from retrieval.bm25 import LexicalQuery, encode_lexical_queries
 from retrieval.contract import (
     TIMEOUT_HEADER,
     HealthInfo,
@@ -31,6 +33,11 @@ from retrieval.errors import DeadlineExceeded, ShardUnavailable, error_for_statu
 from retrieval.wire import encode_vectors
 from serving.transport.client import ShardClient, ShardReply
 from serving.transport.http_pool import HttpError, HttpPool
+
+
+def search_body(vectors: np.ndarray, params: SearchParams, lexical: Sequence[LexicalQuery]) -> bytes:
+    """A search call's body: the query vectors, or with ``params.lexical`` the lexical queries."""
+    return encode_lexical_queries(lexical) if params.lexical else encode_vectors(vectors)
 
 
 class JsonControlClient(ShardClient):
@@ -63,11 +70,11 @@ class HttpShardClient(JsonControlClient):
         self._auth = "".join(f"{name}: {value}\r\n" for name, value in internal_headers().items())
 
     async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
-                     timeout_s: float) -> ShardReply:
+                     timeout_s: float, *, lexical: Sequence[LexicalQuery] = ()) -> ShardReply:
         started = time.perf_counter()
+        body = search_body(vectors, params, lexical)
         try:
-            status, body = await self._pool.request("POST", f"{replica}/v1/search?{params.query_string()}",
-                                                    b"" if params.lexical else encode_vectors(vectors),
+            status, body = await self._pool.request("POST", f"{replica}/v1/search?{params.query_string()}", body,
                                                     timeout_s=timeout_s,
                                                     headers=f"{TIMEOUT_HEADER}: {timeout_s * 1000:.1f}\r\n{self._auth}")
         except TimeoutError as exc:

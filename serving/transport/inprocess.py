@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from index_shards.role import ShardRole
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from index_shards.writes import writes_after
+from retrieval.bm25 import LexicalQuery
 from retrieval.contract import HealthInfo, ReplicaInfo, SearchParams, StageReply, UnloadReply, WriteReply
 from retrieval.errors import ShardUnavailable
 from retrieval.records import encode_records
@@ -70,9 +71,9 @@ class InProcessShardClient(ShardClient):
         return role
 
     async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
-                     timeout_s: float) -> ShardReply:
+                     timeout_s: float, *, lexical: Sequence[LexicalQuery] = ()) -> ShardReply:
         started = time.perf_counter()
-        reply = self._replica(replica, shard_id).search(vectors, params)
+        reply = self._replica(replica, shard_id).search(vectors, params, list(lexical))
         return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1000.0,
                           reply.took_ms, reply.stats)
 

@@ -20,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from index_shards.layout import local_cluster_state, nodes_dir, replica_data_dir, resolve_version, shard_dir
+from retrieval.bm25 import LexicalQuery
 from retrieval.contract import (
     HealthInfo,
     ReplicaInfo,
@@ -65,9 +67,10 @@ class RayShardClient(ShardClient):
             raise _unwrap(exc, where, shard_id) from exc
 
     async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
-                     timeout_s: float) -> ShardReply:
+                     timeout_s: float, *, lexical: Sequence[LexicalQuery] = ()) -> ShardReply:
         started = time.perf_counter()
-        ref = self._handle(replica, shard_id).search.remote(np.ascontiguousarray(vectors, dtype=np.float32), params)
+        ref = self._handle(replica, shard_id).search.remote(np.ascontiguousarray(vectors, dtype=np.float32), params,
+                                                             list(lexical))
         reply: SearchReply = await self._call(ref, f"shard {shard_id} ({replica})", shard_id, timeout_s)
         return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1000.0,
                           reply.took_ms, reply.stats)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from index_shards.peers import PeerClient
+from retrieval.bm25 import LexicalQuery
 from retrieval.contract import (
     HealthInfo,
     ReplicaInfo,
@@ -72,8 +73,9 @@ class ShardReplica:
         return {"shard_id": self.versions.shard_id, "versions": self.versions.ready_ids(),
                 "node_ip": ray.util.get_node_ip_address()}
 
-    def search(self, vectors: np.ndarray, params: SearchParams) -> SearchReply:
-        return self.versions.search(vectors, params)
+    def search(self, vectors: np.ndarray, params: SearchParams,
+               lexical: list[LexicalQuery] | None = None) -> SearchReply:
+        return self.versions.search(vectors, params, lexical or [])
 
     def info(self) -> ReplicaInfo:
         return self.versions.info()

@@ -15,6 +15,7 @@ from index_shards.layout import resolve_version, shard_dir
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from index_shards.writes import accept
+from retrieval.bm25 import LexicalQuery
 from retrieval.contract import SearchParams
 from retrieval.ir_metrics import ndcg_at_k
 from retrieval.records import DELETE, UPSERT, WalRecord
@@ -39,7 +40,8 @@ class Unsharded:
         self.version = self.replica.ready_ids()[0]
 
     def search(self, text: str, k: int = K) -> list[tuple[str, float]]:
-        hits = self.replica.search(np.zeros((0, 8)), SearchParams(k, None, text=text)).results[0]
+        hits = self.replica.search(np.zeros((0, 8)), SearchParams(k, None, lexical=True),
+                                   [LexicalQuery(text)]).results[0]
         return list(zip(hits["doc_ids"], hits["scores"], strict=True))
 
     def write(self, op: int, doc_id: str, title: str = "", text: str = "", metadata=None) -> None:
@@ -138,7 +140,7 @@ def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
             assert answer["diagnostics"]["mode"] == extra.get("mode", "dense")
             if label == "rrf":  # the fused score is Σ 1/(60 + rank) over the legs each hit shows
                 for hit in answer["hits"]:
-                    assert hit["legs"] and all(1 <= where["rank"] <= 50 for where in hit["legs"].values())
+                    assert hit["legs"] and all(1 <= where["rank"] <= 20 for where in hit["legs"].values())
                     assert hit["score"] == pytest.approx(sum(1 / (60 + w["rank"]) for w in hit["legs"].values()))
                 legs = {call["leg"] for call in answer["diagnostics"]["per_shard"]}
                 assert legs == {"dense", "lexical"} and answer["diagnostics"]["fusion"].startswith("rrf k=60")

@@ -14,6 +14,7 @@ import pytest
 from index_shards.build import BuildConfig, build_collection
 from index_shards.layout import resolve_version, shard_dir
 from index_shards.shard import Shard
+from retrieval.bm25 import LexicalQuery
 from retrieval.contract import SearchParams
 from retrieval.errors import InvalidRequest, NotFound, ShardUnavailable, VersionConflict
 from retrieval.tuning_choice import decode_queries, decode_result, encode_queries
@@ -104,15 +105,17 @@ def test_same_records_answers_and_errors_over_http_and_in_process(shard_dirs, se
                 await client.set_search_defaults(replica, v1, {"ef_search": 8}, 5.0)
             tuning = (queries.tolist(), ids.tolist(), evaluated.knob, evaluated.exact_ids.tolist(),
                       refused.value.field)
-            # the lexical search on the same seam: a shard's statistics, then BM25 under them
+            # the lexical search on the same seam: BM25 top k with the shard's statistics, then under them
             no_vectors = np.zeros((0, DIM), dtype=np.float32)
-            stats = (await client.search(replica, 1, no_vectors, SearchParams(k=4, version=v1, text="Title 17 text",
-                                                                              stats_only=True), 5.0)).stats
-            lexical = await client.search(replica, 1, no_vectors, SearchParams(
-                k=4, version=v1, text="Title 17 text", corpus=stats.canonical() if stats else None), 5.0)
+            lexical_params = SearchParams(k=4, version=v1, lexical=True)
+            own = await client.search(replica, 1, no_vectors, lexical_params, 5.0,
+                                      lexical=[LexicalQuery("Title 17 text"), LexicalQuery("text 3")])
+            stats = own.stats[0]
+            lexical = await client.search(replica, 1, no_vectors, lexical_params, 5.0,
+                                          lexical=[LexicalQuery("Title 17 text", stats)])
             await client.close()
             results.append((comparable(info), health, reply, errors, staged.version.id, unloaded.unloaded,
-                            again.unloaded, tuning, (stats, lexical.results)))
+                            again.unloaded, tuning, (stats, own.results, lexical.results, lexical.stats)))
         return results
 
     over_http, in_process = asyncio.run(scenario())
@@ -126,8 +129,9 @@ def test_same_records_answers_and_errors_over_http_and_in_process(shard_dirs, se
     assert over_http[4:7] == in_process[4:7] == (v2, True, False)
     assert over_http[7] == in_process[7] and len(over_http[7][0]) == 5 and over_http[7][2] is None
     assert over_http[8] == in_process[8]
-    stats, lexical = over_http[8]
+    stats, own, lexical, again = over_http[8]
     assert stats.docs == info_count(over_http[0]) and set(stats.df) == {"titl", "17", "text"}
+    assert len(own) == 2 and own[0] == lexical[0] and again == [stats]  # its own statistics, given or not
     assert len(lexical) == 1 and len(lexical[0]["doc_ids"]) == 4
 
 

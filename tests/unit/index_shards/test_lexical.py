@@ -12,11 +12,11 @@ import pytest
 from index_shards import compaction
 from index_shards.build import BuildConfig, build_collection
 from index_shards.layout import resolve_version, shard_dir
-from index_shards.lexical import analyze, document_terms, query_terms
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from index_shards.writes import accept
-from retrieval.bm25 import K1, B, CorpusStats
+from retrieval.analysis import analyze, document_terms, query_terms
+from retrieval.bm25 import K1, B, CorpusStats, LexicalQuery, decode_lexical_queries, encode_lexical_queries
 from retrieval.contract import SearchParams
 from retrieval.datasets import load_beir
 from retrieval.errors import InvalidRequest
@@ -41,21 +41,27 @@ def build(root, documents, shards: int) -> list[ShardVersions]:
             for s in range(shards)]
 
 
+def lexical(replica: ShardVersions, text: str, k: int, corpus: CorpusStats | None = None,
+            filter_json: str | None = None) -> tuple[dict, CorpusStats]:
+    reply = replica.search(np.zeros((0, DIM)), SearchParams(k, None, filter=filter_json, lexical=True),
+                           [LexicalQuery(text, corpus)])
+    return reply.results[0], reply.stats[0]
+
+
 def sharded_search(replicas: list[ShardVersions], text: str, k: int, filter_json: str | None = None):
-    """The gateway's two phases over ``replicas``, merged as the gateway merges (score, doc id)."""
-    stats = CorpusStats.total(r.search(np.zeros((0, DIM)), SearchParams(k, None, text=text, stats_only=True)).stats
-                              for r in replicas)
+    """The gateway's protocol over ``replicas``: scored under the sum of the shards' statistics,
+    merged as the gateway merges (score, doc id)."""
+    stats = CorpusStats.total(lexical(r, text, k)[1] for r in replicas)
     rows = []
     for replica in replicas:
-        hits = replica.search(np.zeros((0, DIM)), SearchParams(k, None, text=text, corpus=stats.canonical(),
-                                                                filter=filter_json)).results[0]
+        hits, own = lexical(replica, text, k, stats, filter_json)
         rows.extend(zip(hits["scores"], hits["doc_ids"], strict=True))
     rows.sort(key=lambda row: (-row[0], row[1]))
     return [(doc_id, value) for value, doc_id in rows[:k]]
 
 
 def unsharded_search(replica: ShardVersions, text: str, k: int, filter_json: str | None = None):
-    hits = replica.search(np.zeros((0, DIM)), SearchParams(k, None, text=text, filter=filter_json)).results[0]
+    hits, _ = lexical(replica, text, k, None, filter_json)
     return list(zip(hits["doc_ids"], hits["scores"], strict=True))
 
 
@@ -150,17 +156,21 @@ def test_the_analyzer_stems_and_drops_stop_words():
     assert query_terms("run running runs the") == [("run", 3)]
 
 
-def test_lexical_search_params_are_checked_naming_the_field(tmp_path):
+def test_lexical_queries_travel_in_one_encoding_and_bad_ones_are_named(tmp_path):
     replica = build(tmp_path, [Document(f"d{i}", f"text {i}", "", {}) for i in range(20)], 1)[0]
-    with pytest.raises(InvalidRequest) as error:
-        SearchParams.from_query_string("k=5&corpus=%7B%7D", 100)
-    assert error.value.field == "corpus.docs"
-    with pytest.raises(InvalidRequest) as error:
-        SearchParams.from_query_string("k=5&stats_only=true", 100)
-    assert error.value.field == "text"
-    params = SearchParams.from_query_string(SearchParams(5, None, text="text 3", stats_only=True).query_string(), 100)
-    stats = replica.search(np.zeros((0, DIM)), params).stats
-    assert stats == CorpusStats(20, 40, {"text": 20, "3": 1})
-    with pytest.raises(InvalidRequest) as error:
-        replica.search(np.zeros((0, DIM)), SearchParams(5, None, text="x" * 10_001))
-    assert error.value.field == "text"
+    queries = [LexicalQuery("text 3"), LexicalQuery("text", CorpusStats(40, 80, {"text": 40}))]
+    assert decode_lexical_queries(encode_lexical_queries(queries), max_queries=8) == queries
+    params = SearchParams.from_query_string(SearchParams(5, None, lexical=True).query_string(), 100)
+    reply = replica.search(np.zeros((0, DIM)), params, queries)
+    assert reply.stats == [CorpusStats(20, 40, {"text": 20, "3": 1}), CorpusStats(20, 40, {"text": 20})]
+    assert reply.results[0]["doc_ids"][0] == "d3" and len(reply.results[1]["doc_ids"]) == 5
+    for body, field in ((b"[", "body"), (b'{"queries": []}', "body.queries"),
+                        (b'{"queries": [{"text": 3}]}', "body.queries.0.text"),
+                        (b'{"queries": [{"text": "%s"}]}' % (b"x" * 10_001), "body.queries.0.text"),
+                        (b'{"queries": [{"text": "a", "corpus": {"docs": -1, "length": 0}}]}',
+                         "body.queries.0.corpus.docs"),
+                        (b'{"queries": [{"text": "a", "corpus": {"docs": 1, "length": 0, "df": {"a": 2}}}]}',
+                         "body.queries.0.corpus.df")):
+        with pytest.raises(InvalidRequest) as error:
+            decode_lexical_queries(body, max_queries=8)
+        assert error.value.field == field, body

@@ -4,11 +4,13 @@ hands out by hand. Nothing sleeps."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from retrieval.bm25 import LexicalQuery
 from retrieval.contract import HealthInfo, ReplicaInfo, SearchParams, StageReply, UnloadReply
 from serving.transport.client import ShardClient, ShardReply
 
@@ -81,7 +83,7 @@ class FakeShardClient(ShardClient):
     calls: list[PendingCall] = field(default_factory=list)
 
     async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
-                     timeout_s: float) -> ShardReply:
+                     timeout_s: float, *, lexical: Sequence[LexicalQuery] = ()) -> ShardReply:
         call = PendingCall(replica, asyncio.get_running_loop().create_future(), timeout_s)
         self.calls.append(call)
         try:

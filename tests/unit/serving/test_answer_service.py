@@ -32,17 +32,21 @@ def test_without_generators_the_answer_is_a_503_naming_the_generator_not_the_enc
 
 
 def test_unreachable_generators_are_tried_in_order_then_reported():
+    asked = []
+
     async def retrieve(question, k, timeout_ms, mode="dense", fusion="rrf"):
+        asked.append((mode, fusion))
         return HITS
 
     async def scenario():
         service = AnswerService(["http://127.0.0.1:9", "http://127.0.0.1:10"], retrieve)
         try:
             with pytest.raises(GeneratorUnavailable) as caught:
-                await service.answer(AnswerRequest(question="why?"))
+                await service.answer(AnswerRequest(question="why?", mode="hybrid", fusion="weighted"))
         finally:
             await service.close()
         return caught.value.message
 
     message = asyncio.run(scenario())
     assert "127.0.0.1:9" in message and "127.0.0.1:10" in message
+    assert asked == [("hybrid", "weighted")]  # the request's retrieval mode reaches the retrieve function

@@ -1,0 +1,116 @@
+"""Hybrid search's cost against dense search, through the gateway, in one run (issue 36, acceptance 5).
+
+    python -m benchmarks.hybrid_latency                  # ~4 min on 2 cores
+    python -m benchmarks.hybrid_latency --repeat 1 --duration 5
+
+Data: msmarco + dbpedia (10k passages, MiniLM vectors from the embedding cache), 4 shards, Flat,
+1 replica each, the launcher's gateway. Queries: the 100 real query texts, k=10. The modes take
+turns in each round (dense, hybrid rrf, hybrid weighted, lexical), closed loop from
+benchmarks/loadgen.py in its own process, c=1 and c=32.
+
+Two cases:
+* **cached** — the gateway's query-embedding cache holds every text (warmed first): the dense
+  leg costs the fan-out alone, so everything the lexical leg adds shows. The strict case, and
+  the one the acceptance figures come from.
+* **fresh** — every text unseen (a distinct suffix per request): each query is embedded, as a
+  first-time question is; the lexical leg runs meanwhile.
+
+JSON: benchmarks/results/hybrid_latency.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import closed_loop, data_dir, load_corpus, machine_info, write_result
+from index_shards.build import BuildConfig, build_collection
+from retrieval.datasets import load_beir
+from serving.local.launcher import LocalCluster
+
+MODES: dict[str, dict[str, Any]] = {
+    "dense": {},
+    "hybrid rrf": {"mode": "hybrid"},
+    "hybrid weighted": {"mode": "hybrid", "fusion": "weighted"},
+    "lexical": {"mode": "lexical"},
+}
+
+
+def texts() -> list[str]:
+    found = []
+    for name in ("msmarco", "dbpedia"):
+        dataset = load_beir(data_dir() / name)
+        found.extend(dataset.queries[q] for q in sorted(dataset.queries))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per cell")
+    parser.add_argument("--repeat", type=int, default=2, help="rounds; each round runs every mode once")
+    parser.add_argument("--concurrency", default="1,32")
+    args = parser.parse_args()
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    corpus = load_corpus()
+    queries = texts()
+    results: dict[str, Any] = {"machine": machine_info(), "shards": args.shards, "docs": len(corpus.documents),
+                               "duration_s": args.duration, "rounds": [], "fresh": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        build_collection(work / "root", corpus.documents, corpus.vectors, corpus.version,
+                         BuildConfig("hybrid", args.shards, factory="Flat"), show_progress=False)
+        with LocalCluster(work / "root", "hybrid", replicas=1, workdir=work / "logs") as cluster:
+            import httpx
+
+            with httpx.Client(base_url=cluster.gateway_url, timeout=60) as http:
+                for text in queries:  # embeds every text once (the cache) and builds every lexical index
+                    for extra in MODES.values():
+                        http.post("/v1/query", json={"text": text, "k": 10, **extra}).raise_for_status()
+            for round_number in range(args.repeat):
+                for concurrency in concurrencies:
+                    for mode, extra in MODES.items():
+                        bodies = [{"text": text, "k": 10, **extra} for text in queries]
+                        summary = closed_loop(cluster.gateway_url, bodies, work, concurrency, args.duration)
+                        row = {"round": round_number, "mode": mode, "concurrency": concurrency, **summary}
+                        results["rounds"].append(row)
+                        print(f"round {round_number} c={concurrency:>2} {mode:16} {summary['qps']:7.0f} QPS  "
+                              f"p50 {summary['p50_ms']:6.2f} ms  p99 {summary['p99_ms']:6.2f} ms  "
+                              f"errors {summary['errors']['count']}", flush=True)
+            stamp = time.time_ns()
+            for mode, extra in MODES.items():  # fresh texts: each one embedded (c=1)
+                bodies = [{"text": f"{text} q{stamp}x{i}", "k": 10, **extra}
+                          for i, text in enumerate(queries * 20)]
+                summary = closed_loop(cluster.gateway_url, bodies, work, 1, args.duration)
+                results["fresh"].append({"mode": mode, "concurrency": 1, **summary})
+                print(f"fresh  c= 1 {mode:16} {summary['qps']:7.0f} QPS  p50 {summary['p50_ms']:6.2f} ms  "
+                      f"p99 {summary['p99_ms']:6.2f} ms", flush=True)
+    results["summary"] = summarise(results)
+    written = write_result("hybrid_latency", results)
+    print(f"\nwrote {written}")
+
+
+def summarise(results: dict[str, Any]) -> dict[str, Any]:
+    """Per round, hybrid against dense measured beside it: p50 added at c=1, QPS ratio at c=32."""
+    by = {(r["round"], r["mode"], r["concurrency"]): r for r in results["rounds"]}
+    rounds = sorted({r["round"] for r in results["rounds"]})
+    out: dict[str, Any] = {}
+    for mode in ("hybrid rrf", "hybrid weighted", "lexical"):
+        added = [by[(n, mode, 1)]["p50_ms"] - by[(n, "dense", 1)]["p50_ms"] for n in rounds if (n, mode, 1) in by]
+        ratio = [by[(n, mode, 32)]["qps"] / by[(n, "dense", 32)]["qps"] for n in rounds if (n, mode, 32) in by]
+        out[mode] = {"c1_p50_added_ms": added, "c32_qps_ratio": ratio}
+        if added:
+            print(f"{mode:16} c=1 p50 added: {', '.join(f'{a:+.2f}' for a in added)} ms "
+                  f"(median {statistics.median(added):+.2f}, worst {max(added):+.2f})  target ≤ +1.5")
+        if ratio:
+            print(f"{mode:16} c=32 QPS ratio: {', '.join(f'{r:.2f}' for r in ratio)} "
+                  f"(median {statistics.median(ratio):.2f}, worst {min(ratio):.2f})  target ≥ 0.70")
+    return out
+
+
+if __name__ == "__main__":
+    main()

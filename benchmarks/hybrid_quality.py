@@ -1,0 +1,98 @@
+"""nDCG@10 of dense, lexical and hybrid search through the REST API of a sharded cluster (issue 36,
+acceptance 4), and how the weighted fusion's default weights were chosen.
+
+    python -m benchmarks.hybrid_quality          # ~3 min on 2 cores
+
+Per dataset (msmarco, dbpedia): the corpus (MiniLM vectors from the embedding cache) on 3 shards,
+real shard processes, the judged queries as text through ``POST /v1/query``. Modes: dense, lexical
+(BM25 under the collection's statistics), hybrid rrf (k=60) and hybrid weighted.
+
+The weights are chosen on **msmarco only**: every (dense weight w, lexical 1 − w) for w in 0.1 …
+0.9 and candidates 20 / 50 / 100 per leg; of the settings within 0.001 nDCG@10 of the best, the
+one with the fewest candidates (then the best nDCG) wins; that choice is then applied unchanged
+to dbpedia. ``retrieval.fusion.DEFAULT_WEIGHTS`` and ``search_modes.DEFAULT_CANDIDATES``
+hold the result. JSON: benchmarks/results/hybrid_quality.json.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.common import data_dir, machine_info, write_result
+from index_shards.build import BuildConfig, build_collection
+from retrieval.datasets import load_beir
+from retrieval.embedding_cache import CachingEncoder, EmbeddingCache, default_cache_dir
+from retrieval.encoders import encode_documents, load_default_encoder
+from retrieval.fusion import DEFAULT_WEIGHTS, DENSE
+from retrieval.ir_metrics import ndcg_at_k
+from serving.gateway.search_modes import DEFAULT_CANDIDATES
+from serving.local.launcher import LocalCluster
+
+SHARDS = 3
+GRID = [round(0.1 * i, 1) for i in range(1, 10)]
+DEPTHS = (20, 50, 100)
+
+
+def ndcg(http: httpx.Client, dataset: Any, extra: dict[str, Any]) -> float:
+    rankings = {}
+    for query_id, text in dataset.judged_queries().items():
+        reply = http.post("/v1/query", json={"text": text, "k": 10, "with_text": False, **extra})
+        reply.raise_for_status()
+        rankings[query_id] = [hit["doc_id"] for hit in reply.json()["hits"]]
+    return ndcg_at_k(rankings, dataset.qrels, 10)
+
+
+def main() -> None:
+    encoder = CachingEncoder(load_default_encoder(device="cpu"), EmbeddingCache(default_cache_dir()))
+    results: dict[str, Any] = {"machine": machine_info(), "shards": SHARDS, "datasets": {}}
+    for name in ("msmarco", "dbpedia"):
+        dataset = load_beir(data_dir() / name)
+        vectors = encode_documents(encoder, dataset.corpus, show_progress=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp) / "root"
+            build_collection(root, dataset.corpus, vectors, encoder.version, BuildConfig(name, SHARDS),
+                             show_progress=False)
+            with LocalCluster(root, name, replicas=1, workdir=Path(tmp) / "logs") as cluster, \
+                    httpx.Client(base_url=cluster.gateway_url, timeout=120) as http:
+                modes = {
+                    "dense": ndcg(http, dataset, {}),
+                    "lexical": ndcg(http, dataset, {"mode": "lexical"}),
+                    "hybrid rrf": ndcg(http, dataset, {"mode": "hybrid"}),
+                    "hybrid weighted": ndcg(http, dataset, {"mode": "hybrid", "fusion": "weighted"}),
+                }
+                grid = {f"w={w} candidates={depth}": ndcg(http, dataset, {
+                    "mode": "hybrid", "fusion": "weighted", "weights": {"dense": w, "lexical": round(1 - w, 1)},
+                    "candidates": depth}) for w in GRID for depth in DEPTHS}
+        results["datasets"][name] = {"modes": modes, "weighted_grid": grid}
+        print(f"\n{name}: " + ", ".join(f"{mode} {value:.4f}" for mode, value in modes.items()), flush=True)
+    grid = results["datasets"]["msmarco"]["weighted_grid"]
+    best = max(grid.values())
+    # the best nDCG, and among settings within 0.001 of it the cheapest: fewest candidates per leg
+    # (each leg returns that many hits with their texts), then the best nDCG
+    chosen = min(((label, value) for label, value in grid.items() if value >= best - 0.001),
+                 key=lambda item: (int(item[0].split("candidates=")[1]), -item[1]))
+    results["chosen_on_msmarco"] = chosen[0]
+    default = f"w={DEFAULT_WEIGHTS[DENSE]} candidates={DEFAULT_CANDIDATES}"
+    results["default"] = default
+    print(f"\nbest weighted fusion on msmarco: {chosen[0]} ({chosen[1]:.4f}); the default is {default}"
+          + ("" if chosen[0] == default else "  ← DIFFERS: update retrieval.fusion / search_modes"))
+    print(f"\n{'dataset':8} {'dense':>7} {'lexical':>7} {'rrf':>7} {'weighted':>8}  hybrid ≥ both legs  "
+          "best hybrid − dense")
+    for name, data in results["datasets"].items():
+        modes = data["modes"]
+        best_leg = max(modes["dense"], modes["lexical"])
+        hybrids = {"rrf": modes["hybrid rrf"], "weighted": modes["hybrid weighted"]}
+        print(f"{name:8} {modes['dense']:7.4f} {modes['lexical']:7.4f} {modes['hybrid rrf']:7.4f} "
+              f"{modes['hybrid weighted']:8.4f}  "
+              + ", ".join(f"{k} {'yes' if v >= best_leg else 'NO'}" for k, v in hybrids.items())
+              + f"  {max(hybrids.values()) - modes['dense']:+.4f}")
+    written = write_result("hybrid_quality", results)
+    print(f"\nwrote {written}")
+
+
+if __name__ == "__main__":
+    main()
