@@ -129,8 +129,8 @@ def main() -> None:
                              "bm25s==0.3.16 PyStemmer==3.1.0 (or --no-bm25s)")
         results["bm25s"] = bm25s_side(texts, queries, args.k, python)
     per_million = 1_000_000 / len(texts)
-    print(f"\n{'engine':8} {'build s/1M':>10} {'docs/s':>9} {'MiB/1M (RSS)':>12} {'query p50 ms':>12} "
-          f"{'p99 ms':>8}")
+    print(f"\n{'engine':8} {'build s/1M':>10} {'docs/s':>9} {'MiB/1M (RSS)':>12} {'arrays MiB/1M':>13} "
+          f"{'query p50 ms':>12} {'p99 ms':>8}")
     for name in ("ours", "bm25s"):
         if name not in results:
             continue
@@ -140,6 +140,7 @@ def main() -> None:
         row["latency"] = timing
         print(f"{name:8} {build_s * per_million:10.1f} {row['docs_per_s']:9.0f} "
               f"{row.get('rss_added_bytes', row.get('memory_bytes', 0)) * per_million / 2**20:12.0f} "
+              f"{row.get('array_bytes', 0) * per_million / 2**20:13.0f} "
               f"{timing['p50_ms']:12.2f} {timing['p99_ms']:8.2f}")
     mine = results["ours"]
     print(f"ours: {mine['terms']:,} terms, {mine['postings']:,} postings, "
@@ -150,8 +151,9 @@ def main() -> None:
         overlap = [len(set(a) & set(b)) / max(len(a), 1) for a, b in zip(mine["answers"], theirs["answers"],
                                                                           strict=True)]
         results["top10_overlap_mean"] = statistics.mean(overlap)
-        print(f"ours ÷ bm25s: build {mine['build_s'] / theirs['index_s']:.2f}×, memory "
-              f"{mine['rss_added_bytes'] / max(theirs['memory_bytes'], 1):.2f}×, query p50 "
+        print(f"ours ÷ bm25s: build {mine['build_s'] / theirs['index_s']:.2f}×, memory (RSS) "
+              f"{mine['rss_added_bytes'] / max(theirs['memory_bytes'], 1):.2f}×, arrays "
+              f"{mine['array_bytes'] / max(theirs.get('array_bytes', 0), 1):.2f}×, query p50 "
               f"{mine['latency']['p50_ms'] / theirs['latency']['p50_ms']:.2f}×; top-10 overlap "
               f"{results['top10_overlap_mean']:.2f}")
     for name in ("ours", "bm25s"):  # the raw lists are long: keep the summary only

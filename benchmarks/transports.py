@@ -32,7 +32,7 @@ from serving.transport.http import HttpShardClient, JsonControlClient, search_bo
 def _reply(body: bytes, shard_id: int, replica: str, started: float) -> ShardReply:
     reply = SearchReply.from_dict(orjson.loads(body))
     return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1e3,
-                      reply.took_ms, reply.stats)
+                      reply.took_ms, reply.stats, reply.dense)
 
 
 class _WritesThroughThePooledClient(JsonControlClient):

@@ -4,10 +4,10 @@ shard's files, ``live_tuning`` on a running replica's base), fault injection, th
 process (``python -m index_shards serve``), the node that hosts replicas of any collection
 placed on it at run time (``node``, ``python -m index_shards node``) and its share of the launched
 collection (``placement``: replica r of shard i on node (i + r) mod N), the flags both processes
-share (``server_flags``), the lexical leg (``lexical``: the text analysis and the inverted index
-of a base and of a segment; ``lexical_search``: a shard's BM25 statistics and its top k under the
-collection's), and corpora and filters grown from real embeddings for tests and
-benchmarks at sizes the shipped data does not reach (``synthetic``).
+share (``server_flags``), the lexical leg (``lexical``: the inverted index of a base and of a
+segment; ``lexical_search``: a shard's BM25 top k under the collection's statistics, with its
+own), and corpora and filters grown from real embeddings for tests and benchmarks at sizes the
+shipped data does not reach (``synthetic``).
 
 May import ``retrieval`` and ``httpkit`` (the server); never ``serving`` or ``training``, and never
 torch (a shard server starts in about a second and a half).

@@ -156,9 +156,14 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
                                         field="x-shardrag-timeout-ms") from None
         served = versions.get(params.version)  # 409 naming the versions held when it is not one of them
         lexical: list[LexicalQuery] = []
-        if params.lexical:  # the body holds lexical queries, not vectors
-            lexical = decode_lexical_queries(body, max_queries=config.max_batch)
+        if params.lexical:  # the body holds lexical queries, and a hybrid call's vectors after them
+            lexical, vector_bytes = decode_lexical_queries(body, max_queries=config.max_batch)
             queries = np.zeros((0, served.manifest.dim), dtype=np.float32)
+            if vector_bytes:
+                queries = decode_vectors(vector_bytes, served.manifest.dim, field="body", max_rows=config.max_batch)
+                if len(queries) != len(lexical):
+                    raise InvalidRequest(f"a hybrid call has one vector per lexical query: {len(queries)} vectors, "
+                                         f"{len(lexical)} queries", field="body")
         else:
             queries = decode_vectors(body, served.manifest.dim, field="body", max_rows=config.max_batch)
         deadline = arrived + timeout_ms / 1000.0 if timeout_ms is not None else None

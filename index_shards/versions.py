@@ -211,8 +211,13 @@ class ShardVersions:
         if params.lexical:
             answers = [shard_search(shard, query.text, query.corpus, params.k, with_text=params.with_text,
                                     with_metadata=params.with_metadata, filter_=filter_) for query in lexical]
+            dense = None
+            if len(vectors):  # a hybrid call: the vectors' top k in the same call
+                dense = shard.search(np.asarray(vectors, dtype=np.float32), params.k, nprobe=params.nprobe,
+                                     ef_search=params.ef_search, with_text=params.with_text,
+                                     with_metadata=params.with_metadata, filter_=filter_)
             return SearchReply(self.shard_id, shard.version_id, (time.perf_counter() - started) * 1000.0,
-                               [hits for hits, _ in answers], [stats for _, stats in answers])
+                               [hits for hits, _ in answers], [stats for _, stats in answers], dense)
         results = shard.search(np.asarray(vectors, dtype=np.float32), params.k, nprobe=params.nprobe,
                                ef_search=params.ef_search, with_text=params.with_text,
                                with_metadata=params.with_metadata, filter_=filter_)

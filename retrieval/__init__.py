@@ -1,14 +1,14 @@
 """shardrag's light core: types, the shard contract's records (``contract``), the one error tree
-(``errors``, with ``error_for_status``), top-k merge, BM25's corpus statistics (``bm25``) and the
-fusion of ranked lists (``fusion``), wire codec, the version protocol's pure state machine
-(``rollout``), choosing a tuned search knob from measured answers (``tuning_choice``),
-encoders, embedding cache, datasets, IR metrics, crash-safe writes, the one reader of
+(``errors``, with ``error_for_status``), top-k merge, BM25's corpus statistics (``bm25``), the
+lexical text analysis (``analysis``) and the fusion of ranked lists (``fusion``), wire codec, the
+version protocol's pure state machine (``rollout``), choosing a tuned search knob from measured
+answers (``tuning_choice``), encoders, embedding cache, datasets, IR metrics, crash-safe writes, the one reader of
 ``SHARDRAG_*`` variables (``env``), the command-line runner, and the Python client.
 
-May import the standard library and numpy; torch and httpx only inside the leaf modules that need
-them (``encoders``, ``client``), lazily. Never a web framework, and none of shardrag's other
-packages: importing it must stay cheap (no torch, FAISS or FastAPI). No server code: that is
-``httpkit``'s.
+May import the standard library and numpy; torch, httpx and PyStemmer only inside the leaf
+modules that need them (``encoders``, ``client``, ``analysis``), lazily. Never a web framework,
+and none of shardrag's other packages: importing it must stay cheap (no torch, FAISS or
+FastAPI). No server code: that is ``httpkit``'s.
 """
 
 from retrieval.errors import ShardragError

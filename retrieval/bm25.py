@@ -111,16 +111,24 @@ class LexicalQuery:
     corpus: CorpusStats | None = None
 
 
-def encode_lexical_queries(queries: Sequence[LexicalQuery]) -> bytes:
-    """A lexical search's body: ``{"queries": [{"text", "corpus"?}, ...]}``."""
-    return orjson.dumps({"queries": [{"text": q.text, **({"corpus": q.corpus.to_dict()} if q.corpus else {})}
+def encode_lexical_queries(queries: Sequence[LexicalQuery], vectors: bytes = b"") -> bytes:
+    """A lexical search's body: the JSON ``{"queries": [{"text", "corpus"?}, ...]}`` after its
+    length (4 bytes, little-endian), then — a hybrid call — one query vector per query
+    (``retrieval.wire.encode_vectors`` bytes), searched in the same call."""
+    head = orjson.dumps({"queries": [{"text": q.text, **({"corpus": q.corpus.to_dict()} if q.corpus else {})}
                                      for q in queries]})
+    return len(head).to_bytes(4, "little") + head + vectors
 
 
-def decode_lexical_queries(body: bytes, *, max_queries: int) -> list[LexicalQuery]:
-    """The body :func:`encode_lexical_queries` makes, validated; an error names the bad part."""
+def decode_lexical_queries(body: bytes, *, max_queries: int) -> tuple[list[LexicalQuery], bytes]:
+    """The body :func:`encode_lexical_queries` makes, validated (an error names the bad part): the
+    queries, and the vectors' bytes (empty: a lexical search alone)."""
+    size = int.from_bytes(body[:4], "little") if len(body) >= 4 else -1
+    if size < 0 or 4 + size > len(body):
+        raise InvalidRequest("a lexical search's body is a 4-byte length, then that much JSON "
+                             "({\"queries\": [...]}), then any query vectors", field="body")
     try:
-        data = orjson.loads(body)
+        data = orjson.loads(body[4:4 + size])
     except orjson.JSONDecodeError:
         raise InvalidRequest("a lexical search's body is JSON: {\"queries\": [{\"text\", \"corpus\"?}]}",
                              field="body") from None
@@ -136,4 +144,4 @@ def decode_lexical_queries(body: bytes, *, max_queries: int) -> list[LexicalQuer
         corpus = query.get("corpus")
         decoded.append(LexicalQuery(text, CorpusStats.from_dict(corpus, field_name=f"body.queries.{i}.corpus")
                                     if corpus is not None else None))
-    return decoded
+    return decoded, body[4 + size:]

@@ -64,7 +64,9 @@ class SearchParams:
     filter: str | None = None  # a filter's canonical JSON (retrieval.filters): only documents it selects
     min_seq: int | None = None  # session reads: only a replica that applied this write may answer ...
     min_term: int | None = None  # ... and holds the log it was made in (not a diverged one of an older term)
-    lexical: bool = False  # the body holds lexical queries (retrieval.bm25), not vectors: BM25 top k of each
+    # the body holds lexical queries (retrieval.bm25): BM25 top k of each (and with one vector per
+    # query after them, a hybrid call: each vector's top k too)
+    lexical: bool = False
 
     def query_string(self) -> str:
         params: dict[str, Any] = {"k": self.k}
@@ -133,11 +135,14 @@ class SearchReply:
     results: list[HitColumns]  # one per query vector (a lexical search: per lexical query), in request order
     # a lexical search: per query, this replica's statistics for its terms (what the caller sums)
     stats: list[CorpusStats] | None = None
+    dense: list[HitColumns] | None = None  # a hybrid call: per query, its vector's top k too
 
     def to_dict(self) -> dict[str, Any]:
         data = {"shard_id": self.shard_id, "version": self.version, "took_ms": self.took_ms, "results": self.results}
         if self.stats is not None:
             data["stats"] = [stats.to_dict() for stats in self.stats]
+        if self.dense is not None:
+            data["dense"] = self.dense
         return data
 
     @classmethod
@@ -145,7 +150,8 @@ class SearchReply:
         stats = data.get("stats")
         return cls(int(data["shard_id"]), str(data["version"]), float(data.get("took_ms", 0.0)),
                    list(data["results"]),
-                   [CorpusStats.from_dict(s, field_name="stats") for s in stats] if stats is not None else None)
+                   [CorpusStats.from_dict(s, field_name="stats") for s in stats] if stats is not None else None,
+                   data.get("dense"))
 
 
 _DETAIL_KEYS = ("count", "embedding_version", "dim", "metric", "factory", "partitioner", "num_shards", "centroid",

@@ -96,8 +96,7 @@ class ShardCallModel(BaseModel):
     attempts: int = Field(description="replicas the call went to (primary + retries + hedges)")
     hedged: bool = Field(description="a hedge (second copy) was sent for this shard call")
     hedge_won: bool = Field(description="the answer came from the hedge")
-    leg: str = Field("dense", description="dense, lexical (BM25 under the collection's statistics) or "
-                     "lexical-stats (its first phase: the shard's statistics for the query's terms)")
+    leg: str = Field("dense", description="dense, or lexical (BM25 under the collection's statistics)")
 
 
 class MissingShardModel(BaseModel):

@@ -3,9 +3,10 @@
 
 * **lexical** — BM25 across the shards (``serving.shardcall.lexical``: the collection's
   statistics, so the ranking is the unsharded one).
-* **hybrid** — both legs at once: the lexical leg's two phases run while the text is embedded
-  and the dense leg fans out, then the two lists (``candidates`` hits each) are fused
-  (``retrieval.fusion``: rrf or weighted) and each hit says where each leg ranked it.
+* **hybrid** — both legs in one call per shard once the text is embedded
+  (``LexicalFanOut.search_hybrid``; with ``top_m``, the legs go separately, at once), then the two
+  lists (``candidates`` hits each) are fused (``retrieval.fusion``: rrf or weighted) and each hit
+  says where each leg ranked it.
 
 A filter applies to both legs; session floors too. ``top_m`` routes the dense leg only: a lexical
 hit can be on any shard, so the lexical leg always reads every shard.
@@ -102,7 +103,18 @@ class SearchModes:
             timing["lexical_ms"] = (time.perf_counter() - lexical_started) * 1000.0
             return result
 
-        dense_result, lexical_result = await asyncio.gather(dense(), lexical())
+        if request.top_m is None:  # both legs in one call per shard, once the text is embedded
+            if request.vector is not None:
+                vector = service._vector(request, snapshot)
+            else:
+                vector, timing["encode_ms"] = await service.encode_timed(snapshot, text, deadline_s * 1000.0)
+            both_started = time.perf_counter()
+            remaining = deadline_s - timing.get("encode_ms", 0.0) / 1000.0
+            dense_result, lexical_result = await self.lexical.search_hybrid(
+                text, vector, leg_params, snapshot.route, timeout_s=max(remaining, 0.001), session=session)
+            timing["fanout_ms"] = timing["lexical_ms"] = (time.perf_counter() - both_started) * 1000.0
+        else:  # top_m routes the dense leg alone: the legs go separately, the lexical one to every shard
+            dense_result, lexical_result = await asyncio.gather(dense(), lexical())
         weights = request.weights.model_dump() if request.weights is not None else None
         fused = fuse({DENSE: dense_result.hits, LEXICAL: lexical_result.hits}, params.k, method=request.fusion,
                      rrf_k=request.rrf_k, weights=weights)

@@ -11,7 +11,8 @@ seen, a write since), the cache takes the new sums and the query is asked again 
 Calls go through :class:`~serving.shardcall.call.ShardCaller` (replica choice, hedging, retries,
 the replica's 409/behind answers) with the query's session floors, coalesced per shard like the
 dense leg's (the queries ride in the body). A lexical list is never trimmed: every shard is asked
-for the full k.
+for the full k. A hybrid query sends both legs in one call per shard (:meth:`search_hybrid`: the
+query's vector rides after its lexical query), so it costs the calls of one leg.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ MAX_CACHED_TERMS = 200_000  # per version; past it the cache starts over (it onl
 
 _Item = tuple[LexicalQuery, float, tuple[str, ...]]  # (query, monotonic deadline, eligible replicas)
 _Answer = tuple[HitColumns, CorpusStats, ShardCall]
+_HybridItem = tuple[LexicalQuery, np.ndarray, float, tuple[str, ...]]  # (query, its vector, deadline, replicas)
+_HybridAnswer = tuple[_Answer, HitColumns]  # (the lexical answer, the vector's hits)
 
 
 class CorpusStatsCache:
@@ -78,6 +81,7 @@ class LexicalFanOut:
         self.caller = fanout.caller
         self.cache = CorpusStatsCache()
         self._batchers = fanout.batchers(self._call_for)
+        self._hybrid_batchers = fanout.batchers(self._hybrid_call_for)
         self.rounds = {"one": 0, "again": 0}  # queries answered in one round / asked again
 
     async def search(self, text: str, params: SearchParams, route: ShardRoute, *, timeout_s: float,
@@ -85,16 +89,48 @@ class LexicalFanOut:
         """``params``: k, version (``route``'s), with_text/with_metadata, filter. The ranking is the
         unsharded one under the statistics the answering shards report."""
         deadline = time.monotonic() + timeout_s
-        version = params.version or route.version
-        targets = list(range(route.num_shards))
-        asked = SearchParams(params.k, version, with_text=params.with_text, with_metadata=params.with_metadata,
-                             filter=params.filter, lexical=True)
-        sent = self.cache.guess(version, text)
+        asked, targets = self._asked(params, route), list(range(route.num_shards))
+        sent = self.cache.guess(asked.version or route.version, text)
         first = await self._round(LexicalQuery(text, sent), asked, route, targets, deadline, session)
+        return await self._settle(text, sent, first, asked, route, deadline, session)
+
+    async def search_hybrid(self, text: str, vector: np.ndarray, params: SearchParams, route: ShardRoute, *,
+                            timeout_s: float, session: Mapping[int, SessionFloor] | None = None,
+                            ) -> tuple[FanOutResult, FanOutResult]:
+        """Both legs in one call per shard (the dense leg: ``vector``'s top k, every shard asked for
+        the full k): (dense, lexical). Only a lexical second round, when the statistics disagree,
+        costs another call."""
+        deadline = time.monotonic() + timeout_s
+        asked, targets = self._asked(params, route), list(range(route.num_shards))
+        both = SearchParams(asked.k, asked.version, nprobe=params.nprobe, ef_search=params.ef_search,
+                            with_text=asked.with_text, with_metadata=asked.with_metadata, filter=asked.filter,
+                            lexical=True)
+        sent = self.cache.guess(asked.version or route.version, text)
+        futures = {s: self._hybrid_batchers[s].submit(floored(both, session.get(s) if session else None),
+                                                      (LexicalQuery(text, sent), vector, deadline, route.replicas[s]))
+                   for s in targets}
+        answers, missing = await settle(futures, deadline - time.monotonic())
+        dense_answers = [(answers[s][1], answers[s][0][2]) for s in targets if s in answers]
+        dense = FanOutResult(merge_answers(dense_answers, params.k), route.version, route.num_shards, targets,
+                             [call for _, call in dense_answers], dict(missing), params.k, (),
+                             "off: a hybrid call asks every shard for the full k")
+        first = _Round({s: answer[0] for s, answer in answers.items()}, dict(missing))
+        return dense, await self._settle(text, sent, first, asked, route, deadline, session)
+
+    @staticmethod
+    def _asked(params: SearchParams, route: ShardRoute) -> SearchParams:
+        return SearchParams(params.k, params.version or route.version, with_text=params.with_text,
+                            with_metadata=params.with_metadata, filter=params.filter, lexical=True)
+
+    async def _settle(self, text: str, sent: CorpusStats | None, first: _Round, asked: SearchParams,
+                      route: ShardRoute, deadline: float, session: Mapping[int, SessionFloor] | None) -> FanOutResult:
+        """The lexical answer from a first round scored under ``sent``: itself when the shards'
+        statistics add up to it, else a second round under their sum."""
+        targets = list(range(route.num_shards))
         summed = CorpusStats.total(stats for _, stats, _ in first.answers.values())
         result = first
         if not agrees(sent, summed):
-            self.cache.learn(version, summed)
+            self.cache.learn(asked.version or route.version, summed)
             self.rounds["again"] += 1
             answered = [s for s in targets if s in first.answers]
             result = await self._round(LexicalQuery(text, summed), asked, route, answered, deadline, session)
@@ -102,8 +138,8 @@ class LexicalFanOut:
         else:
             self.rounds["one"] += 1
         answers = [(result.answers[s][0], result.answers[s][2]) for s in targets if s in result.answers]
-        return FanOutResult(merge_answers(answers, params.k), route.version, route.num_shards, targets,
-                            [call for _, call in answers], result.missing, params.k, (),
+        return FanOutResult(merge_answers(answers, asked.k), route.version, route.num_shards, targets,
+                            [call for _, call in answers], result.missing, asked.k, (),
                             "off: a lexical list is never trimmed")
 
     async def _round(self, query: LexicalQuery, params: SearchParams, route: ShardRoute, targets: list[int],
@@ -129,6 +165,27 @@ class LexicalFanOut:
             info = ShardCall(shard_id, reply.version, result.replica, result.latency_ms, reply.server_ms, len(items),
                              result.attempts, result.hedged, result.hedge_won)
             return [(hits, stats, info) for hits, stats in zip(reply.results, reply.stats, strict=True)]
+
+        return call
+
+    def _hybrid_call_for(self, shard_id: int) -> Callable[[SearchParams, list[Any]], Any]:
+        async def call(params: SearchParams, items: list[_HybridItem]) -> Sequence[_HybridAnswer]:
+            deadline = max(item[2] for item in items)
+            vectors = np.stack([item[1] for item in items])
+            result = await self.caller.call(shard_id, items[0][3], vectors, params, deadline,
+                                            lexical=[item[0] for item in items])
+            reply = result.reply
+            if reply.version != params.version:  # never merged: the query fails instead
+                raise VersionConflict(f"shard {shard_id} answered with version {reply.version!r}, "
+                                      f"the query is on {params.version!r}", shard=shard_id)
+            if reply.stats is None or reply.dense is None or not \
+                    len(reply.stats) == len(reply.results) == len(reply.dense) == len(items):
+                raise ShardUnavailable(f"shard {shard_id} ({result.replica}) did not answer the {len(items)} "
+                                       "queries of a hybrid call", shard=shard_id)
+            info = ShardCall(shard_id, reply.version, result.replica, result.latency_ms, reply.server_ms, len(items),
+                             result.attempts, result.hedged, result.hedge_won)
+            return [((hits, stats, info), dense)
+                    for hits, stats, dense in zip(reply.results, reply.stats, reply.dense, strict=True)]
 
         return call
 

@@ -40,6 +40,7 @@ class ShardReply:
     latency_ms: float  # the call as the caller timed it: wire, queueing and search
     server_ms: float = 0.0  # the search alone, as the replica timed it (0 where it does not say)
     stats: list[CorpusStats] | None = None  # a lexical search: per query, the replica's statistics for its terms
+    dense: list[HitColumns] | None = None  # a hybrid call: per query, its vector's top k
 
 
 class ShardClient(ABC):
@@ -47,8 +48,9 @@ class ShardClient(ABC):
     async def search(self, replica: str, shard_id: int, vectors: np.ndarray, params: SearchParams,
                      timeout_s: float, *, lexical: Sequence[LexicalQuery] = ()) -> ShardReply:
         """Top-k of each row of ``vectors`` on ``replica`` (which serves ``shard_id``); with
-        ``params.lexical``, the BM25 top k of each of ``lexical`` instead (``vectors`` unused), each
-        with the replica's statistics for its terms (``ShardReply.stats``)."""
+        ``params.lexical``, the BM25 top k of each of ``lexical`` instead, each with the replica's
+        statistics for its terms (``ShardReply.stats``), and when ``vectors`` has one row per
+        lexical query (a hybrid call), each row's top k too (``ShardReply.dense``)."""
 
     @abstractmethod
     async def info(self, replica: str, timeout_s: float) -> ReplicaInfo:

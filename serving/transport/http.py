@@ -36,8 +36,11 @@ from serving.transport.http_pool import HttpError, HttpPool
 
 
 def search_body(vectors: np.ndarray, params: SearchParams, lexical: Sequence[LexicalQuery]) -> bytes:
-    """A search call's body: the query vectors, or with ``params.lexical`` the lexical queries."""
-    return encode_lexical_queries(lexical) if params.lexical else encode_vectors(vectors)
+    """A search call's body: the query vectors, or with ``params.lexical`` the lexical queries (and
+    a hybrid call's vectors after them)."""
+    if params.lexical:
+        return encode_lexical_queries(lexical, encode_vectors(vectors) if vectors.size else b"")
+    return encode_vectors(vectors)
 
 
 class JsonControlClient(ShardClient):
@@ -86,7 +89,7 @@ class HttpShardClient(JsonControlClient):
             raise error_for_status(status, body, peer=replica, shard=shard_id)
         reply = SearchReply.from_dict(orjson.loads(body))
         return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1000.0,
-                          reply.took_ms, reply.stats)
+                          reply.took_ms, reply.stats, reply.dense)
 
     async def _json(self, replica: str, method: str, path: str, body: dict[str, Any] | None,
                     timeout_s: float) -> dict[str, Any]:

@@ -75,7 +75,7 @@ class InProcessShardClient(ShardClient):
         started = time.perf_counter()
         reply = self._replica(replica, shard_id).search(vectors, params, list(lexical))
         return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1000.0,
-                          reply.took_ms, reply.stats)
+                          reply.took_ms, reply.stats, reply.dense)
 
     async def info(self, replica: str, timeout_s: float) -> ReplicaInfo:
         return self._replica(replica).info()

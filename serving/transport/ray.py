@@ -73,7 +73,7 @@ class RayShardClient(ShardClient):
                                                              list(lexical))
         reply: SearchReply = await self._call(ref, f"shard {shard_id} ({replica})", shard_id, timeout_s)
         return ShardReply(shard_id, reply.version, replica, reply.results, (time.perf_counter() - started) * 1000.0,
-                          reply.took_ms, reply.stats)
+                          reply.took_ms, reply.stats, reply.dense)
 
     async def info(self, replica: str, timeout_s: float) -> ReplicaInfo:
         info: ReplicaInfo = await self._call(self._handle(replica).info.remote(), f"{replica} info", None, timeout_s)

@@ -144,6 +144,10 @@ def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
                     assert hit["score"] == pytest.approx(sum(1 / (60 + w["rank"]) for w in hit["legs"].values()))
                 legs = {call["leg"] for call in answer["diagnostics"]["per_shard"]}
                 assert legs == {"dense", "lexical"} and answer["diagnostics"]["fusion"].startswith("rrf k=60")
+                # top_m sends the legs separately (the dense one trimmed, exactly): the same fused answer
+                apart = query(http, text, top_m=SHARDS, **extra)
+                assert [(h["doc_id"], h["score"], h["legs"]) for h in apart["hits"]] == \
+                    [(h["doc_id"], h["score"], h["legs"]) for h in answer["hits"]]
         scores[label] = ndcg_at_k(rankings, corpus.dataset.qrels, 10)
     REPORT.append(f"nDCG@10 through REST ({corpus.dataset.name}, {SHARDS} shards): " +
                   ", ".join(f"{label} {value:.4f}" for label, value in scores.items()))

@@ -113,6 +113,9 @@ def test_same_records_answers_and_errors_over_http_and_in_process(shard_dirs, se
             stats = own.stats[0]
             lexical = await client.search(replica, 1, no_vectors, lexical_params, 5.0,
                                           lexical=[LexicalQuery("Title 17 text", stats)])
+            hybrid = await client.search(replica, 1, vectors1[:1], lexical_params, 5.0,
+                                         lexical=[LexicalQuery("Title 17 text", stats)])  # both legs, one call
+            assert hybrid.results == lexical.results and hybrid.dense == reply.results[:1]
             await client.close()
             results.append((comparable(info), health, reply, errors, staged.version.id, unloaded.unloaded,
                             again.unloaded, tuning, (stats, own.results, lexical.results, lexical.stats)))

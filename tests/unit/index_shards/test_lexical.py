@@ -159,17 +159,22 @@ def test_the_analyzer_stems_and_drops_stop_words():
 def test_lexical_queries_travel_in_one_encoding_and_bad_ones_are_named(tmp_path):
     replica = build(tmp_path, [Document(f"d{i}", f"text {i}", "", {}) for i in range(20)], 1)[0]
     queries = [LexicalQuery("text 3"), LexicalQuery("text", CorpusStats(40, 80, {"text": 40}))]
-    assert decode_lexical_queries(encode_lexical_queries(queries), max_queries=8) == queries
+    assert decode_lexical_queries(encode_lexical_queries(queries), max_queries=8) == (queries, b"")
+    assert decode_lexical_queries(encode_lexical_queries(queries, b"vectors"), max_queries=8) == (queries, b"vectors")
     params = SearchParams.from_query_string(SearchParams(5, None, lexical=True).query_string(), 100)
     reply = replica.search(np.zeros((0, DIM)), params, queries)
     assert reply.stats == [CorpusStats(20, 40, {"text": 20, "3": 1}), CorpusStats(20, 40, {"text": 20})]
     assert reply.results[0]["doc_ids"][0] == "d3" and len(reply.results[1]["doc_ids"]) == 5
-    for body, field in ((b"[", "body"), (b'{"queries": []}', "body.queries"),
-                        (b'{"queries": [{"text": 3}]}', "body.queries.0.text"),
-                        (b'{"queries": [{"text": "%s"}]}' % (b"x" * 10_001), "body.queries.0.text"),
-                        (b'{"queries": [{"text": "a", "corpus": {"docs": -1, "length": 0}}]}',
+    def framed(head: bytes) -> bytes:
+        return len(head).to_bytes(4, "little") + head
+
+    for body, field in ((b"[", "body"), (b"\xff\x00\x00\x00{}", "body"), (framed(b"["), "body"),
+                        (framed(b'{"queries": []}'), "body.queries"),
+                        (framed(b'{"queries": [{"text": 3}]}'), "body.queries.0.text"),
+                        (framed(b'{"queries": [{"text": "%s"}]}' % (b"x" * 10_001)), "body.queries.0.text"),
+                        (framed(b'{"queries": [{"text": "a", "corpus": {"docs": -1, "length": 0}}]}'),
                          "body.queries.0.corpus.docs"),
-                        (b'{"queries": [{"text": "a", "corpus": {"docs": 1, "length": 0, "df": {"a": 2}}}]}',
+                        (framed(b'{"queries": [{"text": "a", "corpus": {"docs": 1, "length": 0, "df": {"a": 2}}}]}'),
                          "body.queries.0.corpus.df")):
         with pytest.raises(InvalidRequest) as error:
             decode_lexical_queries(body, max_queries=8)
