@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from retrieval.contract import SearchParams, SessionFloor
 from retrieval.errors import InvalidRequest
 from retrieval.fusion import DEFAULT_WEIGHTS, DENSE, LEXICAL, fuse
@@ -83,13 +85,16 @@ class SearchModes:
         leg_params = replace(params, k=depth)
         timing: dict[str, float] = {}
 
-        async def dense() -> FanOutResult:
+        async def query_vector() -> tuple[np.ndarray, float]:
+            """The query's vector (given, or the text embedded) and the seconds of the deadline left."""
             if request.vector is not None:
-                vector = service._vector(request, snapshot)
-            else:
-                vector, timing["encode_ms"] = await service.encode_timed(snapshot, text, deadline_s * 1000.0)
+                return service._vector(request, snapshot), deadline_s
+            vector, timing["encode_ms"] = await service.encode_timed(snapshot, text, deadline_s * 1000.0)
+            return vector, deadline_s - timing["encode_ms"] / 1000.0
+
+        async def dense() -> FanOutResult:
+            vector, remaining = await query_vector()
             fanout_started = time.perf_counter()
-            remaining = deadline_s - timing.get("encode_ms", 0.0) / 1000.0
             result = await service.fanout.search(vector, leg_params, snapshot.route, top_m=request.top_m,
                                                  timeout_s=max(remaining, 0.001), session=session,
                                                  exact=request.exact)
@@ -104,12 +109,8 @@ class SearchModes:
             return result
 
         if request.top_m is None:  # both legs in one call per shard, once the text is embedded
-            if request.vector is not None:
-                vector = service._vector(request, snapshot)
-            else:
-                vector, timing["encode_ms"] = await service.encode_timed(snapshot, text, deadline_s * 1000.0)
+            vector, remaining = await query_vector()
             both_started = time.perf_counter()
-            remaining = deadline_s - timing.get("encode_ms", 0.0) / 1000.0
             dense_result, lexical_result = await self.lexical.search_hybrid(
                 text, vector, leg_params, snapshot.route, timeout_s=max(remaining, 0.001), session=session)
             timing["fanout_ms"] = timing["lexical_ms"] = (time.perf_counter() - both_started) * 1000.0
