@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import closed_loop, data_dir, load_corpus, machine_info, write_result
+from benchmarks.common import closed_loop, data_dir, load_corpus, machine_info, process_cpu_s, write_result
 from index_shards.build import BuildConfig, build_collection
 from retrieval.datasets import load_beir
 from serving.local.launcher import LocalCluster
@@ -67,6 +67,7 @@ def main() -> None:
         with LocalCluster(work / "root", "hybrid", replicas=1, workdir=work / "logs") as cluster:
             import httpx
 
+            pids = {child.name: child.process.pid for child in cluster.children() if child.process}
             with httpx.Client(base_url=cluster.gateway_url, timeout=60) as http:
                 for text in queries:  # embeds every text once (the cache) and builds every lexical index
                     for extra in MODES.values():
@@ -75,12 +76,18 @@ def main() -> None:
                 for concurrency in concurrencies:
                     for mode, extra in MODES.items():
                         bodies = [{"text": text, "k": 10, **extra} for text in queries]
+                        before = cpu_by_role(pids)
                         summary = closed_loop(cluster.gateway_url, bodies, work, concurrency, args.duration)
-                        row = {"round": round_number, "mode": mode, "concurrency": concurrency, **summary}
+                        spent = cpu_by_role(pids)
+                        requests = max(summary["qps"] * (args.duration + 1.0), 1.0)  # the warmup second too
+                        cpu = {role: 1000.0 * (spent[role] - before[role]) / requests for role in spent}
+                        row = {"round": round_number, "mode": mode, "concurrency": concurrency, **summary,
+                               "cpu_ms_per_query": cpu}
                         results["rounds"].append(row)
                         print(f"round {round_number} c={concurrency:>2} {mode:16} {summary['qps']:7.0f} QPS  "
                               f"p50 {summary['p50_ms']:6.2f} ms  p99 {summary['p99_ms']:6.2f} ms  "
-                              f"errors {summary['errors']['count']}", flush=True)
+                              f"errors {summary['errors']['count']}  CPU ms/query gateway {cpu['gateway']:.2f} "
+                              f"shards {cpu['shards']:.2f} encoders {cpu['encoders']:.2f}", flush=True)
             for concurrency in concurrencies:  # fresh texts: every request's text is new, so it is embedded
                 for mode, extra in MODES.items():
                     stamp = time.time_ns()
@@ -93,6 +100,23 @@ def main() -> None:
     results["summary"] = summarise(results)
     written = write_result("hybrid_latency", results)
     print(f"\nwrote {written}")
+
+
+def cpu_by_role(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far: the gateway process, the shard processes, the encoder workers (children
+    of the gateway, found in /proc)."""
+    totals = {"gateway": 0.0, "shards": 0.0, "encoders": 0.0}
+    for name, pid in pids.items():
+        totals["gateway" if name == "gateway" else "shards"] += process_cpu_s(pid)
+    gateway = pids.get("gateway")
+    for child in Path("/proc").glob("[0-9]*"):
+        try:
+            parent = int((child / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if gateway is not None and parent == gateway:
+            totals["encoders"] += process_cpu_s(int(child.name))
+    return totals
 
 
 def summarise(results: dict[str, Any]) -> dict[str, Any]:

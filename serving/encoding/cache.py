@@ -32,6 +32,10 @@ class EmbeddingLRU:
         self.hits += 1
         return vector
 
+    def peek(self, version: str, text: str) -> np.ndarray | None:
+        """The entry, if held, without counting a hit or a miss or refreshing it."""
+        return self._entries.get((version, text)) if self.capacity else None
+
     def put(self, version: str, text: str, vector: np.ndarray) -> None:
         if not self.capacity:
             return

@@ -98,6 +98,10 @@ class QueryEncoder:
             raise DeadlineExceeded(f"encoding the text took longer than {timeout_s * 1000:.0f} ms",
                                    field="text") from None
 
+    def cached(self, text: str) -> np.ndarray | None:
+        """The text's vector when the cache already holds it (no encoding to wait for), else None."""
+        return self._cache.peek(self._expected, text) if self._cache is not None else None
+
     def _finished(self, text: str, done: asyncio.Future[np.ndarray]) -> None:
         if self._pending.get(text) is done:
             del self._pending[text]

@@ -3,8 +3,10 @@
 
 * **lexical** — BM25 across the shards (``serving.shardcall.lexical``: the collection's
   statistics, so the ranking is the unsharded one).
-* **hybrid** — both legs in one call per shard once the text is embedded
-  (``LexicalFanOut.search_hybrid``; with ``top_m``, the legs go separately, at once), then the two
+* **hybrid** — both legs in one call per shard when the query's vector is at hand (given, or its
+  text's embedding cached: ``LexicalFanOut.search_hybrid``); otherwise the lexical leg runs while
+  the text is embedded, then the dense leg (and with ``top_m``, which routes the dense leg only,
+  the legs always go separately). Then the two
   lists (``candidates`` hits each) are fused (``retrieval.fusion``: rrf or weighted) and each hit
   says where each leg ranked it.
 
@@ -108,13 +110,20 @@ class SearchModes:
             timing["lexical_ms"] = (time.perf_counter() - lexical_started) * 1000.0
             return result
 
-        if request.top_m is None:  # both legs in one call per shard, once the text is embedded
-            vector, remaining = await query_vector()
+        ready = service._vector(request, snapshot) if request.vector is not None else \
+            snapshot.encoder.cached(text) if snapshot.encoder is not None else None
+        if request.top_m is None and ready is not None:
+            # the vector needs no encoding: both legs in one call per shard
+            if request.vector is None:
+                service.recent_queries.append(text)
+            vector, remaining = ready, deadline_s
             both_started = time.perf_counter()
             dense_result, lexical_result = await self.lexical.search_hybrid(
                 text, vector, leg_params, snapshot.route, timeout_s=max(remaining, 0.001), session=session)
             timing["fanout_ms"] = timing["lexical_ms"] = (time.perf_counter() - both_started) * 1000.0
-        else:  # top_m routes the dense leg alone: the legs go separately, the lexical one to every shard
+        else:
+            # the text must be embedded first: the lexical leg runs meanwhile; or top_m routes the
+            # dense leg alone (the lexical one reads every shard)
             dense_result, lexical_result = await asyncio.gather(dense(), lexical())
         weights = request.weights.model_dump() if request.weights is not None else None
         fused = fuse({DENSE: dense_result.hits, LEXICAL: lexical_result.hits}, params.k, method=request.fusion,
