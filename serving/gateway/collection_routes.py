@@ -61,7 +61,8 @@ NamePath = Annotated[str, Path(pattern=NAME_PATTERN.pattern, description="collec
 class QuotasModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_documents: int = Field(0, ge=0, description="live documents the collection may hold (0: no limit)")
+    # bounded: the cluster state's JSON holds 64-bit integers (a larger one was a 500, found by the fuzzer)
+    max_documents: int = Field(0, ge=0, le=10**15, description="live documents the collection may hold (0: no limit)")
     max_rps: float = Field(0.0, ge=0, le=1e6, description="requests per second per gateway (0: no limit)")
 
 
