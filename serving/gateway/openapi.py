@@ -124,7 +124,7 @@ def _one_of(present: str, present_type: str, absent: str, absent_type: str) -> d
 
 def write_schemas(limits: Limits, topology: Topology | None, writes: WriteSettings) -> dict[str, Any]:
     """``UpsertRequest``, ``DocumentIn`` and ``DeleteRequest`` stated as exactly as JSON Schema can:
-    non-blank ids and texts, exactly one of text and vector (of the collection's dimension),
+    non-blank ids and texts, text or a vector (of the collection's dimension) or both,
     flat metadata. What it cannot say — ids unique within a batch, a document's total size — is
     refused with a 422 naming the item (docs/writes.md)."""
     ref = "#/components/schemas/{model}"
@@ -149,7 +149,8 @@ def write_schemas(limits: Limits, topology: Topology | None, writes: WriteSettin
         "propertyNames": {"minLength": 1, "maxLength": MAX_KEY_CHARS},
         "additionalProperties": {"anyOf": [*scalar, {"type": "array", "maxItems": MAX_VALUES,
                                                      "items": {"type": "string", "maxLength": MAX_VALUE_CHARS}}]}}
-    document["oneOf"] = [_one_of("text", "string", "vector", "array"), _one_of("vector", "array", "text", "string")]
+    document["anyOf"] = [{"required": [name], "properties": {name: {"type": kind}}}
+                         for name, kind in (("text", "string"), ("vector", "array"))]
     delete = DeleteRequest.model_json_schema(ref_template=ref)
     dprops = delete["properties"]
     ids = {**_non_null(dprops["ids"]), "uniqueItems": True, "maxItems": writes.max_documents,

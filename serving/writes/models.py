@@ -15,14 +15,17 @@ WriteAck = Literal["one", "majority", "all"]
 
 
 class DocumentIn(BaseModel):
-    """Exactly one of ``text`` (embedded by the gateway) and ``vector``."""
+    """``text`` (embedded by the gateway), ``vector``, or both: a given vector is used as it is and the
+    text stored beside it (a framework that embeds on its side still keeps its passages here)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     id: str = Field(min_length=1, max_length=MAX_ID_CHARS, description="the document's id (an upsert replaces it)")
     title: str = Field("", max_length=MAX_TEXT_CHARS)
-    text: str | None = Field(None, max_length=MAX_TEXT_CHARS, description="embedded with each loaded version")
-    vector: list[FiniteFloat] | None = Field(None, description="instead of text: the active version's vector")
+    text: str | None = Field(None, max_length=MAX_TEXT_CHARS,
+                             description="embedded with each loaded version, unless a vector is given")
+    vector: list[FiniteFloat] | None = Field(
+        None, description="the active version's vector (with text: that text is stored, not embedded)")
     metadata: dict[str, Any] = Field(default_factory=dict,
                                      description="flat: strings, numbers, booleans, lists of strings")
 

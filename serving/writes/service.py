@@ -218,8 +218,9 @@ class WriteService:
         self._check_ids([d.id for d in documents], "documents")
         for index, doc in enumerate(documents):
             where = f"documents[{index}]"
-            if (doc.text is None) == (doc.vector is None):
-                raise InvalidRequest(f"{where}: give exactly one of text and vector", field=f"{where}.text")
+            if doc.text is None and doc.vector is None:
+                raise InvalidRequest(f"{where}: give text, a vector, or both (the vector is then used and the text "
+                                     "stored)", field=f"{where}.text")
             if doc.text is not None and not doc.text.strip():
                 raise InvalidRequest(f"{where}.text is empty", field=f"{where}.text")
             for name, value in (("title", doc.title), ("text", doc.text or "")):

@@ -161,7 +161,7 @@ def test_delete_by_filter_and_get_metadata(http):
     ({"documents": [{"id": "k" * 1024, "text": "x"}]}, 422, "documents.0.id"),
     ({"documents": [{"id": "a", "text": "x", "metadata": ["not", "an", "object"]}]}, 422, "documents.0.metadata"),
     ({"documents": [{"id": "a", "text": "x", "metadata": {"a": {"b": {"c": 1}}}}]}, 422, "documents[0].metadata.a"),
-    ({"documents": [{"id": "a", "text": "x", "vector": [0.0] * 384}]}, 422, "documents[0].text"),
+    ({"documents": [{"id": "a", "text": " ", "vector": [0.1] * 384}]}, 422, "documents[0].text"),
     ({"documents": [{"id": "a"}]}, 422, "documents[0].text"),
     ({"documents": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]}, 422, "documents[1]"),
     ({"documents": [{"id": "a", "text": "x"}], "write_ack": "some"}, 422, "write_ack"),
@@ -360,8 +360,16 @@ def test_the_python_client_writes_reads_and_deletes(cluster):
         assert [h["doc_id"] for h in hits] == [doc_id] and hits[0]["metadata"] == {"kind": "geo"}
         assert client.get(doc_id)["text"] == "glaciers carve fjords over millennia"
         with pytest.raises(InvalidRequest) as bad:
-            client.upsert([{"id": doc_id, "text": "x", "vector": [0.0] * 384}])
+            client.upsert([{"id": doc_id, "text": " ", "vector": [0.1] * 384}])
         assert bad.value.field == "documents[0].text"
+        # text and a vector: the vector is used as given, the text stored beside it (not embedded)
+        given = np.zeros(384, dtype=np.float32)
+        given[7] = 1.0
+        both = client.upsert([{"id": f"{doc_id}-v", "text": "a passage embedded elsewhere", "vector": given.tolist()}])
+        assert client.get(f"{doc_id}-v")["text"] == "a passage embedded elsewhere"
+        nearest = client.query(vector=given.tolist(), k=1, min_seq=both["seq"], min_term=both["term"])["hits"]
+        assert nearest[0]["doc_id"] == f"{doc_id}-v" and nearest[0]["text"] == "a passage embedded elsewhere"
+        client.delete([f"{doc_id}-v"])
         deleted = client.delete([doc_id])
         assert deleted["ids"] == [doc_id]
         with pytest.raises(NotFound):
