@@ -3,7 +3,8 @@
 lexical text analysis (``analysis``) and the fusion of ranked lists (``fusion``), wire codec, the
 version protocol's pure state machine (``rollout``), choosing a tuned search knob from measured
 answers (``tuning_choice``), encoders, embedding cache, datasets, IR metrics, crash-safe writes, the one reader of
-``SHARDRAG_*`` variables (``env``), the command-line runner, and the Python client.
+``SHARDRAG_*`` variables (``env``), the command-line runner, the Python client and its
+session floors (``session``: a client reads its own writes).
 
 May import the standard library and numpy; torch, httpx and PyStemmer only inside the leaf
 modules that need them (``encoders``, ``client``, ``analysis``), lazily. Never a web framework,

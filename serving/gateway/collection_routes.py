@@ -207,8 +207,11 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
     async def query(name: NamePath, request: Request) -> Response:
         queries, _, stack, tenant_field, tenant = await services(name, request)
         parsed = queries.parse(await read_request_body(request, limits().max_body_bytes))
-        if stack is not None and stack.spec.model is None and parsed.text is not None:
-            raise InvalidRequest(f"collection {name!r} holds vectors only (no encoder): send a vector", field="text")
+        if stack is not None and stack.spec.model is None and parsed.vector is None and parsed.mode != "lexical":
+            # no encoder to embed the text: BM25 (lexical) takes text alone, dense and hybrid a vector
+            raise InvalidRequest(f"collection {name!r} holds vectors only (no encoder): send a vector "
+                                 f"({parsed.mode} search needs one; lexical search takes text alone)",
+                                 field="vector" if parsed.text is None else "text")
         if tenant is not None and tenant_field is not None:
             parsed = parsed.model_copy(update={"filter": confine_filter(parsed.filter, tenant_field, tenant)})
             return json_response(confine_hits(await queries.query(parsed), tenant))

@@ -1,0 +1,10 @@
+"""Framework integrations: shardrag where RAG users already are (docs/integrations.md).
+
+| module | what | extra |
+|---|---|---|
+| ``common`` | a collection as an integration reaches it, making it, vectors per metric, filters | |
+| ``langchain`` | ``ShardragVectorStore``: LangChain's ``VectorStore`` (sync, async, hybrid) | ``langchain`` |
+
+Imports point one way: an integration uses ``retrieval`` (its clients, errors, session floors) and
+its framework; nothing in shardrag imports an integration (the import contracts say so).
+"""

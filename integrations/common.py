@@ -1,0 +1,111 @@
+"""What every framework integration shares: where its collection is, making it, vectors as the
+collection's metric wants them, and filters given as ``{key: value}`` pairs.
+
+Only the typed clients of ``retrieval.client`` reach the cluster (the import contracts say so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from retrieval.client import AsyncShardragClient, ShardragClient
+from retrieval.errors import Conflict, VersionConflict
+
+# distance → the collection's metric; cosine normalizes every vector on the way in
+DISTANCES = {"cosine": "ip", "l2": "l2"}
+FILTER_CLAUSES = ("must", "should", "must_not")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreTarget:
+    """A collection of a running cluster, as an integration reaches it."""
+
+    url: str
+    collection: str
+    api_key: str | None = None
+    timeout_s: float = 30.0
+
+    def client(self) -> ShardragClient:
+        return ShardragClient(self.url, api_key=self.api_key, timeout_s=self.timeout_s).collection(self.collection)
+
+    def async_client(self) -> _AsyncCollection:
+        return _AsyncCollection(self)
+
+
+class _AsyncCollection:
+    """``async with target.async_client() as client``: an async client on the collection, closed after.
+    One per call: an ``httpx.AsyncClient`` belongs to the event loop it was made on, and frameworks
+    call their async methods from whichever loop they run."""
+
+    def __init__(self, target: StoreTarget) -> None:
+        self._root = AsyncShardragClient(target.url, api_key=target.api_key, timeout_s=target.timeout_s)
+        self._view = self._root.collection(target.collection)
+
+    async def __aenter__(self) -> AsyncShardragClient:
+        return self._view
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._root.close()
+
+
+def prepared_vectors(vectors: Sequence[Sequence[float]], distance: str) -> list[list[float]]:
+    """The vectors as the collection stores them: unit length for cosine (a zero vector is refused:
+    it has no direction)."""
+    rows = np.asarray(vectors, dtype=np.float64)
+    if rows.size == 0:
+        return []
+    if rows.ndim != 2:
+        raise ValueError(f"expected a list of vectors, got an array of shape {rows.shape}")
+    if distance == "cosine":
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+        if (norms == 0).any():
+            raise ValueError("a zero vector has no cosine similarity to anything")
+        rows = rows / norms
+    return [[float(x) for x in row] for row in rows]
+
+
+def as_filter(given: Mapping[str, Any]) -> dict[str, Any]:
+    """A shardrag filter (docs/filters.md) as it is, or ``{key: value, ...}`` pairs that must all
+    match (a list value: any of them)."""
+    if not isinstance(given, Mapping):
+        raise ValueError(f"filter must be a mapping, got {type(given).__name__}")
+    if not given or any(clause in given for clause in FILTER_CLAUSES):
+        return dict(given)
+    must = [{"key": key, "match": {"any": list(value)} if isinstance(value, list | tuple) else {"value": value}}
+            for key, value in given.items()]
+    return {"must": must}
+
+
+def _collection_args(dim: int, distance: str, shards: int, replicas: int, factory: str) -> dict[str, Any]:
+    if distance not in DISTANCES:
+        raise ValueError(f"distance must be one of {sorted(DISTANCES)}, got {distance!r}")
+    return {"dim": dim, "metric": DISTANCES[distance], "shards": shards, "replicas": replicas, "factory": factory}
+
+
+def _check_existing(name: str, shown: Mapping[str, Any], dim: int, distance: str) -> None:
+    if int(shown.get("dim", dim)) != dim or shown.get("metric", DISTANCES[distance]) != DISTANCES[distance]:
+        raise ValueError(f"collection {name!r} exists with dim {shown.get('dim')} and metric {shown.get('metric')}; "
+                         f"this store needs dim {dim} and metric {DISTANCES[distance]} ({distance})")
+
+
+def ensure_collection(admin: ShardragClient, name: str, *, dim: int, distance: str = "cosine", shards: int = 1,
+                      replicas: int = 1, factory: str = "Flat") -> None:
+    """Create ``name`` unless it exists; an existing one must match ``dim`` and the metric."""
+    args = _collection_args(dim, distance, shards, replicas, factory)
+    try:
+        admin.create_collection(name, **args)
+    except (Conflict, VersionConflict):
+        _check_existing(name, admin.get_collection(name), dim, distance)
+
+
+async def ensure_collection_async(admin: AsyncShardragClient, name: str, *, dim: int, distance: str = "cosine",
+                                  shards: int = 1, replicas: int = 1, factory: str = "Flat") -> None:
+    args = _collection_args(dim, distance, shards, replicas, factory)
+    try:
+        await admin.create_collection(name, **args)
+    except (Conflict, VersionConflict):
+        _check_existing(name, await admin.get_collection(name), dim, distance)

@@ -1,0 +1,95 @@
+"""LangChain's own conformance suite (``langchain-tests``' ``VectorStoreIntegrationTests``, unmodified)
+against ``ShardragVectorStore`` on a real local cluster: one node process, a gateway, a fresh
+collection of the suite's 6-dimensional fake embeddings for every test, dropped after it.
+Then what the suite does not cover: filters, hybrid search, relevance scores, read-your-writes
+across two replicas."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from langchain_core.documents import Document
+from langchain_tests.integration_tests.vectorstores import VectorStoreIntegrationTests
+
+from index_shards.build import BuildConfig, build_collection
+from integrations.langchain import ShardragVectorStore
+from retrieval.client import ShardragClient
+from serving.gateway.config import GatewayConfig
+from serving.local.launcher import LocalCluster
+from tests.conftest import random_corpus
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("langchain") / "root"
+    docs, vectors, version = random_corpus(40, 8)
+    build_collection(root, docs, vectors, version, BuildConfig("base", 1), show_progress=False)
+    with LocalCluster(root, "base", replicas=1, gateway=GatewayConfig.from_dict({"encoder": {"load": False}}),
+                      nodes=2, workdir=tmp_path_factory.mktemp("work")) as running:
+        yield running
+
+
+def fresh_store(cluster: LocalCluster, embedding, **kwargs) -> Iterator[ShardragVectorStore]:
+    name = f"lc-{uuid.uuid4().hex[:12]}"
+    store = ShardragVectorStore.create(embedding, url=cluster.gateway_url, collection=name, **kwargs)
+    try:
+        yield store
+    finally:
+        store.close()
+        with ShardragClient(cluster.gateway_url) as admin:
+            admin.drop_collection(name)
+
+
+class TestShardragVectorStoreStandard(VectorStoreIntegrationTests):
+    @pytest.fixture()
+    def vectorstore(self, cluster) -> Iterator[ShardragVectorStore]:  # type: ignore[override]
+        yield from fresh_store(cluster, self.get_embeddings())
+
+
+@pytest.fixture()
+def replicated(cluster) -> Iterator[ShardragVectorStore]:
+    yield from fresh_store(cluster, VectorStoreIntegrationTests.get_embeddings(), shards=2, replicas=2)
+
+
+def test_filters_hybrid_scores_and_reads_of_own_writes_across_replicas(replicated):
+    store = replicated
+    texts = ["glaciers carve fjords", "volcanoes build islands", "rivers cut canyons", "glaciers retreat"]
+    ids = store.add_texts(texts, [{"kind": "ice"}, {"kind": "fire"}, {"kind": "water"}, {"kind": "ice"}])
+    # every read below is a session read: both replicas of each shard must hold the writes to answer
+    assert [d.page_content for d in store.similarity_search("rivers cut canyons", k=1)] == ["rivers cut canyons"]
+    iced = store.similarity_search("rivers cut canyons", k=4, filter={"kind": "ice"})
+    assert {d.id for d in iced} == {ids[0], ids[3]} and all(d.metadata == {"kind": "ice"} for d in iced)
+    either = store.similarity_search("x", k=4, filter={"kind": ["ice", "fire"]})
+    assert {d.id for d in either} == {ids[0], ids[1], ids[3]}
+    native = store.similarity_search("x", k=4, filter={"must_not": [{"key": "kind", "match": {"value": "ice"}}]})
+    assert {d.id for d in native} == {ids[1], ids[2]}
+    lexical = store.similarity_search("glaciers", k=4, mode="lexical")
+    assert {d.id for d in lexical} == {ids[0], ids[3]}  # BM25: only passages holding the word
+    hybrid = store.similarity_search_with_score("glaciers retreat", k=2, mode="hybrid", fusion="rrf")
+    assert hybrid[0][0].page_content == "glaciers retreat"
+    scored = store.similarity_search_with_relevance_scores("volcanoes build islands", k=4)
+    assert scored[0][0].id == ids[1] and scored[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert all(0.0 <= score <= 1.0 for _, score in scored)
+    store.delete(filter={"kind": "ice"})
+    assert {d.id for d in store.similarity_search("glaciers", k=4)} == {ids[1], ids[2]}
+    with pytest.raises(ValueError, match="zero vector"):
+        store.similarity_search_by_vector([0.0] * 6)
+    retriever = store.as_retriever(search_kwargs={"k": 1, "filter": {"kind": "water"}})
+    assert retriever.invoke("anything") == [Document(id=ids[2], page_content="rivers cut canyons",
+                                                     metadata={"kind": "water"})]
+
+
+def test_a_store_refuses_a_collection_of_another_dimension(cluster):
+    name = f"lc-{uuid.uuid4().hex[:12]}"
+    with ShardragClient(cluster.gateway_url) as admin:
+        admin.create_collection(name, dim=5)
+        try:
+            with pytest.raises(ValueError, match="dim 5"):
+                ShardragVectorStore.create(VectorStoreIntegrationTests.get_embeddings(), url=cluster.gateway_url,
+                                           collection=name)
+        finally:
+            admin.drop_collection(name)
