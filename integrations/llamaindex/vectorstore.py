@@ -1,0 +1,237 @@
+"""``ShardragVectorStore``: a LlamaIndex vector store over one shardrag collection.
+
+    from llama_index.core import StorageContext, VectorStoreIndex
+    from integrations.llamaindex import ShardragVectorStore
+
+    store = ShardragVectorStore.create(url="http://127.0.0.1:8000", collection="docs", dim=384)
+    index = VectorStoreIndex.from_documents(documents, storage_context=StorageContext.from_defaults(
+        vector_store=store), embed_model=embed_model)
+    index.as_retriever(similarity_top_k=4).retrieve("how are fjords formed")
+    index.as_retriever(vector_store_query_mode="hybrid", alpha=0.6).retrieve("fjords")   # BM25 + vectors
+
+Each node is written with LlamaIndex's embedding, its text and its metadata, plus ``ref_doc_id``
+(the document it came from: ``delete(ref_doc_id)`` removes its nodes). A node read back is a
+``TextNode`` with its id, text, metadata and its source relationship; other node fields (start and
+end offsets, excluded-metadata lists, other relationships) are not kept. Metadata must be flat
+(strings, numbers, booleans, lists of strings); ``None`` values are dropped.
+
+Query modes: ``default`` (dense), ``hybrid`` (``alpha`` given: weighted fusion, alpha on the
+vectors, 1 − alpha on BM25; else RRF), ``text_search`` / ``sparse`` (BM25 alone). Reads after this
+store's writes are session reads (they see those writes on every replica).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.schema import BaseNode, NodeRelationship, RelatedNodeInfo, TextNode
+from llama_index.core.vector_stores.types import (
+    BasePydanticVectorStore,
+    MetadataFilters,
+    VectorStoreQuery,
+    VectorStoreQueryMode,
+    VectorStoreQueryResult,
+)
+
+from integrations.common import DISTANCES, StoreTarget, ensure_collection, prepared_vectors
+from integrations.llamaindex.filters import to_shardrag
+from retrieval.client import ShardragClient
+from retrieval.errors import NotFound
+from retrieval.session import SessionFloors
+
+MAX_BATCH = 1000  # documents per write request (the gateway's limit)
+REF_DOC_KEY = "ref_doc_id"
+# selects every document: none can have an id longer than the write API's 512 characters
+EVERYTHING = {"must_not": [{"has_id": ["*" * 513]}]}
+_MODES = {VectorStoreQueryMode.DEFAULT: "dense", VectorStoreQueryMode.HYBRID: "hybrid",
+          VectorStoreQueryMode.TEXT_SEARCH: "lexical", VectorStoreQueryMode.SPARSE: "lexical"}
+
+
+class ShardragVectorStore(BasePydanticVectorStore):
+    stores_text: bool = True
+    flat_metadata: bool = True
+    url: str
+    collection: str
+    distance: str = "cosine"
+    api_key: str | None = None
+    timeout_s: float = 30.0
+    write_ack: str = "majority"
+
+    _client: ShardragClient | None = PrivateAttr(default=None)
+    _floors: SessionFloors = PrivateAttr(default_factory=SessionFloors)
+
+    @classmethod
+    def create(cls, *, url: str, collection: str, dim: int, distance: str = "cosine", shards: int = 1,
+               replicas: int = 1, factory: str = "Flat", **kwargs: Any) -> ShardragVectorStore:
+        """The store over ``collection``, created with ``dim`` dimensions when it does not exist
+        (an existing one of another dimension or metric is refused)."""
+        with ShardragClient(url, api_key=kwargs.get("api_key"), timeout_s=kwargs.get("timeout_s", 30.0)) as admin:
+            ensure_collection(admin, collection, dim=dim, distance=distance, shards=shards, replicas=replicas,
+                              factory=factory)
+        return cls(url=url, collection=collection, distance=distance, **kwargs)
+
+    def model_post_init(self, context: Any, /) -> None:
+        if self.distance not in DISTANCES:
+            raise ValueError(f"distance must be one of {sorted(DISTANCES)}, got {self.distance!r}")
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "ShardragVectorStore"
+
+    @property
+    def target(self) -> StoreTarget:
+        return StoreTarget(self.url, self.collection, self.api_key, self.timeout_s)
+
+    @property
+    def client(self) -> ShardragClient:
+        if self._client is None:
+            self._client = self.target.client()
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- writes ----------------------------------------------------------------------------------
+    def add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:
+        for batch in self._batches(nodes):
+            self._floors.note(self.client.upsert(batch, write_ack=self.write_ack))
+        return [node.node_id for node in nodes]
+
+    async def async_add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:
+        async with self.target.async_client() as client:
+            for batch in self._batches(nodes):
+                self._floors.note(await client.upsert(batch, write_ack=self.write_ack))
+        return [node.node_id for node in nodes]
+
+    def _batches(self, nodes: Sequence[BaseNode]) -> list[list[dict[str, Any]]]:
+        missing = [node.node_id for node in nodes if node.embedding is None]
+        if missing:
+            raise ValueError(f"nodes without an embedding (embed them first): {missing[:5]}")
+        vectors = prepared_vectors([node.get_embedding() for node in nodes], self.distance)
+        documents = [_document(node, vector) for node, vector in zip(nodes, vectors, strict=True)]
+        return [documents[i:i + MAX_BATCH] for i in range(0, len(documents), MAX_BATCH)]
+
+    def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
+        """Every node of the document ``ref_doc_id``."""
+        self._floors.note(self.client.delete(filter=_of_document(ref_doc_id), write_ack=self.write_ack))
+
+    async def adelete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
+        async with self.target.async_client() as client:
+            self._floors.note(await client.delete(filter=_of_document(ref_doc_id), write_ack=self.write_ack))
+
+    def delete_nodes(self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None,
+                     **delete_kwargs: Any) -> None:
+        for body in _deletions(node_ids, filters):
+            self._floors.note(self.client.delete(write_ack=self.write_ack, **body))
+
+    async def adelete_nodes(self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None,
+                            **delete_kwargs: Any) -> None:
+        async with self.target.async_client() as client:
+            for body in _deletions(node_ids, filters):
+                self._floors.note(await client.delete(write_ack=self.write_ack, **body))
+
+    def clear(self) -> None:
+        """Delete every node (in rounds: one delete-by-filter removes at most 100,000)."""
+        while self.client.delete(filter=EVERYTHING, write_ack=self.write_ack)["ids"]:
+            pass
+
+    async def aclear(self) -> None:
+        async with self.target.async_client() as client:
+            while (await client.delete(filter=EVERYTHING, write_ack=self.write_ack))["ids"]:
+                pass
+
+    # -- reads -----------------------------------------------------------------------------------
+    def get_nodes(self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None) -> list[BaseNode]:
+        """The nodes of ``node_ids`` that exist (by id; selecting by ``filters`` alone needs a scan
+        shardrag does not offer yet)."""
+        if node_ids is None:
+            raise NotImplementedError("get_nodes reads by node_ids (shardrag has no scan by filter yet)")
+        found: list[BaseNode] = []
+        for node_id in node_ids:
+            try:
+                found.append(_node(self.client.get(node_id)))
+            except NotFound:
+                continue
+        return found
+
+    def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        return _result(self.client.query(**self._arguments(query)))
+
+    async def aquery(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        async with self.target.async_client() as client:
+            return _result(await client.query(**self._arguments(query)))
+
+    def _arguments(self, query: VectorStoreQuery) -> dict[str, Any]:
+        if query.mode not in _MODES:
+            raise NotImplementedError(f"query mode {query.mode.value!r}: shardrag serves "
+                                      f"{sorted(m.value for m in _MODES)}")
+        mode = _MODES[query.mode]
+        args: dict[str, Any] = {"k": query.hybrid_top_k or query.similarity_top_k, "mode": mode,
+                                "with_metadata": True, **self._floors.query_args()}
+        if mode != "lexical":
+            if query.query_embedding is None:
+                raise ValueError(f"a {mode} query needs query_embedding")
+            args["vector"] = prepared_vectors([query.query_embedding], self.distance)[0]
+        if mode != "dense":
+            if not query.query_str:
+                raise ValueError(f"a {mode} query needs query_str")
+            args["text"] = query.query_str
+        if mode == "hybrid":
+            if query.alpha is not None:
+                args.update(fusion="weighted", weights={"dense": query.alpha, "lexical": 1.0 - query.alpha})
+            args["candidates"] = max(query.sparse_top_k or 0, query.similarity_top_k, args["k"])
+        clauses = [to_shardrag(query.filters)] if query.filters is not None else []
+        if query.node_ids:
+            clauses.append({"has_id": list(query.node_ids)})
+        if query.doc_ids:
+            clauses.append({"key": REF_DOC_KEY, "match": {"any": list(query.doc_ids)}})
+        if clauses:
+            args["filter"] = clauses[0] if len(clauses) == 1 and query.filters is not None else {"must": clauses}
+        return args
+
+
+def _document(node: BaseNode, vector: list[float]) -> dict[str, Any]:
+    metadata = {key: value for key, value in node.metadata.items() if value is not None}
+    if node.ref_doc_id is not None:
+        metadata[REF_DOC_KEY] = node.ref_doc_id
+    document: dict[str, Any] = {"id": node.node_id, "vector": vector, "metadata": metadata}
+    text = node.get_content()
+    if text.strip():  # blank text is not stored (the API refuses it); the node reads back with ""
+        document["text"] = text
+    return document
+
+
+def _node(found: dict[str, Any]) -> TextNode:
+    metadata = dict(found.get("metadata") or {})
+    ref_doc_id = metadata.pop(REF_DOC_KEY, None)
+    relationships = {NodeRelationship.SOURCE: RelatedNodeInfo(node_id=ref_doc_id)} if ref_doc_id else {}
+    return TextNode(id_=found.get("id") or found["doc_id"], text=found.get("text") or "", metadata=metadata,
+                    relationships=relationships)
+
+
+def _result(reply: dict[str, Any]) -> VectorStoreQueryResult:
+    hits = reply["hits"]
+    return VectorStoreQueryResult(nodes=[_node(hit) for hit in hits], similarities=[float(h["score"]) for h in hits],
+                                  ids=[hit["doc_id"] for hit in hits])
+
+
+def _of_document(ref_doc_id: str) -> dict[str, Any]:
+    return {"must": [{"key": REF_DOC_KEY, "match": {"value": ref_doc_id}}]}
+
+
+def _deletions(node_ids: list[str] | None, filters: MetadataFilters | None) -> list[dict[str, Any]]:
+    if node_ids is None and filters is None:
+        raise ValueError("delete_nodes needs node_ids, filters or both")
+    clauses = [to_shardrag(filters)] if filters is not None else []
+    if node_ids is not None:
+        if not node_ids:
+            return []
+        unique = list(dict.fromkeys(node_ids))
+        if not clauses:
+            return [{"ids": unique[i:i + MAX_BATCH]} for i in range(0, len(unique), MAX_BATCH)]
+        clauses.append({"has_id": unique})
+    return [{"filter": clauses[0] if len(clauses) == 1 else {"must": clauses}}]

@@ -1,0 +1,153 @@
+"""LlamaIndex end to end through a real local cluster: a ``VectorStoreIndex`` over
+``integrations.llamaindex.ShardragVectorStore`` built from real MS MARCO passages with the real
+MiniLM model (LlamaIndex splits, embeds and writes; shardrag stores and searches), then queried —
+dense, hybrid and BM25, with metadata filters — and its documents deleted through the index."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from llama_index.core import Document, StorageContext, VectorStoreIndex
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.llms import MockLLM
+from llama_index.core.node_parser import SentenceSplitter
+from llama_index.core.vector_stores.types import (
+    FilterCondition,
+    FilterOperator,
+    MetadataFilter,
+    MetadataFilters,
+    VectorStoreQuery,
+)
+
+from index_shards.build import BuildConfig, build_collection
+from integrations.llamaindex import ShardragVectorStore
+from retrieval.client import ShardragClient
+from retrieval.datasets import load_beir
+from serving.gateway.config import GatewayConfig
+from serving.local.launcher import LocalCluster
+from tests.conftest import data_dir, random_corpus
+
+pytestmark = pytest.mark.slow
+PASSAGES = 60
+
+
+class MiniLMEmbedding(BaseEmbedding):
+    """The project's MiniLM (cached embeddings) as a LlamaIndex embedding model."""
+
+    _encoder: Any = PrivateAttr()
+
+    def __init__(self, encoder: Any) -> None:
+        super().__init__(model_name="all-MiniLM-L6-v2", embed_batch_size=64)
+        self._encoder = encoder
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return self._encoder.encode_queries([query])[0].tolist()
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._get_query_embedding(query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._get_text_embeddings([text])[0]
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return self._encoder.encode_texts(texts).tolist()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("llamaindex") / "root"
+    docs, vectors, version = random_corpus(40, 8)
+    build_collection(root, docs, vectors, version, BuildConfig("base", 1), show_progress=False)
+    with LocalCluster(root, "base", replicas=1, gateway=GatewayConfig.from_dict({"encoder": {"load": False}}),
+                      nodes=2, workdir=tmp_path_factory.mktemp("work")) as running:
+        yield running
+
+
+@pytest.fixture()
+def store(cluster) -> Iterator[ShardragVectorStore]:
+    name = f"li-{uuid.uuid4().hex[:12]}"
+    made = ShardragVectorStore.create(url=cluster.gateway_url, collection=name, dim=384, shards=2, replicas=2)
+    try:
+        yield made
+    finally:
+        made.close()
+        with ShardragClient(cluster.gateway_url) as admin:
+            admin.drop_collection(name)
+
+
+def passages() -> list[Document]:
+    corpus = load_beir(data_dir() / "msmarco").corpus[:PASSAGES]
+    return [Document(text=d.text, doc_id=f"msmarco-{d.doc_id}",
+                     metadata={"source": "msmarco", "rank": i, "half": "first" if i < PASSAGES // 2 else "second"})
+            for i, d in enumerate(corpus)]
+
+
+def test_a_vector_store_index_answers_through_the_cluster(store, encoder):
+    documents = passages()
+    embed = MiniLMEmbedding(encoder)
+    index = VectorStoreIndex.from_documents(documents, storage_context=StorageContext.from_defaults(vector_store=store),
+                                            embed_model=embed, transformations=[SentenceSplitter(chunk_size=256,
+                                                                                                 chunk_overlap=32)])
+    target = documents[17]
+    question = target.text[:120]
+
+    # the query engine: retrieval through shardrag, a (mock) LLM on top; its sources are shardrag's hits
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=3)
+    sources = engine.query(question).source_nodes
+    assert sources[0].node.ref_doc_id == target.doc_id and sources[0].node.metadata["rank"] == 17
+    assert sources[0].node.get_content() in target.text and sources[0].score > 0.5
+
+    # hybrid (weighted: alpha on the vectors) and BM25 alone find it too
+    hybrid = index.as_retriever(similarity_top_k=3, vector_store_query_mode="hybrid", alpha=0.6).retrieve(question)
+    assert hybrid[0].node.ref_doc_id == target.doc_id
+    lexical = index.as_retriever(similarity_top_k=3, vector_store_query_mode="text_search").retrieve(question)
+    assert lexical[0].node.ref_doc_id == target.doc_id
+
+    # metadata filters: LlamaIndex's operators, in shardrag's language
+    second_half = MetadataFilters(filters=[MetadataFilter(key="half", value="second")])
+    assert all(n.node.metadata["half"] == "second"
+               for n in index.as_retriever(similarity_top_k=5, filters=second_half).retrieve(question))
+    ranks = MetadataFilters(filters=[MetadataFilter(key="rank", value=10, operator=FilterOperator.GTE),
+                                     MetadataFilter(key="rank", value=20, operator=FilterOperator.LT),
+                                     MetadataFilter(key="rank", value=[17], operator=FilterOperator.NIN)],
+                            condition=FilterCondition.AND)
+    found = {n.node.metadata["rank"] for n in index.as_retriever(similarity_top_k=20, filters=ranks).retrieve(question)}
+    assert found and found <= set(range(10, 20)) - {17}
+    either = MetadataFilters(filters=[MetadataFilter(key="rank", value=3), MetadataFilter(key="rank", value=4)],
+                             condition=FilterCondition.OR)
+    assert {n.node.metadata["rank"] for n in index.as_retriever(similarity_top_k=10,
+                                                                filters=either).retrieve(question)} == {3, 4}
+    with pytest.raises(NotImplementedError, match="text_match"):
+        index.as_retriever(filters=MetadataFilters(filters=[MetadataFilter(
+            key="source", value="ms", operator=FilterOperator.TEXT_MATCH)])).retrieve(question)
+
+    # deleting a document through the index removes every node of it, and only those
+    index.delete_ref_doc(target.doc_id)
+    after = index.as_retriever(similarity_top_k=5).retrieve(question)
+    assert target.doc_id not in {n.node.ref_doc_id for n in after} and len(after) == 5
+
+
+def test_node_reads_deletes_and_async_queries(store, encoder):
+    embed = MiniLMEmbedding(encoder)
+    nodes = SentenceSplitter(chunk_size=256, chunk_overlap=32).get_nodes_from_documents(passages()[:10])
+    for node in nodes:
+        node.embedding = embed.get_text_embedding(node.get_content())
+    ids = store.add(nodes)
+    assert [n.node_id for n in store.get_nodes(node_ids=[ids[0], "absent"])] == [ids[0]]
+    query = VectorStoreQuery(query_embedding=nodes[3].embedding, similarity_top_k=2)
+    assert store.query(query).ids[0] == ids[3]
+    assert asyncio.run(store.aquery(query)).ids[0] == ids[3]
+    store.delete_nodes(node_ids=[ids[3]])
+    assert ids[3] not in store.query(query).ids
+    asyncio.run(store.adelete_nodes(filters=MetadataFilters(filters=[MetadataFilter(key="rank", value=4)])))
+    assert all(n.metadata["rank"] != 4 for n in store.query(VectorStoreQuery(
+        query_embedding=nodes[3].embedding, similarity_top_k=10)).nodes)
+    store.clear()
+    assert store.query(query).ids == []
+    with pytest.raises(ValueError, match="without an embedding"):
+        store.add([nodes[0].model_copy(update={"embedding": None})])
