@@ -14,6 +14,7 @@ import numpy as np
 
 from retrieval.client import AsyncShardragClient, ShardragClient
 from retrieval.errors import Conflict, VersionConflict
+from retrieval.session import SessionFloors
 
 # distance → the collection's metric; cosine normalizes every vector on the way in
 DISTANCES = {"cosine": "ip", "l2": "l2"}
@@ -34,6 +35,30 @@ class StoreTarget:
 
     def async_client(self) -> _AsyncCollection:
         return _AsyncCollection(self)
+
+
+class CollectionLink:
+    """A store's way to its collection: the sync client (made on first use), an async client per
+    call, and the session floors of the store's writes (every read after them sends them)."""
+
+    def __init__(self, target: StoreTarget) -> None:
+        self.target = target
+        self.floors = SessionFloors()
+        self._client: ShardragClient | None = None
+
+    @property
+    def client(self) -> ShardragClient:
+        if self._client is None:
+            self._client = self.target.client()
+        return self._client
+
+    def async_client(self) -> _AsyncCollection:
+        return self.target.async_client()
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
 
 class _AsyncCollection:

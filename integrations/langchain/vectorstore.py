@@ -30,6 +30,7 @@ from langchain_core.vectorstores import VectorStore
 
 from integrations.common import (
     DISTANCES,
+    CollectionLink,
     StoreTarget,
     as_filter,
     ensure_collection,
@@ -38,7 +39,6 @@ from integrations.common import (
 )
 from retrieval.client import AsyncShardragClient, ShardragClient
 from retrieval.errors import NotFound
-from retrieval.session import SessionFloors
 
 MAX_BATCH = 1000  # documents per write request (the gateway's limit)
 
@@ -51,11 +51,10 @@ class ShardragVectorStore(VectorStore):
         if distance not in DISTANCES:
             raise ValueError(f"distance must be one of {sorted(DISTANCES)}, got {distance!r}")
         self._embedding = embedding
-        self.target = StoreTarget(url, collection, api_key, timeout_s)
+        self.link = CollectionLink(StoreTarget(url, collection, api_key, timeout_s))
+        self.target, self.floors = self.link.target, self.link.floors
         self.distance = distance
         self.write_ack = write_ack
-        self.floors = SessionFloors()
-        self._client: ShardragClient | None = None
 
     # -- making one ------------------------------------------------------------------------------
     @classmethod
@@ -102,14 +101,10 @@ class ShardragVectorStore(VectorStore):
     @property
     def client(self) -> ShardragClient:
         """The sync client on this store's collection (made on first use; :meth:`close` closes it)."""
-        if self._client is None:
-            self._client = self.target.client()
-        return self._client
+        return self.link.client
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self.link.close()
 
     # -- writes ----------------------------------------------------------------------------------
     def add_texts(self, texts: Iterable[str], metadatas: list[dict[str, Any]] | None = None, *,

@@ -35,7 +35,7 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQueryResult,
 )
 
-from integrations.common import DISTANCES, StoreTarget, ensure_collection, prepared_vectors
+from integrations.common import DISTANCES, CollectionLink, StoreTarget, ensure_collection, prepared_vectors
 from integrations.llamaindex.filters import to_shardrag
 from retrieval.client import ShardragClient
 from retrieval.errors import NotFound
@@ -59,8 +59,7 @@ class ShardragVectorStore(BasePydanticVectorStore):
     timeout_s: float = 30.0
     write_ack: str = "majority"
 
-    _client: ShardragClient | None = PrivateAttr(default=None)
-    _floors: SessionFloors = PrivateAttr(default_factory=SessionFloors)
+    _link: CollectionLink = PrivateAttr()
 
     @classmethod
     def create(cls, *, url: str, collection: str, dim: int, distance: str = "cosine", shards: int = 1,
@@ -75,6 +74,7 @@ class ShardragVectorStore(BasePydanticVectorStore):
     def model_post_init(self, context: Any, /) -> None:
         if self.distance not in DISTANCES:
             raise ValueError(f"distance must be one of {sorted(DISTANCES)}, got {self.distance!r}")
+        self._link = CollectionLink(StoreTarget(self.url, self.collection, self.api_key, self.timeout_s))
 
     @classmethod
     def class_name(cls) -> str:
@@ -82,18 +82,18 @@ class ShardragVectorStore(BasePydanticVectorStore):
 
     @property
     def target(self) -> StoreTarget:
-        return StoreTarget(self.url, self.collection, self.api_key, self.timeout_s)
+        return self._link.target
 
     @property
     def client(self) -> ShardragClient:
-        if self._client is None:
-            self._client = self.target.client()
-        return self._client
+        return self._link.client
+
+    @property
+    def _floors(self) -> SessionFloors:
+        return self._link.floors
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self._link.close()
 
     # -- writes ----------------------------------------------------------------------------------
     def add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:

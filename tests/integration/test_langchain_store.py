@@ -13,35 +13,25 @@ import pytest
 from langchain_core.documents import Document
 from langchain_tests.integration_tests.vectorstores import VectorStoreIntegrationTests
 
-from index_shards.build import BuildConfig, build_collection
 from integrations.langchain import ShardragVectorStore
 from retrieval.client import ShardragClient
-from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
-from tests.conftest import random_corpus
+from tests.helpers.integrations import collections_cluster, dropped_after
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[LocalCluster]:
-    root = tmp_path_factory.mktemp("langchain") / "root"
-    docs, vectors, version = random_corpus(40, 8)
-    build_collection(root, docs, vectors, version, BuildConfig("base", 1), show_progress=False)
-    with LocalCluster(root, "base", replicas=1, gateway=GatewayConfig.from_dict({"encoder": {"load": False}}),
-                      nodes=2, workdir=tmp_path_factory.mktemp("work")) as running:
+    with collections_cluster(tmp_path_factory.mktemp("langchain")) as running:
         yield running
 
 
 def fresh_store(cluster: LocalCluster, embedding, **kwargs) -> Iterator[ShardragVectorStore]:
-    name = f"lc-{uuid.uuid4().hex[:12]}"
-    store = ShardragVectorStore.create(embedding, url=cluster.gateway_url, collection=name, **kwargs)
-    try:
+    with dropped_after(cluster, "lc") as name:
+        store = ShardragVectorStore.create(embedding, url=cluster.gateway_url, collection=name, **kwargs)
         yield store
-    finally:
         store.close()
-        with ShardragClient(cluster.gateway_url) as admin:
-            admin.drop_collection(name)
 
 
 class TestShardragVectorStoreStandard(VectorStoreIntegrationTests):

@@ -6,7 +6,6 @@ dense, hybrid and BM25, with metadata filters — and its documents deleted thro
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,13 +23,11 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQuery,
 )
 
-from index_shards.build import BuildConfig, build_collection
 from integrations.llamaindex import ShardragVectorStore
-from retrieval.client import ShardragClient
 from retrieval.datasets import load_beir
-from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
-from tests.conftest import data_dir, random_corpus
+from tests.conftest import data_dir
+from tests.helpers.integrations import collections_cluster, dropped_after
 
 pytestmark = pytest.mark.slow
 PASSAGES = 60
@@ -60,24 +57,16 @@ class MiniLMEmbedding(BaseEmbedding):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[LocalCluster]:
-    root = tmp_path_factory.mktemp("llamaindex") / "root"
-    docs, vectors, version = random_corpus(40, 8)
-    build_collection(root, docs, vectors, version, BuildConfig("base", 1), show_progress=False)
-    with LocalCluster(root, "base", replicas=1, gateway=GatewayConfig.from_dict({"encoder": {"load": False}}),
-                      nodes=2, workdir=tmp_path_factory.mktemp("work")) as running:
+    with collections_cluster(tmp_path_factory.mktemp("llamaindex")) as running:
         yield running
 
 
 @pytest.fixture()
 def store(cluster) -> Iterator[ShardragVectorStore]:
-    name = f"li-{uuid.uuid4().hex[:12]}"
-    made = ShardragVectorStore.create(url=cluster.gateway_url, collection=name, dim=384, shards=2, replicas=2)
-    try:
+    with dropped_after(cluster, "li") as name:
+        made = ShardragVectorStore.create(url=cluster.gateway_url, collection=name, dim=384, shards=2, replicas=2)
         yield made
-    finally:
         made.close()
-        with ShardragClient(cluster.gateway_url) as admin:
-            admin.drop_collection(name)
 
 
 def passages() -> list[Document]:
