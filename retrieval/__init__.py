@@ -4,12 +4,13 @@ lexical text analysis (``analysis``) and the fusion of ranked lists (``fusion``)
 version protocol's pure state machine (``rollout``), choosing a tuned search knob from measured
 answers (``tuning_choice``), encoders, embedding cache, datasets, IR metrics, crash-safe writes, the one reader of
 ``SHARDRAG_*`` variables (``env``), the command-line runner, the Python client and its
-session floors (``session``: a client reads its own writes).
+session floors (``session``: a client reads its own writes), files cut into passages
+(``passages``: Markdown, text, HTML, PDF, by the encoder's tokens).
 
-May import the standard library and numpy; torch, httpx and PyStemmer only inside the leaf
-modules that need them (``encoders``, ``client``, ``analysis``), lazily. Never a web framework,
-and none of shardrag's other packages: importing it must stay cheap (no torch, FAISS or
-FastAPI). No server code: that is ``httpkit``'s.
+May import the standard library and numpy; torch, httpx, PyStemmer, pypdf and transformers only
+inside the leaf modules that need them (``encoders``, ``client``, ``analysis``, ``passages``),
+lazily. Never a web framework, and none of shardrag's other packages: importing it must stay
+cheap (no torch, FAISS or FastAPI). No server code: that is ``httpkit``'s.
 """
 
 from retrieval.errors import ShardragError

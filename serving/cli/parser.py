@@ -25,6 +25,8 @@ DESCRIPTION = """``shardrag`` — build, serve and query sharded retrieval colle
   shardrag query "text"               ask a running gateway
   shardrag status [--watch]           the cluster at a glance (exit 1 if a shard has no healthy replica)
   shardrag faults show|set|clear      game-day fault injection through the gateway (admin key)
+  shardrag ingest PATH… --collection NAME [--sync]
+                                      Markdown, text, HTML, PDF files → passages (idempotent by content)
   shardrag ingest --collection NAME --corpus FILE.jsonl
                                       upsert a corpus into a running cluster (resumable)
   shardrag delete --ids a,b | --filter JSON

@@ -1,6 +1,8 @@
 """``shardrag ingest`` and ``shardrag delete``: writes into a running cluster through its gateway.
 
-Ingest streams a JSONL corpus (``_id``/``id``, ``title``, ``text`` or ``vector``, ``metadata``) in
+``shardrag ingest PATH…`` reads files (Markdown, text, HTML, PDF) into passages and keeps the
+collection in line with them, idempotent by content (``serving.cli.ingest_files``). With
+``--corpus FILE.jsonl`` it streams a JSONL corpus (``_id``/``id``, ``title``, ``text`` or ``vector``, ``metadata``) in
 batches. It is resumable: after each acknowledged batch the number of documents acknowledged is
 recorded (crash-safe) in a progress file keyed by the collection and the corpus' content hash,
 and a re-run starts after them. Every batch carries an idempotency key derived from the same
@@ -66,11 +68,21 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
     from retrieval.client import ShardragClient
 
+    if bool(args.paths) == (args.corpus is not None):
+        raise ConfigError("give files or folders (PATH…) or --corpus FILE.jsonl, not both", field="corpus")
+    if args.batch < 1 or args.batch > 1000:
+        raise ConfigError("--batch must be between 1 and 1000", field="batch")
+    if args.paths:
+        from serving.cli.ingest_files import ingest_files, report
+
+        with ShardragClient(gateway_url(args), timeout_s=args.timeout, api_key=args.api_key) as client:
+            report(ingest_files(args, client.collection(args.collection)))
+        return 0
+    if args.sync:
+        raise ConfigError("--sync is for files and folders (PATH…), not --corpus", field="sync")
     corpus = Path(args.corpus)
     if not corpus.is_file():
         raise ConfigError(f"--corpus {corpus} is not a file", field="corpus")
-    if args.batch < 1 or args.batch > 1000:
-        raise ConfigError("--batch must be between 1 and 1000", field="batch")
     corpus_hash = _corpus_hash(corpus)
     with ShardragClient(gateway_url(args), timeout_s=args.timeout, api_key=args.api_key) as client:
         serving = client.cluster().get("collection")
@@ -131,6 +143,22 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+INGEST_DESCRIPTION = """\
+shardrag ingest PATH… --collection NAME [--sync]
+  Reads folders, globs and files of Markdown, text, HTML and PDF, cuts them into
+  passages by the encoder's tokens (with overlap; source path, page and heading
+  kept as metadata) and upserts them. Idempotent by content: a re-run sends
+  nothing for unchanged files; a changed file's passages replace exactly its old
+  ones; --sync deletes the passages of files under these PATHs that are gone.
+  Any unreadable file stops the run before a write, naming the file.
+
+shardrag ingest --corpus FILE.jsonl --collection NAME
+  Upserts every document of a JSONL corpus (_id/id, title, text or vector,
+  metadata) in batches. Re-running after an interruption skips what was
+  acknowledged; a batch re-sent after a lost acknowledgement is never applied
+  twice."""
+
+
 def add_write_commands(commands: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", help="gateway URL [env SHARDRAG_URL, default http://127.0.0.1:8000]")
@@ -140,16 +168,26 @@ def add_write_commands(commands: Any) -> None:
     common.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
 
     ingest = commands.add_parser(
-        "ingest", parents=[common], help="stream a JSONL corpus into a running cluster (upserts; resumable)",
-        description="Upsert every document of a JSONL corpus (_id/id, title, text or vector, metadata) through "
-                    "the gateway, in batches, with a progress bar. Re-running after an interruption skips what "
-                    "was acknowledged; a batch re-sent after a lost acknowledgement is never applied twice.")
-    ingest.add_argument("--collection", required=True, help="the collection the gateway serves (checked)")
-    ingest.add_argument("--corpus", required=True, help="JSONL file, one document per line")
+        "ingest", parents=[common],
+        help="files and folders (Markdown, text, HTML, PDF), or a JSONL corpus, into a running cluster",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=INGEST_DESCRIPTION)
+    ingest.add_argument("paths", nargs="*", metavar="PATH", help="folders, globs or files to read")
+    ingest.add_argument("--collection", required=True,
+                        help="the collection to write (a text collection; with --corpus: the one the gateway "
+                             "serves, checked)")
+    ingest.add_argument("--sync", action="store_true",
+                        help="PATH…: also delete passages of files under these PATHs that are gone")
+    ingest.add_argument("--max-tokens", type=int, default=200,
+                        help="PATH…: tokens per passage, of the encoder's tokenizer (default 200; MiniLM reads 256)")
+    ingest.add_argument("--overlap", type=int, default=32,
+                        help="PATH…: tokens a passage shares with the next (default 32)")
+    ingest.add_argument("--corpus", default=None, help="a JSONL file, one document per line (instead of PATH…)")
     ingest.add_argument("--batch", type=int, default=256, help="documents per request, 1..1000 (default 256)")
     ingest.add_argument("--progress", default=None,
-                        help="progress file (default ~/.cache/shardrag/ingest/<collection>-<corpus hash>.json)")
-    ingest.add_argument("--restart", action="store_true", help="ignore earlier progress and send everything again")
+                        help="--corpus: progress file (default ~/.cache/shardrag/ingest/<collection>-<hash>.json)")
+    ingest.add_argument("--restart", action="store_true",
+                        help="--corpus: ignore earlier progress and send everything again")
     ingest.add_argument("--quiet", action="store_true", help="no progress bar")
     ingest.set_defaults(func=cmd_ingest)
 
