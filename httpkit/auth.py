@@ -186,8 +186,8 @@ def gateway_policy(method: str, path: str) -> str | None:
     name, rest = collection_path(path)
     if name is not None and rest == "" and method in ("PUT", "DELETE"):
         return "admin"  # create or drop a collection
-    if name is not None and (rest in ("/rollout", "/tune") or rest.startswith("/rollout/")):
-        return "admin"  # a collection's rollouts (as /admin/rollout) and tuning
+    if name is not None and (rest in ("/rollout", "/tune") or rest.startswith(("/rollout/", "/backup/"))):
+        return "admin"  # a collection's rollouts (as /admin/rollout), tuning and backups
     if method == "POST" and (path.startswith("/v1/documents") or rest.startswith("/documents")):
         return "write"
     return "read"

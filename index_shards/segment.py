@@ -30,7 +30,7 @@ from index_shards.shard import Shard, _empty
 from retrieval.contract import HitColumns
 from retrieval.errors import DimensionMismatch, InvalidRequest
 from retrieval.filters import Filter
-from retrieval.records import DELETE, NOOP, UPSERT, WalRecord
+from retrieval.records import DELETE, NOOP, UPSERT, WalRecord, document_fingerprint
 
 
 @dataclass(slots=True, frozen=True)
@@ -300,14 +300,6 @@ def _top(scores: np.ndarray, candidates: np.ndarray | None, segment: list[Segmen
         if with_metadata:
             columns["metadata"].append(doc.metadata)
     return columns
-
-
-def document_fingerprint(doc_id: str, vector: np.ndarray, title: str, text: str, metadata: Any) -> bytes:
-    """The bytes :meth:`LiveShard.digest` hashes for one document (tests build the same from a model)."""
-    import json
-
-    head = json.dumps([doc_id, title, text, metadata], sort_keys=True, separators=(",", ":")).encode()
-    return len(head).to_bytes(8, "little") + head + np.ascontiguousarray(vector, dtype="<f4").tobytes()
 
 
 def _merge(a: HitColumns, b: HitColumns, k: int) -> HitColumns:

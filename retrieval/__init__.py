@@ -5,7 +5,8 @@ version protocol's pure state machine (``rollout``), choosing a tuned search kno
 answers (``tuning_choice``), encoders, embedding cache, datasets, IR metrics, crash-safe writes, the one reader of
 ``SHARDRAG_*`` variables (``env``), the command-line runner, the Python client and its
 session floors (``session``: a client reads its own writes), files cut into passages
-(``passages``: Markdown, text, HTML, PDF, by the encoder's tokens).
+(``passages``: Markdown, text, HTML, PDF, by the encoder's tokens), a collection's backup on disk
+(``backup``: snapshots per shard, manifest, content digest).
 
 May import the standard library and numpy; torch, httpx, PyStemmer, pypdf and transformers only
 inside the leaf modules that need them (``encoders``, ``client``, ``analysis``, ``passages``),

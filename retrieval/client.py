@@ -30,7 +30,9 @@ from retrieval.client_types import (
     AnswerEvent,
     SSEDecoder,
     answer_body,
+    backup_path,
     check,
+    check_bytes,
     collection_body,
     collection_path,
     query_body,
@@ -176,6 +178,12 @@ class ShardragClient:
 
         return self._check(self._http.get(f"{self._data}/documents/{quote(doc_id, safe='')}"))
 
+    def backup_shard(self, shard: int) -> bytes:
+        """On ``client.collection(name)`` (admin key): shard ``shard``'s live documents as of one seq
+        of its primary (``retrieval.records.Snapshot`` bytes), a backup's part (``retrieval.backup``)."""
+        response = self._http.get(backup_path(self._data, shard))
+        return check_bytes(response.status_code, response.content, response.headers)
+
     # -- rollout (admin scope) ---------------------------------------------------------------
     def rollout_status(self) -> dict[str, Any]:
         """The rollout state (active / staged / previous, generation, models) and each loaded
@@ -320,6 +328,10 @@ class AsyncShardragClient:
         from urllib.parse import quote
 
         return await self._get(f"{self._data}/documents/{quote(doc_id, safe='')}")
+
+    async def backup_shard(self, shard: int) -> bytes:
+        response = await self._http.get(backup_path(self._data, shard))
+        return check_bytes(response.status_code, response.content, response.headers)
 
     async def rollout_status(self) -> dict[str, Any]:
         return await self._get(self._rollout)

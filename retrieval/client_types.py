@@ -98,6 +98,20 @@ def tune_path(data_path: str) -> str:
     return f"{data_path}/tune"
 
 
+def backup_path(data_path: str, shard: int) -> str:
+    """Where a collection view's backup part of ``shard`` comes from (a backup names its collection)."""
+    if not data_path.startswith("/v1/collections/"):
+        raise ValueError("a backup names its collection: client.collection(name).backup_shard(...)")
+    return f"{data_path}/backup/{int(shard)}"
+
+
+def check_bytes(status: int, content: bytes, headers: Any) -> bytes:
+    """The body of a 2xx as bytes, or the shardrag error the gateway named."""
+    if 200 <= status < 300:
+        return content
+    raise error_for_status(status, content, retry_after_s=float(headers.get("retry-after", "1")))
+
+
 def tune_body(recall: float, k: int, sample: int, max_value: int | None, dry_run: bool) -> dict[str, Any]:
     body: dict[str, Any] = {"recall": recall, "k": k, "sample": sample, "dry_run": dry_run}
     if max_value is not None:

@@ -227,3 +227,13 @@ class Snapshot:
             raise ValueError(f"a snapshot starts with its seq, term and checksum ({_SNAPSHOT_HEAD.size} bytes)")
         seq, term, checksum = _SNAPSHOT_HEAD.unpack_from(data)
         return cls(seq, term, checksum, decode_records(data[_SNAPSHOT_HEAD.size:]))
+
+
+def document_fingerprint(doc_id: str, vector: np.ndarray, title: str, text: str, metadata: Any) -> bytes:
+    """The bytes a replica's digest hashes for one document (``LiveShard.digest``; backups and
+    tests build the same): its id, title, text and metadata as canonical JSON, then its vector's
+    float32 little-endian bytes."""
+    import json
+
+    head = json.dumps([doc_id, title, text, metadata], sort_keys=True, separators=(",", ":")).encode()
+    return len(head).to_bytes(8, "little") + head + np.ascontiguousarray(vector, dtype="<f4").tobytes()

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from index_shards.layout import DEFAULT_ROOT
+from serving.cli.backup import add_backup_commands
 from serving.cli.build import cmd_build, cmd_export_onnx
 from serving.cli.cluster import cmd_demo, cmd_serve
 from serving.cli.collections import add_collections_command
@@ -31,6 +32,10 @@ DESCRIPTION = """``shardrag`` — build, serve and query sharded retrieval colle
                                       upsert a corpus into a running cluster (resumable)
   shardrag delete --ids a,b | --filter JSON
                                       delete documents from a running cluster
+  shardrag backup --collection NAME --to DIR
+                                      copy a collection (consistent per shard, writes go on)
+  shardrag restore --from DIR --collection NAME
+                                      write a backup into a new or empty collection, check the digest
   shardrag rollout stage|activate|retire|abort|rollback|status [VERSION]
                                       roll a new embedding version out through the gateway
   shardrag tune --collection NAME --recall 0.95
@@ -220,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="hybrid: hits each leg brings to the fusion (default max(k, 20))")
     query.set_defaults(func=cmd_query)
     add_write_commands(commands)
+    add_backup_commands(commands)
     add_collections_command(commands)
     add_tune_command(commands)
     add_operate_commands(commands)

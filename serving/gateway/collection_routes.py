@@ -9,6 +9,7 @@
     POST   /v1/collections/{name}/documents       as POST /v1/documents
     POST   /v1/collections/{name}/documents/delete
     GET    /v1/collections/{name}/documents/{id}
+    GET    /v1/collections/{name}/backup/{shard}  a shard's live documents at one seq (admin)
     POST   /v1/collections/{name}/answer          as POST /v1/answer, passages from this collection
                                                   (text collections; only with generator workers)
     GET    /v1/collections/{name}/rollout[/…]     its rollouts: re-embed in place (collection_rollout)
@@ -52,6 +53,7 @@ from serving.gateway.tenancy import (
 from serving.versions.registry import VersionRegistry
 from serving.writes.models import DeleteRequest, UpsertRequest
 from serving.writes.service import WriteService
+from serving.writes.snapshots import live_snapshot
 
 RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES, 404: {"model": ErrorResponse, "description": "no such collection (or document)"}}
@@ -254,6 +256,16 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
             found = await writes.get(stored_id(tenant, doc_id))  # in its namespace: never another tenant's
             return json_response({**found, "id": doc_id})
         return json_response(await writes.get(doc_id))
+
+    @app.get("/v1/collections/{name}/backup/{shard}", responses=RESPONSES,
+             summary="A shard's live documents as of one seq: a backup's part (admin; docs/backup.md)")
+    async def backup_shard(name: NamePath, shard: int, request: Request) -> Response:
+        _, writes, _, _, _ = await services(name, request)
+        if not 0 <= shard < len(writes.registry.shard_replicas):
+            raise NotFound(f"collection {name!r} has no shard {shard}", field="shard")
+        version = writes.registry.view.state.active
+        return Response(await live_snapshot(writes, shard, version), media_type="application/octet-stream",
+                        headers={"x-shardrag-version": version})
 
     add_collection_rollout_routes(app, gateway, default_name)
 

@@ -3,7 +3,8 @@ which replica is each shard's primary (``primaries``), the write service (``serv
 batch, embed it with the encoder of every version it goes to, route each id to its shard and send
 each shard's part to its primary, which orders, replicates and acknowledges it), and bringing a
 staged version up to date before it takes writes (``staging``; a created collection's staged
-version is first filled from the live one). No ordering state lives here.
+version is first filled from the live one), and a shard's live documents at one seq from its
+primary (``snapshots``: what staging fills from and a backup stores). No ordering state lives here.
 
 May import ``versions`` (the registry: topology, encoders, rollout state), ``transport`` (the shard
 client), ``httpkit`` and ``retrieval``; never ``gateway``, ``local`` or ``cli``.

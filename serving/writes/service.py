@@ -157,7 +157,7 @@ class WriteService:
         """Per shard, the ids the filter selects, as the shard's most up-to-date replica holds them."""
         found: dict[int, list[str]] = {}
         for shard in range(len(self.registry.shard_replicas)):
-            for replica in self._primary_first(shard):
+            for replica in self.primary_first(shard):
                 try:
                     ids = await self.client.matching_ids(replica, shard, version, filter_canonical,
                                                          MAX_DELETE_BY_FILTER + 1, self.settings.timeout_s)
@@ -175,7 +175,7 @@ class WriteService:
                                  "delete in steps", field="filter")
         return {shard: ids for shard, ids in found.items() if ids}
 
-    def _primary_first(self, shard: int) -> list[str]:
+    def primary_first(self, shard: int) -> list[str]:
         """The shard's replicas, its primary (which has every acknowledged write) first."""
         primary = self.primaries.primary(shard)
         replicas = list(self.registry.shard_replicas[shard])
@@ -188,7 +188,7 @@ class WriteService:
         version = view.state.active
         topology = view.snapshot(version).topology
         for shard in shards_holding(doc_id, topology.num_shards, topology.centroids is not None):
-            for replica in self._primary_first(shard):
+            for replica in self.primary_first(shard):
                 try:
                     found = await self.client.document(replica, shard, version, doc_id, self.settings.timeout_s)
                 except ShardragError as exc:

@@ -43,6 +43,7 @@ from retrieval.records import DELETE, NOOP, UPSERT, Snapshot, WalRecord, decode_
 from retrieval.rollout import RolloutRefused
 from serving.writes.models import DocumentIn
 from serving.writes.plan import Item, route_upserts, shards_holding, vectors_for
+from serving.writes.snapshots import live_snapshot
 
 if TYPE_CHECKING:
     from serving.writes.service import WriteService
@@ -145,21 +146,12 @@ class StagedSync:
 
     async def _live(self, shard: int, version: str) -> Snapshot:
         """The shard's live documents of ``version`` at one seq, from its primary (else any replica)."""
-        errors = []
-        for replica in self.writes._primary_first(shard):  # noqa: SLF001 - the same order reads use
-            try:
-                return Snapshot.decode(await self.client.snapshot(replica, version, self.writes.settings.timeout_s))
-            except ShardragError as exc:
-                errors.append(exc.message)
-            except ValueError as exc:
-                errors.append(f"{replica}: the snapshot does not parse: {exc}")
-        raise ShardUnavailable(f"no replica of shard {shard} could send the documents of {version}: "
-                               f"{'; '.join(errors)}", shard=shard)
+        return Snapshot.decode(await live_snapshot(self.writes, shard, version))
 
     async def _history(self, shard: int, version: str, after: int) -> list[WalRecord]:
         """The shard's writes to ``version`` after ``after``, from its primary (else any replica)."""
         errors = []
-        for replica in self.writes._primary_first(shard):  # noqa: SLF001 - the same order reads use
+        for replica in self.writes.primary_first(shard):  # the same order reads use
             try:
                 payload = await self.client.writes_after(replica, version, after, self.writes.settings.timeout_s)
             except NotFound as exc:

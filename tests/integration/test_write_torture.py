@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from index_shards.build import BuildConfig, build_collection
-from index_shards.segment import document_fingerprint
+from retrieval.records import document_fingerprint
 from retrieval.routing import hash_shard
 from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
