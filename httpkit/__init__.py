@@ -8,6 +8,8 @@
     auth       API keys with scopes, the internal token, per-key rate limits, the ASGI guard
     tls        HTTPS for servers, the CA internal clients verify with
     metrics    the one ``/metrics`` route of every server
+    tracing    OpenTelemetry (optional, off by default): a server span per traced request, spans
+               inside it, W3C traceparent in and out, OTLP export
 
 Environment variables are read by ``retrieval.env`` (the one module that reads ``SHARDRAG_*``).
 

@@ -67,7 +67,12 @@ def serve_app(
     ``on_ready(url)``: called once the server listens, after the ready line."""
     import uvicorn
 
+    from httpkit import tracing
     from httpkit.tls import server_tls
+
+    role = name.split("-")[0]
+    if tracing.configure(f"shardrag-{role}"):  # SHARDRAG_TRACING=on: a span per traced request
+        app = tracing.asgi_middleware(app, roots=role == "gateway")
 
     tls = server_tls()
     scheme = "https" if tls else "http"

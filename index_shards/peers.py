@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
+from httpkit import tracing
 from httpkit.auth import internal_headers
 from httpkit.tls import client_ssl_context
 from index_shards.replica_log import Mark
@@ -112,6 +113,7 @@ class HttpPeers(PeerClient):
         base = f"{parts.scheme}://{parts.netloc}"
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         every = {**self._headers, **(headers or {})}
+        tracing.inject(every)  # the primary's span, when tracing is on
 
         def send() -> http.client.HTTPConnection:
             connection = self._connection(base, timeout_s)

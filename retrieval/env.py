@@ -47,6 +47,10 @@ VARIABLES: dict[str, str] = {
     "SHARDRAG_TRAIN_KILL_AT_STEP": "step at which that rank kills itself",
     "SHARDRAG_TRAIN_SLOW_RANK": "rank that sleeps in every micro-step's compute (a straggler, fault injection)",
     "SHARDRAG_TRAIN_SLOW_S": "how long that rank sleeps per micro-step, seconds (default 0.5)",
+    "SHARDRAG_TRACING": "on: OpenTelemetry spans in every process, traceparent on every hop, exported over OTLP "
+                        "when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set (default off; docs/tracing.md)",
+    "SHARDRAG_TRACING_SAMPLE": "with tracing on: the share of requests without a sampled traceparent that are "
+                               "traced (default 0.01; a caller's sampled traceparent is always followed)",
     "SHARDRAG_CHAOS_S": "how long the many-gateway nemesis test runs, seconds (default 25; 600 for a long run)",
     "SHARDRAG_CHAOS_SEED": "seed of that test's nemesis schedule and clients (printed, to replay a failure)",
     "SHARDRAG_NEMESIS_S": "how long the across-hosts nemesis test runs, seconds (default 60)",

@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("retrieval", "httpkit", "clusterstate", "index_shards", "serving", "training")
 HEAVY = ("torch", "faiss", "fastapi", "uvicorn", "httpx", "aiohttp", "starlette", "sentence_transformers",
-         "transformers", "Stemmer", "pypdf")
+         "transformers", "Stemmer", "pypdf", "opentelemetry")
 WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn")
 
 # package → packages it may import

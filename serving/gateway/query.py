@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
+from httpkit import tracing
 from retrieval.contract import SearchParams, SessionFloor
 from retrieval.errors import (
     DeadlineExceeded,
@@ -165,9 +166,10 @@ class QueryService:
             vector, encode_ms = await self.encode_timed(snapshot, text, timeout_ms)
         fanout_started = time.perf_counter()
         remaining_ms = timeout_ms - (fanout_started - started) * 1000.0  # encoding spent part of it
-        result = await self.fanout.search(vector, params, snapshot.route, top_m=request.top_m,
-                                          timeout_s=max(remaining_ms, 1.0) / 1000.0, session=session,
-                                          exact=request.exact)
+        with tracing.span("fanout", **{"shardrag.k": k, "shardrag.version": snapshot.version}):
+            result = await self.fanout.search(vector, params, snapshot.route, top_m=request.top_m,
+                                              timeout_s=max(remaining_ms, 1.0) / 1000.0, session=session,
+                                              exact=request.exact)
         fanout_ms = (time.perf_counter() - fanout_started) * 1000.0
         return self._answer(request, Legs(result, [shaped_hit(h, request.with_metadata) for h in result.hits],
                                           encode_ms, fanout_ms), started)
@@ -193,7 +195,8 @@ class QueryService:
     async def encode_timed(self, snapshot: VersionSnapshot, text: str, timeout_ms: float) -> tuple[np.ndarray, float]:
         """The text's vector and the milliseconds it took (recorded as the encode latency)."""
         encode_started = time.perf_counter()
-        vector = await self.encode(snapshot, text, timeout_ms / 1000.0)
+        with tracing.span("encode", **{"shardrag.version": snapshot.version}):
+            vector = await self.encode(snapshot, text, timeout_ms / 1000.0)
         encode_ms = (time.perf_counter() - encode_started) * 1000.0
         self.metrics.encode_latency.observe(encode_ms / 1000.0)
         self.recent_queries.append(text)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from httpkit import tracing
 from retrieval.bm25 import LexicalQuery
 from retrieval.contract import SearchParams
 from retrieval.errors import (
@@ -179,6 +180,24 @@ class ShardCaller:
                    deadline: float, *, lexical: Sequence[LexicalQuery] = ()) -> CallResult:
         """Search ``vectors`` (``params.lexical``: the ``lexical`` queries) on one of ``replicas``
         (those of ``shard_id`` holding ``params.version``)."""
+        if not tracing.recording():
+            return await self._call(shard_id, replicas, vectors, params, deadline, lexical)
+        with tracing.span("shard.call", **{"shardrag.shard": shard_id}) as span:
+            result = await self._call(shard_id, replicas, vectors, params, deadline, lexical)
+            span.set_attributes({"shardrag.replica": result.replica, "shardrag.attempts": result.attempts,
+                                 "shardrag.hedged": result.hedged, "shardrag.hedge_won": result.hedge_won})
+            return result
+
+    async def _attempt(self, shard_id: int, replica: str, number: int, is_hedge: bool, vectors: np.ndarray,
+                       params: SearchParams, timeout_s: float, lexical: Sequence[LexicalQuery]) -> ShardReply:
+        """One try on one replica, as its own span: the first, a retry, or a hedge."""
+        kind = "hedge" if is_hedge else ("retry" if number > 1 else "first")
+        with tracing.span(f"shard.attempt.{kind}", **{"shardrag.shard": shard_id, "shardrag.replica": replica,
+                                                      "shardrag.attempt": number, "shardrag.hedge": is_hedge}):
+            return await self.client.search(replica, shard_id, vectors, params, timeout_s, lexical=lexical)
+
+    async def _call(self, shard_id: int, replicas: Sequence[str], vectors: np.ndarray, params: SearchParams,
+                    deadline: float, lexical: Sequence[LexicalQuery]) -> CallResult:
         timer = self.timer
         started = timer.now()
         if not replicas:
@@ -212,8 +231,11 @@ class ShardCaller:
             tried.append(replica)
             self.balancer.on_start(replica)
             remaining_s = max(deadline - timer.now(), 0.001)
-            task = asyncio.ensure_future(self.client.search(replica, shard_id, vectors, params, remaining_s,
-                                                            lexical=lexical))
+            if tracing.recording():
+                search = self._attempt(shard_id, replica, len(tried), is_hedge, vectors, params, remaining_s, lexical)
+            else:
+                search = self.client.search(replica, shard_id, vectors, params, remaining_s, lexical=lexical)
+            task = asyncio.ensure_future(search)
             task.add_done_callback(_consume_outcome)
             running[task] = _Attempt(replica, timer.now(), is_hedge)
             return True

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from httpkit import tracing
 from retrieval.contract import HitColumns, SearchParams, SessionFloor
 from retrieval.errors import ConfigError, InvalidRequest, VersionConflict
 from retrieval.merge import merge_topk_columns
@@ -205,7 +206,8 @@ class FanOut:
         first = replace(params, k=asked) if asked < params.k else params
         answers, missing = await self._round(vector, first, route, targets, deadline, timeout_s, session)
         ordered = [answers[s] for s in targets if s in answers]
-        merged = merge_answers(ordered, params.k)  # ties break by doc id: the order of answers does not matter
+        with tracing.span("merge", **{"shardrag.answers": len(ordered)}):
+            merged = merge_answers(ordered, params.k)  # ties break by doc id: the order of answers does not matter
         again: list[int] = []
         if asked < params.k:
             kth = merged[-1].score if len(merged) == params.k else None

@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from httpkit import tracing
+
 
 class HttpError(Exception):
     """The connection failed (refused, reset, closed early, unparseable answer)."""
@@ -120,6 +122,10 @@ class HttpPool:
         tls = parts.scheme == "https"
         host, port = parts.hostname or "127.0.0.1", parts.port or (443 if tls else 80)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
+        if tracing.enabled():  # the caller's span travels as W3C traceparent
+            carrier: dict[str, str] = {}
+            tracing.inject(carrier)
+            headers += "".join(f"{name}: {value}\r\n" for name, value in carrier.items())
         head = (f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\n{headers}\r\n").encode("latin-1")
         request = head + body

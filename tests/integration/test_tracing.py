@@ -1,0 +1,90 @@
+"""OpenTelemetry across processes: with ``SHARDRAG_TRACING=on`` and an OTLP endpoint, one text
+query through 2 shards × 2 replicas — one replica slowed by the shard server's fault injection
+(600 ms, past the hedge delay's cap) so that a hedge fires — arrives at a real OTLP/HTTP
+receiver as one trace: the caller's ``traceparent`` → the gateway's server span → encode,
+fan-out → a call per shard → its attempts (first, hedge) → each replica's own server span;
+merge."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from index_shards.build import BuildConfig, build_collection
+from serving.gateway.config import GatewayConfig
+from serving.local.launcher import LocalCluster
+from tests.helpers.otlp import OtlpReceiver, ReceivedSpan
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory, msmarco) -> Iterator[tuple[LocalCluster, OtlpReceiver]]:
+    root = tmp_path_factory.mktemp("tracing") / "root"
+    build_collection(root, msmarco.documents[:400], msmarco.vectors[:400], msmarco.version,
+                     BuildConfig("traced", 2), show_progress=False)
+    saved = {name: os.environ.get(name) for name in ("SHARDRAG_TRACING", "OTEL_EXPORTER_OTLP_ENDPOINT")}
+    with OtlpReceiver() as receiver:
+        os.environ.update(SHARDRAG_TRACING="on", OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url)
+        try:  # every process of the cluster inherits the two variables
+            config = GatewayConfig.from_dict({"calls": {"balancer": "round_robin"}})
+            with LocalCluster(root, "traced", replicas=2, gateway=config,
+                              workdir=tmp_path_factory.mktemp("work")) as cluster:
+                yield cluster, receiver
+        finally:
+            for name, value in saved.items():
+                os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+
+
+def children(spans: list[ReceivedSpan], parent: ReceivedSpan) -> list[ReceivedSpan]:
+    return [s for s in spans if s.parent_id == parent.span_id]
+
+
+def test_one_text_query_is_one_trace_across_gateway_and_replicas_with_its_hedge(traced):
+    cluster, receiver = traced
+    http = httpx.Client(base_url=cluster.gateway_url, timeout=30)
+    slowed = http.put("/admin/faults/0/0", json={"spec": "latency=fixed:600"})
+    assert slowed.status_code == 200, slowed.text
+    hedged_trace = None
+    for _ in range(12):  # round robin: every other call to shard 0 goes first to the slowed replica
+        trace_id, caller = secrets.token_hex(16), secrets.token_hex(8)
+        reply = http.post("/v1/query", json={"text": "what is the capital of france", "k": 5},
+                          headers={"traceparent": f"00-{trace_id}-{caller}-01"})
+        assert reply.status_code == 200, reply.text
+        if any(d.get("hedged") for d in reply.json().get("diagnostics", {}).get("per_shard", [])):
+            hedged_trace = (trace_id, caller)
+            break
+    assert hedged_trace is not None, "no query was hedged"
+    trace_id, caller = hedged_trace
+    deadline = time.monotonic() + 20
+    while True:  # every process exports in small batches; the slowed replica answers 600 ms late
+        spans = receiver.trace(trace_id)
+        if sum(s.name == "POST /v1/search" for s in spans) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+
+    (root,) = [s for s in spans if s.parent_id == caller]
+    assert (root.service, root.name, root.kind) == ("shardrag-gateway", "POST /v1/query", 2)  # 2: SERVER
+    assert {s.name for s in children(spans, root)} >= {"encode", "fanout"}
+    (fanout,) = [s for s in children(spans, root) if s.name == "fanout"]
+    calls = [s for s in children(spans, fanout) if s.name == "shard.call"]
+    assert sorted(c.attributes["shardrag.shard"] for c in calls) == [0, 1]
+    assert [s.name for s in children(spans, fanout)].count("merge") == 1
+    (slow_call,) = [c for c in calls if c.attributes["shardrag.shard"] == 0]
+    assert slow_call.attributes["shardrag.hedged"] is True
+    attempts = children(spans, slow_call)
+    assert sorted(a.name for a in attempts) == ["shard.attempt.first", "shard.attempt.hedge"]
+    assert len({a.attributes["shardrag.replica"] for a in attempts}) == 2
+    for attempt in attempts:  # each attempt's request is a server span in that replica's own process
+        (served,) = children(spans, attempt)
+        assert served.name == "POST /v1/search" and served.service != "shardrag-gateway" and served.kind == 2
+    (other_call,) = [c for c in calls if c.attributes["shardrag.shard"] == 1]
+    (attempt,) = children(spans, other_call)
+    assert [s.name for s in children(spans, attempt)] == ["POST /v1/search"]
+    http.delete("/admin/faults")
+    http.close()
