@@ -117,7 +117,7 @@ def main() -> None:
                 workload.stop()
             assert lab.etcd is not None
             lab.etcd.wait_healthy(60)
-            report = check(history, workload.final_state(lab.gateway_urls[0]), lab.digests())
+            report = check(history, workload.final_state(lab.serving_gateway(0)), lab.digests())
         shutil.rmtree(work / "lab", ignore_errors=True)
     counts = report.counts
     result = {

@@ -24,6 +24,7 @@ from typing import Any
 
 from benchmarks.common import closed_loop, load_corpus, machine_info, write_result
 from index_shards.build import BuildConfig, build_collection
+from retrieval import env
 from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
 
@@ -33,7 +34,7 @@ PAIR_ORDERS = (("off", "on"), ("on", "off"))
 
 def phase(root: Path, work: Path, tracing: str, bodies: list[dict[str, Any]], concurrencies: list[int],
           duration_s: float, sample: str) -> dict[int, dict[str, Any]]:
-    saved = os.environ.get("SHARDRAG_TRACING")
+    saved = env.read("SHARDRAG_TRACING")
     os.environ["SHARDRAG_TRACING"] = tracing
     os.environ["SHARDRAG_TRACING_SAMPLE"] = sample
     os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)  # on = spans made, exported nowhere

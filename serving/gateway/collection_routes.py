@@ -257,7 +257,9 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
             return json_response({**found, "id": doc_id})
         return json_response(await writes.get(doc_id))
 
-    @app.get("/v1/collections/{name}/backup/{shard}", responses=RESPONSES,
+    @app.get("/v1/collections/{name}/backup/{shard}", responses={**RESPONSES, 200: {
+                 "description": "retrieval.records.Snapshot bytes (the version in x-shardrag-version)",
+                 "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
              summary="A shard's live documents as of one seq: a backup's part (admin; docs/backup.md)")
     async def backup_shard(name: NamePath, shard: int, request: Request) -> Response:
         _, writes, _, _, _ = await services(name, request)

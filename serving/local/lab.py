@@ -130,6 +130,22 @@ class Lab:
         assert self.cluster is not None
         return [[str(c.url) for c in group] for group in self.cluster.shards]
 
+    def serving_gateway(self, index: int = 0, timeout_s: float = 90.0) -> str:
+        """Gateway ``index``'s URL once it answers ``/healthz`` — a killed gateway 0 is restarted by
+        the launcher's supervisor in the background (loading its encoder), so right after a run it may
+        not listen yet; the URL is read again each try (a restart may move it)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            url = str(self.gateway_child(index).url)
+            try:
+                if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                return url  # the caller's read then names what is wrong
+            time.sleep(0.5)
+
     def digests(self, timeout_s: float = 90.0) -> dict[int, dict[str, tuple[str, int]]]:
         """Each replica's (digest, applied seq) once every shard's replicas agree, or the last seen at
         the deadline (the history checker reports what differs)."""

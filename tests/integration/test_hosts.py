@@ -106,7 +106,7 @@ def test_the_checker_finds_no_anomaly_across_hosts_under_the_nemesis_with_a_roll
             workload.stop()
         lab.etcd.wait_healthy(60)
         digests = lab.digests()
-        report = check(history, workload.final_state(lab.gateway_urls[0]), digests)
+        report = check(history, workload.final_state(lab.serving_gateway(0)), digests)
         counts = report.counts
         print(f"rollout: {rollout}; {counts}")
         assert report.ok, report.text()
@@ -142,7 +142,7 @@ def test_the_checker_catches_the_lost_writes_of_a_build_without_term_checks(tmp_
         workload.stop()
         net.heal()
         history.event("healed")
-        report = check(history, workload.final_state(lab.gateway_urls[0]), lab.digests(30))
+        report = check(history, workload.final_state(lab.serving_gateway(0)), lab.digests(30))
         print(report.text())
         assert not report.ok, f"the broken build lost nothing: {report.counts}; replicas {urls}"
         assert {"lost-write", "stale-session-read", "diverged-replicas"} & {a.kind for a in report.anomalies}
@@ -172,7 +172,7 @@ def test_a_one_way_partition_of_a_primary_ends_with_a_new_primary_and_no_lost_wr
         before_heal = len(acked_writes(history))
         wait_for_acked_writes(history, before_heal + 3)  # the new primary takes writes
         workload.stop()
-        report = check(history, workload.final_state(lab.gateway_urls[0]), lab.digests())
+        report = check(history, workload.final_state(lab.serving_gateway(0)), lab.digests())
         print(report.counts)
         assert report.ok, report.text()
 
