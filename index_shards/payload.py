@@ -3,6 +3,10 @@ becomes a boolean mask over the shard's documents without touching SQLite.
 
 * equality: key → value → the positions holding it (every element of a list value counts);
 * ranges: key → the numeric values sorted, with their positions (two binary searches per range);
+* date-time ranges: key → its distinct date-time strings as instants, sorted, with their positions
+  (made from the equality map on the first such range over the key: each distinct string is read
+  once);
+* presence (``is_empty``): key → the positions holding a value (made on the first question);
 * ids: doc id → position (``has_id``).
 
 Built once when the shard loads (one pass over ``docs.sqlite``). Memory is about 16 bytes per
@@ -18,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.filters import Condition, Filter, HasId, Match, Range, is_scalar, tagged
+from retrieval.datetimes import instant
+from retrieval.filters import Condition, DateRange, Filter, HasId, IsEmpty, Match, Range, is_scalar, tagged
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,6 +57,8 @@ class PayloadIndex:
             pairs.sort()
             self._numeric[key] = _NumericColumn(np.asarray([v for v, _ in pairs], dtype=np.float64),
                                                 np.asarray([p for _, p in pairs], dtype=np.int64))
+        self._dates: dict[str, _NumericColumn] = {}
+        self._present: dict[str, np.ndarray] = {}
 
     @property
     def size(self) -> int:
@@ -95,15 +102,41 @@ class PayloadIndex:
                 holders = by_value.get(value)
                 if holders is not None:
                     out[holders] = True
-        elif isinstance(condition, Range):
-            column = self._numeric.get(condition.key)
+        elif isinstance(condition, (Range, DateRange)):
+            column = self._numeric.get(condition.key) if isinstance(condition, Range) else self._dates_of(condition.key)
             if column is not None:
                 low, high = _bounds(column.values, condition)
                 out[column.positions[low:high]] = True
+        elif isinstance(condition, IsEmpty):
+            out[:] = True
+            out[self._present_of(condition.key)] = False
         return out
 
+    def _dates_of(self, key: str) -> _NumericColumn:
+        column = self._dates.get(key)
+        if column is None:
+            pairs: list[tuple[float, np.ndarray]] = []
+            for (kind, value), positions in self._equality.get(key, {}).items():
+                at = instant(value) if kind == "str" and isinstance(value, str) else None
+                if at is not None:
+                    pairs.append((at, positions))
+            pairs.sort(key=lambda pair: pair[0])
+            values = [at for at, positions in pairs for _ in range(positions.size)]
+            column = _NumericColumn(np.asarray(values, dtype=np.float64),
+                                    np.concatenate([p for _, p in pairs]) if pairs else np.zeros(0, dtype=np.int64))
+            self._dates[key] = column
+        return column
 
-def _bounds(values: np.ndarray, condition: Range) -> tuple[int, int]:
+    def _present_of(self, key: str) -> np.ndarray:
+        present = self._present.get(key)
+        if present is None:
+            parts = list(self._equality.get(key, {}).values())
+            present = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+            self._present[key] = present
+        return present
+
+
+def _bounds(values: np.ndarray, condition: Range | DateRange) -> tuple[int, int]:
     """The slice of ascending ``values`` inside the range."""
     low, high = 0, len(values)
     if condition.gte is not None:

@@ -4,6 +4,8 @@
     {"key": "lang", "match": {"value": "en"}}                      equality (any element of a list)
     {"key": "tag",  "match": {"any": ["a", "b"]}}                   one of several values
     {"key": "year", "range": {"gte": 2020, "lt": 2024}}             numeric range (gt, gte, lt, lte)
+    {"key": "at", "range": {"gt": "2024-01-31T12:00:00Z"}}          date-time range (RFC 3339 bounds)
+    {"is_empty": {"key": "lang"}}                                   the key is absent (or an empty list)
     {"has_id": ["doc-1", "doc-2"]}                                  by document id
 
 ``must``: every clause holds; ``should``: at least one holds (when there are any); ``must_not``:
@@ -11,8 +13,10 @@ none holds. An empty filter ``{}`` matches everything. Parsing refuses anything 
 :class:`InvalidRequest` whose ``field`` is the path of the bad clause (``filter.must[1].range.gte``).
 
 Metadata values are strings, integers, floats, booleans or lists of strings. A ``match`` on a
-list-valued key holds when any element matches; a ``range`` holds only on a number (never on a
-boolean or a string). Booleans match booleans only (``true`` is not ``1``).
+list-valued key holds when any element matches; a numeric ``range`` holds only on a number (never
+on a boolean or a string), a date-time ``range`` (every bound an RFC 3339 string; no offset means
+UTC) only on a string that is one, compared as instants. Booleans match booleans only (``true`` is
+not ``1``).
 
 The tree evaluates itself against one document (:meth:`Filter.matches`, the reference the
 shards' payload index is tested against) and has a canonical JSON form (:meth:`Filter.canonical`)
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Union
 
+from retrieval.datetimes import instant
 from retrieval.errors import InvalidRequest
 
 MAX_DEPTH = 2  # nested filters below the top one (the OpenAPI schema spells out each level)
@@ -70,8 +75,42 @@ class Range:
         return self.admits(float(value))
 
     def admits(self, value: float) -> bool:
-        return ((self.gt is None or value > self.gt) and (self.gte is None or value >= self.gte)
-                and (self.lt is None or value < self.lt) and (self.lte is None or value <= self.lte))
+        return within(self, value)
+
+
+def within(bounds: Range | DateRange, value: float) -> bool:
+    """Whether ``value`` lies inside the bounds of a range (numeric, or instants of a date-time one)."""
+    return ((bounds.gt is None or value > bounds.gt) and (bounds.gte is None or value >= bounds.gte)
+            and (bounds.lt is None or value < bounds.lt) and (bounds.lte is None or value <= bounds.lte))
+
+
+@dataclass(slots=True, frozen=True)
+class DateRange:
+    """A range over date-time strings: bounds are instants (seconds since the epoch, UTC); ``given``
+    keeps the bounds as they were written, for the canonical form."""
+
+    key: str
+    gt: float | None = None
+    gte: float | None = None
+    lt: float | None = None
+    lte: float | None = None
+    given: tuple[tuple[str, str], ...] = ()
+
+    def holds(self, metadata: Mapping[str, Any]) -> bool:
+        value = metadata.get(self.key)
+        at = instant(value) if isinstance(value, str) else None
+        return at is not None and within(self, at)
+
+
+@dataclass(slots=True, frozen=True)
+class IsEmpty:
+    """The key is absent from the metadata, or holds an empty list."""
+
+    key: str
+
+    def holds(self, metadata: Mapping[str, Any]) -> bool:
+        value = metadata.get(self.key)
+        return value is None or value == []
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,7 +118,7 @@ class HasId:
     ids: frozenset[str]
 
 
-Condition = Union[Match, Range, HasId, "Filter"]  # noqa: UP007 - a forward reference needs Union
+Condition = Union[Match, Range, DateRange, IsEmpty, HasId, "Filter"]  # noqa: UP007 - a forward reference needs Union
 
 
 @dataclass(slots=True, frozen=True)
@@ -145,6 +184,10 @@ def _condition_json(condition: Condition) -> dict[str, Any]:
     if isinstance(condition, Range):
         bounds = {name: getattr(condition, name) for name in RANGE_BOUNDS if getattr(condition, name) is not None}
         return {"key": condition.key, "range": bounds}
+    if isinstance(condition, DateRange):
+        return {"key": condition.key, "range": dict(condition.given)}
+    if isinstance(condition, IsEmpty):
+        return {"is_empty": {"key": condition.key}}
     values = sorted(condition.values, key=lambda t: (t[0], str(t[1])))
     if len(values) == 1:
         return {"key": condition.key, "match": {"value": untagged(values[0])}}
@@ -183,6 +226,13 @@ class _Parser:
             if set(data) != {"has_id"}:
                 raise InvalidRequest(f"{path}: has_id stands alone", field=path)
             return HasId(frozenset(self.strings(data["has_id"], f"{path}.has_id")))
+        if "is_empty" in data:
+            if set(data) != {"is_empty"}:
+                raise InvalidRequest(f"{path}: is_empty stands alone", field=path)
+            inner = data["is_empty"]
+            if not isinstance(inner, Mapping) or set(inner) != {"key"}:
+                raise InvalidRequest(f"{path}.is_empty must be {{\"key\": name}}", field=f"{path}.is_empty")
+            return IsEmpty(self.key(inner["key"], f"{path}.is_empty.key"))
         if "key" in data:
             return self.field_condition(data, path)
         if set(data) & set(OCCURS) or not data:
@@ -192,11 +242,14 @@ class _Parser:
         raise InvalidRequest(f"{path}: unknown condition {sorted(data)[0]!r}; use key + match/range, has_id, "
                              "or a nested filter", field=f"{path}.{sorted(data)[0]}")
 
-    def field_condition(self, data: Mapping[str, Any], path: str) -> Condition:
-        key = data["key"]
+    def key(self, key: Any, path: str) -> str:
         if not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS:
-            raise InvalidRequest(f"{path}.key must be a non-empty string of at most {MAX_KEY_CHARS} characters",
-                                 field=f"{path}.key")
+            raise InvalidRequest(f"{path} must be a non-empty string of at most {MAX_KEY_CHARS} characters",
+                                 field=path)
+        return key
+
+    def field_condition(self, data: Mapping[str, Any], path: str) -> Condition:
+        key = self.key(data["key"], f"{path}.key")
         operators = set(data) - {"key"}
         unknown = sorted(operators - {"match", "range"})
         if unknown:
@@ -218,16 +271,29 @@ class _Parser:
                                  field=f"{path}.match.any")
         return Match(key, frozenset(tagged(self.scalar(v, f"{path}.match.any[{i}]")) for i, v in enumerate(values)))
 
-    def range(self, key: str, data: Any, path: str) -> Range:
+    def range(self, key: str, data: Any, path: str) -> Range | DateRange:
         if not isinstance(data, Mapping) or not data:
             raise InvalidRequest(f"{path} must be an object of gt / gte / lt / lte", field=path)
+        unknown = sorted(set(data) - set(RANGE_BOUNDS))
+        if unknown:
+            raise InvalidRequest(f"{path}: unknown bound {unknown[0]!r}; use gt, gte, lt or lte",
+                                 field=f"{path}.{unknown[0]}")
+        dated = any(isinstance(value, str) for value in data.values())
         bounds: dict[str, float] = {}
         for name, value in data.items():
-            if name not in RANGE_BOUNDS:
-                raise InvalidRequest(f"{path}: unknown bound {name!r}; use gt, gte, lt or lte", field=f"{path}.{name}")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise InvalidRequest(f"{path}.{name} must be a finite number, got {value!r}", field=f"{path}.{name}")
-            bounds[name] = float(value)
+            if dated:
+                at = instant(value) if isinstance(value, str) and len(value) <= MAX_VALUE_CHARS else None
+                if at is None:
+                    raise InvalidRequest(f"{path}.{name} must be an RFC 3339 date-time like the other bounds "
+                                         f"(2024-01-31T12:00:00Z), got {value!r}", field=f"{path}.{name}")
+                bounds[name] = at
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InvalidRequest(f"{path}.{name} must be a finite number or an RFC 3339 date-time, got "
+                                     f"{value!r}", field=f"{path}.{name}")
+            else:
+                bounds[name] = float(value)
+        if dated:
+            return DateRange(key, **bounds, given=tuple(sorted((n, str(v)) for n, v in data.items())))
         return Range(key, **bounds)
 
     def scalar(self, value: Any, path: str) -> Scalar:

@@ -86,15 +86,22 @@ def filter_schemas() -> dict[str, Any]:
             {"type": "object", "required": ["value"], "additionalProperties": False, "properties": {"value": scalar}},
             {"type": "object", "required": ["any"], "additionalProperties": False, "properties": {
                 "any": {"type": "array", "minItems": 1, "maxItems": MAX_VALUES, "items": scalar}}}]}}}
-    range_ = {"type": "object", "required": ["key", "range"], "additionalProperties": False, "properties": {
-        "key": key, "range": {"type": "object", "minProperties": 1, "additionalProperties": False,
-                              "properties": {bound: {"type": "number"} for bound in RANGE_BOUNDS}}}}
+    def range_of(bound_schema: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "object", "required": ["key", "range"], "additionalProperties": False, "properties": {
+            "key": key, "range": {"type": "object", "minProperties": 1, "additionalProperties": False,
+                                  "properties": {bound: bound_schema for bound in RANGE_BOUNDS}}}}
+
+    number_range = range_of({"type": "number"})
+    date_range = range_of({"type": "string", "format": "date-time"})  # every bound one (retrieval.datetimes)
+    is_empty = {"type": "object", "required": ["is_empty"], "additionalProperties": False, "properties": {
+        "is_empty": {"type": "object", "required": ["key"], "additionalProperties": False,
+                     "properties": {"key": key}}}}
     has_id = {"type": "object", "required": ["has_id"], "additionalProperties": False, "properties": {
         "has_id": {"type": "array", "minItems": 1, "maxItems": MAX_VALUES,
                    "items": {"type": "string", "minLength": 1}}}}
     schemas = {}
     for depth in range(MAX_DEPTH + 1):
-        options: list[dict[str, Any]] = [match, range_, has_id]
+        options: list[dict[str, Any]] = [match, number_range, date_range, is_empty, has_id]
         if depth < MAX_DEPTH:
             options.append({"$ref": f"#/components/schemas/{FILTER_SCHEMA}{depth + 1}"})
         condition = {"anyOf": options}

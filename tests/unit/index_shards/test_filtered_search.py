@@ -24,6 +24,9 @@ def corpus():
     documents = [Document(f"doc-{i}", f"text {i}", "", {
         "u": int(ranks[i]), "cat": f"c{i % 10}", "tags": [f"t{i % 7}", f"t{i % 3}"], "even": i % 2 == 0,
         **({"score": float(i) / 10} if i % 4 else {}),
+        # date-times in two spellings of UTC (and one offset) where i % 5, not dates elsewhere
+        **({"when": f"20{i % 30:02d}-01-15T10:{i % 60:02d}:00{('Z', '+00:00', '+01:00')[i % 3]}"} if i % 5
+           else {"when": "soon"}),
     }) for i in range(N)]
     return documents, vectors
 
@@ -49,6 +52,9 @@ def filters():
     yield None, {"should": [{"key": "tags", "match": {"value": "t5"}}, {"key": "score", "range": {"gte": 250}}]}
     yield None, {"must": [{"has_id": ["doc-3", "doc-4", "doc-99999"]}]}
     yield None, {"must": [{"key": "nothing", "match": {"value": 1}}]}
+    yield None, {"must": [{"key": "when", "range": {"gte": "2010-01-15T10:00:00", "lt": "2020-01-15T09:30:00Z"}}]}
+    yield None, {"must": [{"is_empty": {"key": "score"}}], "must_not": [{"key": "when", "range": {"gt": "2025-01-01"}}]}
+    yield None, {"must_not": [{"is_empty": {"key": "score"}}, {"must_not": [{}]}]}
 
 
 def oracle(documents, vectors, queries, data, k=K):

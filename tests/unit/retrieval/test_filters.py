@@ -6,7 +6,8 @@ import pytest
 from retrieval.errors import InvalidRequest
 from retrieval.filters import check_metadata, filter_from_canonical, parse_filter
 
-DOC = {"lang": "en", "year": 2021, "score": 0.5, "draft": False, "tags": ["a", "b"]}
+DOC = {"lang": "en", "year": 2021, "score": 0.5, "draft": False, "tags": ["a", "b"], "none": [],
+       "at": "1969-07-21T20:17:40"}
 
 
 @pytest.mark.parametrize("data, expected", [
@@ -27,6 +28,15 @@ DOC = {"lang": "en", "year": 2021, "score": 0.5, "draft": False, "tags": ["a", "
     ({"must_not": [{"key": "missing", "match": {"value": "x"}}]}, True),
     ({"should": [{"key": "lang", "match": {"value": "de"}}, {"has_id": ["d1"]}]}, True),
     ({"should": [{"key": "lang", "match": {"value": "de"}}, {"has_id": ["d2"]}]}, False),
+    ({"must": [{"key": "at", "range": {"gt": "1969-07-21T20:17:39"}}]}, True),  # date-times compare as instants
+    ({"must": [{"key": "at", "range": {"gte": "1969-07-21T21:17:41+01:00"}}]}, False),
+    ({"must": [{"key": "at", "range": {"lte": "1969-07-21T20:17:40Z", "gt": "1969-07-21"}}]}, True),
+    ({"must": [{"key": "lang", "range": {"gt": "1969-07-21"}}]}, False),  # "en" is not a date-time
+    ({"must": [{"key": "year", "range": {"gt": "1969-07-21"}}]}, False),  # nor is a number
+    ({"must": [{"is_empty": {"key": "missing"}}]}, True),
+    ({"must": [{"is_empty": {"key": "none"}}]}, True),  # an empty list
+    ({"must": [{"is_empty": {"key": "draft"}}]}, False),  # false is a value
+    ({"must_not": [{}]}, False),  # matches nothing
     ({"must": [{"should": [{"key": "year", "range": {"lt": 2000}}, {"key": "tags", "match": {"value": "a"}}]}],
       "must_not": [{"must": [{"key": "lang", "match": {"value": "en"}}, {"key": "draft", "match": {"value": True}}]}]},
      True),
@@ -52,6 +62,11 @@ def test_meaning_on_one_document(data, expected):
     ({"must": [{"key": "y", "range": {"between": [1, 2]}}]}, "filter.must[0].range.between"),
     ({"must": [{"key": "y", "range": {"gt": True}}]}, "filter.must[0].range.gt"),
     ({"must": [{"key": "y", "range": {}}]}, "filter.must[0].range"),
+    ({"must": [{"key": "y", "range": {"gt": "2020-01-01", "lt": 5}}]}, "filter.must[0].range.lt"),
+    ({"must": [{"key": "y", "range": {"gt": "2020-02-30"}}]}, "filter.must[0].range.gt"),
+    ({"must": [{"is_empty": "y"}]}, "filter.must[0].is_empty"),
+    ({"must": [{"is_empty": {"key": ""}}]}, "filter.must[0].is_empty.key"),
+    ({"must": [{"is_empty": {"key": "y"}, "key": "y"}]}, "filter.must[0]"),
     ({"must": [{"has_id": []}]}, "filter.must[0].has_id"),
     ({"must": [{"has_id": ["a", 3]}]}, "filter.must[0].has_id[1]"),
     ({"must": [{"has_id": ["a"], "key": "x"}]}, "filter.must[0]"),
@@ -80,6 +95,9 @@ def test_the_canonical_form_round_trips_and_ignores_value_order():
                                {"key": "y", "range": {"gte": 1.0, "lt": 3}}]})
     assert a.canonical() == b.canonical()
     assert filter_from_canonical(a.canonical()) == a
+    dated = parse_filter({"must": [{"key": "at", "range": {"lt": "2024-01-31T12:00:00+02:00"}},
+                                   {"is_empty": {"key": "lang"}}]})
+    assert filter_from_canonical(dated.canonical()) == dated
     assert parse_filter({}).empty and parse_filter({"must": []}).empty
 
 
