@@ -24,6 +24,7 @@ from httpkit.tls import client_ssl_context
 from retrieval.bm25 import LexicalQuery
 from retrieval.contract import TIMEOUT_HEADER, SearchParams, SearchReply, WriteReply
 from retrieval.errors import DeadlineExceeded, ShardUnavailable, error_for_status
+from retrieval.records import ScanPage
 from retrieval.wire import CONTENT_TYPE
 from serving.transport.client import ShardClient, ShardReply
 from serving.transport.http import HttpShardClient, JsonControlClient, search_body
@@ -66,6 +67,10 @@ class _WritesThroughThePooledClient(JsonControlClient):
     async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
                            timeout_s: float) -> list[str]:
         return await self._pooled().matching_ids(replica, shard_id, version, filter_canonical, limit, timeout_s)
+
+    async def scan(self, replica: str, shard_id: int, version: str, filter_canonical: str, after: str, limit: int,
+                   timeout_s: float) -> ScanPage:
+        return await self._pooled().scan(replica, shard_id, version, filter_canonical, after, limit, timeout_s)
 
     async def tune_sample(self, replica: str, version: str, count: int, seed: int, timeout_s: float) -> bytes:
         return await self._pooled().tune_sample(replica, version, count, seed, timeout_s)

@@ -5,7 +5,8 @@ build's shard directory (which every replica of the host shares and which stays 
 
     wal-<first seq>.log ...        the write-ahead log (index_shards.wal)
     base-<seq>/                    a compacted base: a complete shard directory (index, docs,
-                                   seqs.json, manifest.json) holding every write up to <seq>
+                                   seqs.json, written.npy, bare.npy, manifest.json) holding every
+                                   write up to <seq> (bare.npy: the documents without a vector)
     checkpoint.json                {"base": "base-<seq>", "seq": <seq>, "term": t, "checksum": c}: the base
                                    to start from, and the term and checksum of its last record
 
@@ -38,7 +39,7 @@ import numpy as np
 
 from index_shards.docstore import write_docstore
 from index_shards.faiss_index import build_index, derive_index, is_lossy, write_index
-from index_shards.layout import DOCSTORE_FILE, INDEX_FILE
+from index_shards.layout import BARE_FILE, DOCSTORE_FILE, INDEX_FILE
 from index_shards.manifest import FileEntry, ShardManifest, read_json
 from index_shards.segment import StoredDocument, WrittenVectors
 from index_shards.shard import Shard
@@ -113,29 +114,36 @@ def write_base(wal_dir: Path, build: Shard, documents: Iterable[StoredDocument],
     docs: list[Document] = []
     seqs: list[tuple[int, int]] = []
     written_rows: list[np.ndarray] = []
+    bare: list[int] = []  # documents stored without a vector: in the docstore, not in the index
     for stored in documents:
         docs.append(Document(DocId(stored.doc_id), stored.text, stored.title, dict(stored.metadata)))
         seqs.append((doc_int_id(stored.doc_id), stored.seq))
-        if stored.seq > 0:
-            assert stored.vector is not None, "a written document carries its vector"
+        if stored.vector is None:
+            assert stored.seq > 0, "a document without a vector was written"
+            bare.append(seqs[-1][0])
+        elif stored.seq > 0:
             written_rows.append(np.asarray(stored.vector, dtype=np.float32))
-    int_ids = np.asarray([i for i, _ in seqs], dtype=np.int64)
-    is_written = np.asarray([s > 0 for _, s in seqs], dtype=bool)
+    all_ids = np.asarray([i for i, _ in seqs], dtype=np.int64)
+    bare_ids = np.asarray(sorted(bare), dtype=np.int64)
+    vectored = ~np.isin(all_ids, bare_ids) if bare else np.ones(all_ids.size, dtype=bool)
+    int_ids = all_ids[vectored]
+    is_written = np.asarray([s > 0 for _, s in seqs], dtype=bool)[vectored]
     written = np.stack(written_rows) if written_rows else np.zeros((0, template.dim), dtype=np.float32)
     staging = wal_dir / f".compact-{seq}-{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     try:
         write_index(_base_index(build, int_ids, is_written, written), staging / INDEX_FILE)
-        write_docstore(staging / DOCSTORE_FILE, int_ids.tolist(), docs)
+        write_docstore(staging / DOCSTORE_FILE, all_ids.tolist(), docs)
         (staging / SEQS_FILE).write_bytes(json.dumps(seqs).encode())
         np.save(staging / WRITTEN_FILE, written, allow_pickle=False)
+        np.save(staging / BARE_FILE, bare_ids, allow_pickle=False)
         manifest = ShardManifest(
             collection=template.collection, shard_id=template.shard_id, num_shards=template.num_shards,
             embedding_version=template.embedding_version, metric=template.metric, factory=template.factory,
             count=len(docs), partitioner=template.partitioner, centroid=template.centroid,
             partition_field=template.partition_field,
             files={name: FileEntry.of(staging / name) for name in (INDEX_FILE, DOCSTORE_FILE, SEQS_FILE,
-                                                                   WRITTEN_FILE)})
+                                                                   WRITTEN_FILE, BARE_FILE)})
         manifest.write(staging)  # last inside the directory, as a build does
         fsync_tree(staging)
         target = wal_dir / f"base-{seq}"
@@ -173,7 +181,8 @@ def read_written(base_dir: Path) -> WrittenVectors | None:
     if not path.exists():
         return None
     seqs = [(int(i), int(s)) for i, s in json.loads((base_dir / SEQS_FILE).read_bytes())]
-    ids = np.asarray([i for i, s in seqs if s > 0], dtype=np.int64)
+    bare = set(np.load(base_dir / BARE_FILE, allow_pickle=False).tolist()) if (base_dir / BARE_FILE).exists() else set()
+    ids = np.asarray([i for i, s in seqs if s > 0 and i not in bare], dtype=np.int64)
     vectors = np.load(path, mmap_mode="r", allow_pickle=False)
     if len(vectors) != len(ids):
         raise IndexIntegrityError(f"{path} holds {len(vectors)} vectors, {SEQS_FILE} names {len(ids)} written "

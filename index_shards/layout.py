@@ -16,6 +16,7 @@ from retrieval.errors import ManifestMissing, NotFound
 
 INDEX_FILE = "index.faiss"
 DOCSTORE_FILE = "docs.sqlite"
+BARE_FILE = "bare.npy"  # int ids of the documents stored without a vector (a compacted base; absent: none)
 DEFAULT_ROOT = "shardrag-data"
 
 

@@ -7,7 +7,8 @@ becomes a boolean mask over the shard's documents without touching SQLite.
   (made from the equality map on the first such range over the key: each distinct string is read
   once);
 * presence (``is_empty``): key → the positions holding a value (made on the first question);
-* ids: doc id → position (``has_id``).
+* ids: doc id → position (``has_id``), and the ids in ascending order (made for the first
+  listing: ``LiveShard.scan``).
 
 Built once when the shard loads (one pass over ``docs.sqlite``). Memory is about 16 bytes per
 (document, key) pair plus Python's dict overhead per distinct value.
@@ -59,10 +60,18 @@ class PayloadIndex:
                                                 np.asarray([p for _, p in pairs], dtype=np.int64))
         self._dates: dict[str, _NumericColumn] = {}
         self._present: dict[str, np.ndarray] = {}
+        self._ordered: tuple[list[str], np.ndarray] | None = None
 
     @property
     def size(self) -> int:
         return int(self.int_ids.size)
+
+    def ordered(self) -> tuple[list[str], np.ndarray]:
+        """Every doc id in ascending order, and each one's position (made on the first listing)."""
+        if self._ordered is None:
+            ids = sorted(self._position_of)
+            self._ordered = (ids, np.fromiter((self._position_of[i] for i in ids), dtype=np.int64, count=len(ids)))
+        return self._ordered
 
     def contains(self, int_id: int) -> bool:
         """Whether the shard holds this document."""

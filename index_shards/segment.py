@@ -9,12 +9,20 @@ segment of documents written since, and tombstones over the base.
   is small: compaction folds it into a new base), merged by score;
 * **get**: the segment's copy, else the base's unless tombstoned.
 
+A document may be stored **without a vector** (a ``no_vector`` write): it is in the segment's
+documents (so BM25, filters, listings and reads find it) but not in its matrix, and a compaction
+puts it in the base's docstore and payload index but not in its FAISS index (``Shard.bare``) —
+a dense search never meets it.
+
 Records are applied in sequence order; :attr:`applied_seq` is the last one applied. The WAL
 (``index_shards.wal``) is written by the caller before :meth:`apply` — this class keeps no files.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import itertools
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -86,6 +94,7 @@ class LiveShard:
         self.dim = base.manifest.dim
         self.metric = base.manifest.metric
         self._docs: dict[str, SegmentDoc] = {}
+        self._bare: set[str] = set()  # ids of segment documents stored without a vector
         # the segment as one matrix for scoring, rebuilt on the first search after a write
         self._rows = SegmentRows(self.dim)  # the segment as an append-only matrix (index_shards.segment_rows)
         self._tombstones: set[int] = set()  # base int ids hidden by a later write
@@ -124,16 +133,17 @@ class LiveShard:
                     continue
                 self._hide(record.doc_id)
                 if record.op == UPSERT:
-                    assert record.vector is not None
-                    if record.vector.shape != (self.dim,):
+                    if record.vector is not None and record.vector.shape != (self.dim,):
                         raise DimensionMismatch(f"document {record.doc_id!r} has {record.vector.size} dims, the "
                                                 f"shard {self.dim}", field="vector")
                     int_id = doc_int_id(record.doc_id)
-                    vector = np.ascontiguousarray(record.vector, dtype=np.float32)
                     doc = SegmentDoc(int_id, record.doc_id, record.title, record.text, dict(record.metadata),
                                      record.seq)
                     self._docs[record.doc_id] = doc
-                    self._rows.add(doc, vector)
+                    if record.vector is None:
+                        self._bare.add(record.doc_id)
+                    else:
+                        self._rows.add(doc, np.ascontiguousarray(record.vector, dtype=np.float32))
                     if self._lexicon is not None:
                         self._lexicon.add(doc.doc_id, doc.title, doc.text)
                 elif record.op != DELETE:
@@ -144,6 +154,7 @@ class LiveShard:
 
     def _hide(self, doc_id: str) -> None:
         self._docs.pop(doc_id, None)
+        self._bare.discard(doc_id)
         if self._lexicon is not None:
             self._lexicon.remove(doc_id)
         self._rows.remove(doc_id)
@@ -197,6 +208,41 @@ class LiveShard:
         found.extend(stored[i].doc_id for i in base_ids if i in stored)
         return found
 
+    def scan(self, filter_: Filter, after: str, limit: int) -> tuple[int, list[StoredDocument]]:
+        """How many live documents ``filter_`` selects, and the first ``limit`` of them (with their
+        vectors) in id order after ``after`` ("": from the first) — a page of a listing. The base's
+        ids in order are sorted once (it never changes); a page costs a mask over the base."""
+        with self._lock:
+            segment = [d for d in self._docs.values() if filter_.matches(d.doc_id, d.metadata)]
+            hidden = np.concatenate([self._tombstone_array,
+                                     np.fromiter((d.int_id for d in self._docs.values()), dtype=np.int64)])
+            vectors = {d.doc_id: self._rows.vector(d.doc_id) for d in segment if d.doc_id > after}
+        payload = self.base.payload
+        selected = payload.mask(filter_)
+        if hidden.size:
+            selected &= ~np.isin(payload.int_ids, hidden)
+        total = int(selected.sum()) + len(segment)
+        ordered_ids, positions = payload.ordered()
+        start = bisect.bisect_right(ordered_ids, after) if after else 0
+        picked = start + np.flatnonzero(selected[positions[start:]])[:limit]
+        base_pairs = [(ordered_ids[i], int(payload.int_ids[positions[i]])) for i in picked.tolist()]
+        later = sorted((d for d in segment if d.doc_id > after), key=lambda d: d.doc_id)[:limit]
+        merged = heapq.merge(((doc_id, int_id, None) for doc_id, int_id in base_pairs),
+                             ((d.doc_id, d.int_id, d) for d in later), key=lambda row: row[0])
+        page = list(itertools.islice(merged, limit))
+        base_ids = np.asarray([int_id for _, int_id, doc in page if doc is None], dtype=np.int64)
+        stored = self.base.docstore.get_many(base_ids.tolist(), with_metadata=True) if base_ids.size else {}
+        base_vectors = dict(zip(base_ids.tolist(), self._base_vectors(base_ids), strict=True))
+        out: list[StoredDocument] = []
+        for doc_id, int_id, doc in page:
+            if doc is not None:
+                out.append(StoredDocument(doc.doc_id, doc.title, doc.text, doc.metadata, doc.seq, vectors[doc_id]))
+            else:
+                base_doc = stored[int_id]
+                out.append(StoredDocument(base_doc.doc_id, base_doc.title, base_doc.text, base_doc.metadata or {},
+                                          self._base_seqs.get(int_id, 0), base_vectors[int_id]))
+        return total, out
+
     def digest(self) -> dict[str, Any]:
         """A fingerprint of the live state: the count and a sha256 over every document's id, vector
         bytes (float32, little-endian), title, text and metadata (canonical JSON), in id order.
@@ -207,7 +253,6 @@ class LiveShard:
         rows = sorted(documents, key=lambda d: d.doc_id)
         digest = hashlib.sha256()
         for doc in rows:
-            assert doc.vector is not None
             digest.update(document_fingerprint(doc.doc_id, doc.vector, doc.title, doc.text, doc.metadata))
         return {"count": len(rows), "sha256": digest.hexdigest(), "applied_seq": seq}
 
@@ -224,11 +269,12 @@ class LiveShard:
             # arrays): the view is the segment as of ``seq`` without a copy of its vectors
             view = self._rows.view()
             positions = np.flatnonzero(view.alive).tolist()
-            segment = [(view.rows[p], view.matrix[p]) for p in positions]
+            segment: list[tuple[SegmentDoc, np.ndarray | None]] = [(view.rows[p], view.matrix[p]) for p in positions]
+            segment.extend((self._docs[doc_id], None) for doc_id in sorted(self._bare))
             hidden = set(self._tombstones) | {doc.int_id for doc, _ in segment}
         return seq, self._iter_documents(segment, hidden)
 
-    def _iter_documents(self, segment: list[tuple[SegmentDoc, np.ndarray]],
+    def _iter_documents(self, segment: list[tuple[SegmentDoc, np.ndarray | None]],
                         hidden: set[int]) -> Iterable[StoredDocument]:
         base_ids = np.asarray([i for i in self.base.payload.int_ids.tolist() if i not in hidden], dtype=np.int64)
         for start in range(0, base_ids.size, 1024):
@@ -242,16 +288,25 @@ class LiveShard:
         for written, vector in segment:
             yield StoredDocument(written.doc_id, written.title, written.text, written.metadata, written.seq, vector)
 
-    def _base_vectors(self, int_ids: np.ndarray) -> np.ndarray:
+    def _base_vectors(self, int_ids: np.ndarray) -> list[np.ndarray | None]:
         """Base documents' vectors: a written one's original where the base kept it, else the
-        index's (exact for Flat and HNSW; decoded from the build's own codes for PQ/SQ)."""
-        vectors = np.array(self.base.filtered.vectors(int_ids), dtype=np.float32)
+        index's (exact for Flat and HNSW; decoded from the build's own codes for PQ/SQ); None for
+        one stored without a vector."""
+        if int_ids.size == 0:
+            return []
+        bare = self.base.bare
+        vectored = ~np.isin(int_ids, bare) if bare.size else np.ones(int_ids.size, dtype=bool)
+        vectors = np.array(self.base.filtered.vectors(int_ids[vectored]), dtype=np.float32) if vectored.any() \
+            else np.zeros((0, self.dim), dtype=np.float32)
+        out: list[np.ndarray | None] = [None] * int(int_ids.size)
+        for row, position in enumerate(np.flatnonzero(vectored).tolist()):
+            out[position] = vectors[row]
         if self._written is not None:
             for row, int_id in enumerate(int_ids.tolist()):
-                original = self._written.get(int_id)
+                original = self._written.get(int_id) if out[row] is not None else None
                 if original is not None:
-                    vectors[row] = original
-        return vectors
+                    out[row] = original
+        return out
 
     def search(self, queries: np.ndarray, k: int, *, nprobe: int | None = None, ef_search: int | None = None,
                with_text: bool = True, with_metadata: bool = False,

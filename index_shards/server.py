@@ -389,6 +389,17 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
             ids = await in_thread(versions.matching_ids, version, filter, limit)
             return json_response({"shard_id": shard_id, "version": version, "ids": ids})
 
+        @app.post("/v1/scan", summary="A page of the live documents a filter selects, in id order "
+                  "(retrieval.records.ScanPage: the count of all it selects, then the page)",
+                  openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                      "schema": {"type": "object"}}}, "description": "the filter's canonical JSON ({} for all)"}})
+        async def post_scan(request: Request, version: Annotated[str, Query()],
+                            after: Annotated[str, Query(max_length=1024)] = "",
+                            limit: Annotated[int, Query(ge=0, le=10_000)] = 1000) -> Response:
+            filter_canonical = (await read_request_body(request, config.max_body_bytes)).decode("utf-8", "replace")
+            page = await in_thread(versions.scan, version, filter_canonical or "{}", after, limit)
+            return Response(page.encode(), media_type="application/octet-stream")
+
         @app.get("/v1/snapshot", summary="Every live document of a version (retrieval.records.Snapshot): a peer "
                  "behind the WAL's retention, or diverged, restores from it")
         async def get_snapshot(version: Annotated[str, Query(description="embedding version")]) -> Response:

@@ -1,4 +1,8 @@
-"""A shard loaded for serving: verified files, FAISS index (GPU when available), doc store."""
+"""A shard loaded for serving: verified files, FAISS index (GPU when available), doc store.
+
+The doc store (and so the payload index and the lexicon) holds every document; the FAISS index
+holds those with a vector. A compacted base may hold documents stored without one (``bare.npy``,
+their int ids): a filtered or tombstoned dense search leaves them out of what it scores."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import numpy as np
 from index_shards.docstore import DocStore
 from index_shards.faiss_index import SearchableIndex, read_index, wants_gpu
 from index_shards.filtered import FilteredSearcher
-from index_shards.layout import DOCSTORE_FILE, INDEX_FILE
+from index_shards.layout import BARE_FILE, DOCSTORE_FILE, INDEX_FILE
 from index_shards.lexical import BaseLexicon
 from index_shards.manifest import ShardManifest, verify_shard_dir
 from index_shards.payload import PayloadIndex
@@ -26,8 +30,11 @@ logger = logging.getLogger(__name__)
 
 
 class Shard:
-    def __init__(self, directory: Path, manifest: ShardManifest, index: SearchableIndex, docstore: DocStore) -> None:
+    def __init__(self, directory: Path, manifest: ShardManifest, index: SearchableIndex, docstore: DocStore,
+                 bare: np.ndarray | None = None) -> None:
         self.directory = directory
+        self.bare = bare if bare is not None else np.zeros(0, dtype=np.int64)  # sorted int ids without a vector
+        self._vectored: np.ndarray | None = None  # the payload's int ids less the bare ones (made on first use)
         self.manifest = manifest
         self.index = index
         self.docstore = docstore
@@ -75,9 +82,12 @@ class Shard:
         directory = Path(directory)
         manifest = verify_shard_dir(directory)
         index = read_index(directory / INDEX_FILE, mmap=mmap and not wants_gpu(device))
-        if index.ntotal != manifest.count:
+        bare = np.sort(np.load(directory / BARE_FILE, allow_pickle=False).astype(np.int64)) \
+            if BARE_FILE in manifest.files else None
+        vectors = manifest.count - (bare.size if bare is not None else 0)
+        if index.ntotal != vectors:
             raise IndexIntegrityError(f"{directory / INDEX_FILE} holds {index.ntotal} vectors, "
-                                      f"manifest says {manifest.count}")
+                                      f"manifest says {vectors}")
         if index.d != manifest.dim:
             raise IndexIntegrityError(f"{directory / INDEX_FILE} has dimension {index.d}, manifest says {manifest.dim}")
         docstore = DocStore(directory / DOCSTORE_FILE)
@@ -94,7 +104,15 @@ class Shard:
                                           f"{manifest.factory} index does not have; re-run `shardrag tune`") from exc
         logger.info("loaded shard %s (%d docs, %s, gpu=%s, search defaults %s)", directory, manifest.count,
                     manifest.factory, searchable.on_gpu, searchable.defaults or "none")
-        return cls(directory, manifest, searchable, docstore)
+        return cls(directory, manifest, searchable, docstore, bare)
+
+    def vectored_ids(self) -> np.ndarray:
+        """The int ids of the documents the index holds (every one but the bare)."""
+        if not self.bare.size:
+            return self.payload.int_ids
+        if self._vectored is None:
+            self._vectored = np.setdiff1d(self.payload.int_ids, self.bare, assume_unique=True)
+        return self._vectored
 
     @property
     def version_id(self) -> str:
@@ -121,7 +139,7 @@ class Shard:
             )
         if k < 1:
             raise InvalidRequest(f"k must be ≥ 1, got {k}", field="k")
-        if self.manifest.count == 0:
+        if self.manifest.count == 0 or self.index.ntotal == 0:
             return [_empty(with_metadata) for _ in range(len(queries))]
         excluding = exclude is not None and exclude.size > 0
         if filter_ is not None and not filter_.empty:
@@ -132,6 +150,9 @@ class Shard:
             if exclude is not None and exclude.size:
                 allowed = np.setdiff1d(allowed, exclude, assume_unique=True)
                 rejected = np.union1d(rejected, exclude) if rejected is not None else None
+            if self.bare.size:  # documents without a vector are not in the index to be scored
+                allowed = np.setdiff1d(allowed, self.bare, assume_unique=True)
+                rejected = np.union1d(rejected, self.bare) if rejected is not None else None
             field = self.manifest.partition_field
             scores, ids, plan = self.filtered.search(queries, min(k, self.manifest.count), allowed,
                                                      nprobe=nprobe, ef_search=ef_search,
@@ -141,7 +162,7 @@ class Shard:
         elif excluding:
             assert exclude is not None
             scores, ids = self.filtered.search_excluding(queries, min(k, self.manifest.count), exclude,
-                                                         self.payload.int_ids, nprobe=nprobe, ef_search=ef_search)
+                                                         self.vectored_ids(), nprobe=nprobe, ef_search=ef_search)
         else:
             scores, ids = self.index.search(queries, min(k, self.manifest.count), nprobe=nprobe,
                                             ef_search=ef_search)

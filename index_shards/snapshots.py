@@ -35,7 +35,8 @@ def take(versions: ShardVersions, version: str) -> Snapshot:
         seq, documents = slot.live.frozen_documents()
         mark = slot.log.mark(seq) if slot.log is not None else None
     records = [WalRecord(doc.seq, UPSERT, doc.doc_id, doc.title, doc.text, dict(doc.metadata),
-                         np.asarray(doc.vector, dtype=np.float32)) for doc in documents]
+                         np.asarray(doc.vector, dtype=np.float32) if doc.vector is not None else None)
+               for doc in documents]
     return Snapshot(seq, mark.term if mark else 0, mark.checksum if mark else 0, records)
 
 

@@ -59,6 +59,7 @@ from retrieval.errors import (
     VersionConflict,
 )
 from retrieval.filters import filter_from_canonical
+from retrieval.records import UPSERT, ScanPage, WalRecord
 
 COMPACT_AFTER = 20_000  # segment documents + tombstones that start a background compaction
 WAL_RETAIN = 100_000  # WAL records kept behind a checkpoint, for peers that fall behind
@@ -236,6 +237,12 @@ class ShardVersions:
     def matching_ids(self, version_id: str, filter_canonical: str, limit: int) -> list[str]:
         """Ids of live documents of the version that the filter (canonical JSON) selects."""
         return self.get(version_id).matching_ids(filter_from_canonical(filter_canonical), limit)
+
+    def scan(self, version_id: str, filter_canonical: str, after: str, limit: int) -> ScanPage:
+        """A page of the version's live documents the filter selects, in id order after ``after``."""
+        total, documents = self.get(version_id).scan(filter_from_canonical(filter_canonical), after, limit)
+        return ScanPage(total, [WalRecord(d.seq, UPSERT, d.doc_id, d.title, d.text, d.metadata, d.vector)
+                                for d in documents])
 
     def document(self, version_id: str | None, doc_id: str) -> dict[str, object] | None:
         """``GET /v1/documents/{id}``'s answer: the document as this replica holds it, or None."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from retrieval.atomic import atomic_write_bytes
 from retrieval.errors import InvalidRequest
-from retrieval.records import Snapshot, WalRecord, document_fingerprint
+from retrieval.records import UPSERT, Snapshot, WalRecord, document_fingerprint
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -69,7 +69,7 @@ class BackupManifest:
 def digest_of(records: Iterable[WalRecord]) -> tuple[int, str]:
     """(count, digest) of documents, in any order and spread over any number of shards."""
     hashes = sorted(hashlib.sha256(document_fingerprint(r.doc_id, r.vector, r.title, r.text, r.metadata)).digest()
-                    for r in records if r.vector is not None)
+                    for r in records if r.op == UPSERT)
     return len(hashes), hashlib.sha256(b"".join(hashes)).hexdigest()
 
 

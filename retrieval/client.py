@@ -38,6 +38,7 @@ from retrieval.client_types import (
     query_body,
     rollout_body,
     rollout_error,
+    scroll_body,
     tune_body,
     tune_path,
     write_body,
@@ -177,6 +178,30 @@ class ShardragClient:
         from urllib.parse import quote
 
         return self._check(self._http.get(f"{self._data}/documents/{quote(doc_id, safe='')}"))
+
+    def scroll(self, *, filter: dict[str, Any] | None = None, limit: int = 100, offset: str | None = None,
+               with_vectors: bool = False) -> dict[str, Any]:
+        """One page of the live documents in id order (those ``filter`` selects): ``{"documents",
+        "count", "next_offset", "version"}`` — ``count`` is how many the filter selects in all; give
+        ``next_offset`` back as ``offset`` for the next page (None: the last page). Read on each
+        shard's primary: the caller's acknowledged writes are there."""
+        body = scroll_body(filter=filter, limit=limit, offset=offset, with_vectors=with_vectors)
+        return self._check(self._post(f"{self._data}/documents/scroll", body))
+
+    def documents(self, *, filter: dict[str, Any] | None = None, page_size: int = 500,
+                  with_vectors: bool = False) -> Iterator[dict[str, Any]]:
+        """Every live document ``filter`` selects, in id order, a page at a time."""
+        offset: str | None = None
+        while True:
+            page = self.scroll(filter=filter, limit=page_size, offset=offset, with_vectors=with_vectors)
+            yield from page["documents"]
+            offset = page["next_offset"]
+            if offset is None:
+                return
+
+    def count(self, *, filter: dict[str, Any] | None = None) -> int:
+        """How many live documents ``filter`` selects (all of them without one): exact."""
+        return int(self.scroll(filter=filter, limit=0)["count"])
 
     def backup_shard(self, shard: int) -> bytes:
         """On ``client.collection(name)`` (admin key): shard ``shard``'s live documents as of one seq
@@ -328,6 +353,25 @@ class AsyncShardragClient:
         from urllib.parse import quote
 
         return await self._get(f"{self._data}/documents/{quote(doc_id, safe='')}")
+
+    async def scroll(self, *, filter: dict[str, Any] | None = None, limit: int = 100, offset: str | None = None,
+                     with_vectors: bool = False) -> dict[str, Any]:
+        return await self._post(f"{self._data}/documents/scroll", scroll_body(filter=filter, limit=limit,
+                                                                              offset=offset, with_vectors=with_vectors))
+
+    async def documents(self, *, filter: dict[str, Any] | None = None, page_size: int = 500,
+                        with_vectors: bool = False) -> AsyncIterator[dict[str, Any]]:
+        offset: str | None = None
+        while True:
+            page = await self.scroll(filter=filter, limit=page_size, offset=offset, with_vectors=with_vectors)
+            for document in page["documents"]:
+                yield document
+            offset = page["next_offset"]
+            if offset is None:
+                return
+
+    async def count(self, *, filter: dict[str, Any] | None = None) -> int:
+        return int((await self.scroll(filter=filter, limit=0))["count"])
 
     async def backup_shard(self, shard: int) -> bytes:
         response = await self._http.get(backup_path(self._data, shard))

@@ -73,6 +73,16 @@ def write_body(ids: Sequence[str] | None = None, *, documents: Sequence[dict[str
     return body
 
 
+def scroll_body(*, filter: dict[str, Any] | None, limit: int, offset: str | None,
+                with_vectors: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"limit": limit, "with_vectors": with_vectors}
+    if filter is not None:
+        body["filter"] = filter
+    if offset is not None:
+        body["offset"] = offset
+    return body
+
+
 def collection_body(*, dim: int | None = None, model: str | None = None, metric: str = "ip", shards: int = 1,
                     replicas: int = 1, factory: str = "Flat", tenant_field: str | None = None,
                     max_documents: int = 0, max_rps: float = 0.0) -> dict[str, Any]:

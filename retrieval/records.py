@@ -6,6 +6,9 @@ and on the wire between a shard's primary and its replicas (and between replicas
     body     = u64 seq | u64 term | u8 op | u32 meta length | meta (JSON, UTF-8) | vector (float32 LE)
     op       = 1 upsert (meta: id, title, text, metadata, dim) | 2 delete (meta: id) | 3 no-op
 
+An upsert of a document stored without a vector (``no_vector`` writes: found by BM25, filters and
+listings, never by a dense search) has ``dim`` 0 and no vector bytes; its ``vector`` is None.
+
 The checksum covers the length as well as the body, and every frame starts with the magic: a
 flipped bit in a length can neither pass as a record nor hide the records after it (the WAL finds
 the next frame and calls the log damaged instead of truncating it as a torn tail).
@@ -78,9 +81,7 @@ class WalRecord:
             meta["m"] = 1
         vector = b""
         if self.op == UPSERT:
-            if self.vector is None:
-                raise ValueError("an upsert record needs its vector")
-            array = np.ascontiguousarray(self.vector, dtype="<f4")
+            array = np.ascontiguousarray(self.vector if self.vector is not None else (), dtype="<f4")
             meta.update(title=self.title, text=self.text, metadata=self.metadata, dim=int(array.size))
             vector = array.tobytes()
         meta_bytes = _dump_meta(meta)
@@ -118,9 +119,10 @@ def _record(seq: int, term: int, op: int, meta: dict[str, Any], body: memoryview
                          moved=bool(meta.get("m", 0)), frame=frame)
     if op != UPSERT:
         raise ValueError(f"unknown op {op}")
-    vector = np.frombuffer(body, dtype="<f4", offset=vector_at, count=int(meta["dim"]))
+    dim = int(meta["dim"])
+    vector = np.frombuffer(body, dtype="<f4", offset=vector_at, count=dim).astype(np.float32) if dim else None
     return WalRecord(seq, op, str(meta["id"]), str(meta.get("title", "")), str(meta.get("text", "")),
-                     dict(meta.get("metadata", {})), vector.astype(np.float32), term, key, fingerprint, False, frame)
+                     dict(meta.get("metadata", {})), vector, term, key, fingerprint, False, frame)
 
 
 def decode_frame(data: bytes, offset: int = 0) -> tuple[WalRecord, int]:
@@ -229,11 +231,40 @@ class Snapshot:
         return cls(seq, term, checksum, decode_records(data[_SNAPSHOT_HEAD.size:]))
 
 
-def document_fingerprint(doc_id: str, vector: np.ndarray, title: str, text: str, metadata: Any) -> bytes:
+_SCAN_HEAD = struct.Struct("<Q")  # how many documents the filter selects on the replica
+
+
+@dataclass(slots=True, frozen=True)
+class ScanPage:
+    """A page of a replica's listing (``ShardClient.scan``): how many live documents the filter
+    selects there, and a page of them in id order, each an upsert record carrying its own seq.
+
+        page = u64 matches | records      (little endian)
+    """
+
+    matches: int
+    records: Sequence[WalRecord]
+
+    def encode(self) -> bytes:
+        return _SCAN_HEAD.pack(self.matches) + encode_records(self.records)
+
+    @classmethod
+    def decode(cls, data: bytes) -> ScanPage:
+        """ValueError when it does not check out."""
+        if len(data) < _SCAN_HEAD.size:
+            raise ValueError(f"a scan page starts with its count ({_SCAN_HEAD.size} bytes)")
+        (matches,) = _SCAN_HEAD.unpack_from(data)
+        return cls(int(matches), decode_records(data[_SCAN_HEAD.size:]))
+
+
+def document_fingerprint(doc_id: str, vector: np.ndarray | None, title: str, text: str, metadata: Any) -> bytes:
     """The bytes a replica's digest hashes for one document (``LiveShard.digest``; backups and
     tests build the same): its id, title, text and metadata as canonical JSON, then its vector's
-    float32 little-endian bytes."""
+    float32 little-endian bytes (none for a document stored without a vector: its JSON head says
+    so, so it never hashes like one with an empty vector)."""
     import json
 
-    head = json.dumps([doc_id, title, text, metadata], sort_keys=True, separators=(",", ":")).encode()
-    return len(head).to_bytes(8, "little") + head + np.ascontiguousarray(vector, dtype="<f4").tobytes()
+    described = [doc_id, title, text, metadata] + ([] if vector is not None else [None])
+    head = json.dumps(described, sort_keys=True, separators=(",", ":")).encode()
+    tail = np.ascontiguousarray(vector, dtype="<f4").tobytes() if vector is not None else b""
+    return len(head).to_bytes(8, "little") + head + tail

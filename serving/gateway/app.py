@@ -2,6 +2,7 @@
 
     POST /v1/query    {text | vector, k, nprobe, ef_search, top_m, timeout_ms, with_text, version}
     POST /v1/answer   retrieve, then generate (only when generator workers are configured)
+    POST /v1/documents[/delete|/scroll], GET /v1/documents/{id}   writes, deletes, listings, one document
     GET  /v1/cluster  shards, replicas, versions, live health
     GET  /healthz     gateway + encoder state
     GET  /metrics     Prometheus
@@ -50,7 +51,8 @@ from serving.gateway.faults_proxy import add_fault_routes
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.openapi import build_openapi, filter_schemas, query_request_schema, write_schemas
 from serving.gateway.query import parse_body
-from serving.writes.models import DeleteRequest, UpsertRequest
+from serving.writes.listing import scroll
+from serving.writes.models import DeleteRequest, ScrollRequest, UpsertRequest
 
 STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
 
@@ -147,6 +149,12 @@ def create_app(setup: GatewaySetup) -> Any:
     async def delete_documents(request: Request) -> Response:
         parsed = parse_body(DeleteRequest, await read_request_body(request, writes_settings.max_body_bytes))
         return json_response(await running.gateway.writes.delete(parsed))
+
+    @app.post("/v1/documents/scroll", summary="A page of the documents in id order (by filter), with how many "
+              "the filter selects", responses=ERROR_RESPONSES, openapi_extra=write_body("ScrollRequest"))
+    async def scroll_documents(request: Request) -> Response:
+        parsed = parse_body(ScrollRequest, await read_request_body(request, writes_settings.max_body_bytes))
+        return json_response(await scroll(running.gateway.writes, parsed))
 
     @app.get("/v1/documents/{doc_id:path}", summary="One document with its metadata and seq (404 if absent)",
              responses={**ERROR_RESPONSES, 404: {"model": ErrorResponse,

@@ -8,6 +8,7 @@
     POST   /v1/collections/{name}/query           as POST /v1/query
     POST   /v1/collections/{name}/documents       as POST /v1/documents
     POST   /v1/collections/{name}/documents/delete
+    POST   /v1/collections/{name}/documents/scroll  a page of its documents in id order, with the count
     GET    /v1/collections/{name}/documents/{id}
     GET    /v1/collections/{name}/backup/{shard}  a shard's live documents at one seq (admin)
     POST   /v1/collections/{name}/answer          as POST /v1/answer, passages from this collection
@@ -47,11 +48,14 @@ from serving.gateway.tenancy import (
     confine_filter,
     confine_hits,
     confine_ids,
+    confine_listing,
+    confine_scroll,
     confine_upsert,
     stored_id,
 )
 from serving.versions.registry import VersionRegistry
-from serving.writes.models import DeleteRequest, UpsertRequest
+from serving.writes.listing import scroll
+from serving.writes.models import DeleteRequest, ScrollRequest, UpsertRequest
 from serving.writes.service import WriteService
 from serving.writes.snapshots import live_snapshot
 
@@ -247,6 +251,17 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
             parsed = confine_delete(parsed, tenant_field, tenant)
         reply = await writes.delete(parsed)
         return json_response(confine_ids(reply, tenant) if tenant is not None else reply)
+
+    @app.post("/v1/collections/{name}/documents/scroll", summary="A page of the collection's documents in id "
+              "order (by filter), with how many the filter selects", responses=RESPONSES,
+              openapi_extra=_body("ScrollRequest"))
+    async def scroll_documents(name: NamePath, request: Request) -> Response:
+        _, writes, _, tenant_field, tenant = await services(name, request)
+        parsed = parse_body(ScrollRequest, await read_request_body(request, limits().max_body_bytes))
+        if tenant is not None and tenant_field is not None:
+            return json_response(confine_listing(await scroll(writes, confine_scroll(parsed, tenant_field, tenant)),
+                                                 tenant))
+        return json_response(await scroll(writes, parsed))
 
     @app.get("/v1/collections/{name}/documents/{doc_id:path}", summary="One document of the collection",
              responses=RESPONSES)

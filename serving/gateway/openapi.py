@@ -19,7 +19,7 @@ from retrieval.filters import (
 from serving.gateway.api_models import QueryRequest
 from serving.gateway.config import Limits
 from serving.versions.topology import Topology
-from serving.writes.models import MAX_ID_CHARS, DeleteRequest, UpsertRequest
+from serving.writes.models import MAX_ID_CHARS, DeleteRequest, ScrollRequest, UpsertRequest
 from serving.writes.plan import WriteSettings
 
 
@@ -169,7 +169,10 @@ def write_schemas(limits: Limits, topology: Topology | None, writes: WriteSettin
                         "description": dprops["filter"].get("description", "") + " (not empty: an empty filter "
                                        "would delete everything)"}
     delete["oneOf"] = [_one_of("ids", "array", "filter", "object"), _one_of("filter", "object", "ids", "array")]
-    return {"UpsertRequest": upsert, "DocumentIn": document, "DeleteRequest": delete}
+    scroll = ScrollRequest.model_json_schema(ref_template=ref)
+    scroll["properties"]["filter"] = {"anyOf": [{"$ref": f"#/components/schemas/{FILTER_SCHEMA}0"}, {"type": "null"}],
+                                      "description": scroll["properties"]["filter"].get("description", "")}
+    return {"UpsertRequest": upsert, "DocumentIn": document, "DeleteRequest": delete, "ScrollRequest": scroll}
 
 
 _HTTP_METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")

@@ -23,7 +23,7 @@ import logging
 from typing import Any
 
 from retrieval.errors import Forbidden, InvalidRequest
-from serving.writes.models import MAX_ID_CHARS, DeleteRequest, DocumentIn, UpsertRequest
+from serving.writes.models import MAX_ID_CHARS, DeleteRequest, DocumentIn, ScrollRequest, UpsertRequest
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,27 @@ def confine_delete(request: DeleteRequest, tenant_field: str, tenant: str) -> De
     if request.ids is not None:
         return request.model_copy(update={"ids": [stored_id(tenant, i, field="ids") for i in request.ids]})
     return request.model_copy(update={"filter": confine_filter(request.filter, tenant_field, tenant)})
+
+
+def confine_scroll(request: ScrollRequest, tenant_field: str, tenant: str) -> ScrollRequest:
+    """A listing of the tenant's documents only, its cursor in the tenant's namespace (the
+    namespace's ids sort as the shown ones do: one prefix)."""
+    offset = stored_id(tenant, request.offset, field="offset") if request.offset is not None else None
+    return request.model_copy(update={"filter": confine_filter(request.filter, tenant_field, tenant),
+                                      "offset": offset})
+
+
+def confine_listing(reply: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """A listing's page in the tenant's namespace (a document from outside it is dropped and logged)."""
+    prefix = tenant + SEPARATOR
+    kept = []
+    for document in reply["documents"]:
+        if not str(document["id"]).startswith(prefix):
+            logger.error("a document outside tenant %r reached a listing (%s): dropped", tenant, document["id"])
+            continue
+        kept.append({**document, "id": document["id"][len(prefix):]})
+    cursor = reply.get("next_offset")
+    return {**reply, "documents": kept, "next_offset": shown_id(tenant, cursor) if cursor else None}
 
 
 def confine_hits(response: dict[str, Any], tenant: str) -> dict[str, Any]:

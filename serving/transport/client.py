@@ -27,6 +27,7 @@ from retrieval.contract import (
     UnloadReply,
     WriteReply,
 )
+from retrieval.records import ScanPage
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,6 +99,12 @@ class ShardClient(ABC):
     async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
                            timeout_s: float) -> list[str]:
         """Ids of the replica's live documents that the filter (canonical JSON) selects."""
+
+    @abstractmethod
+    async def scan(self, replica: str, shard_id: int, version: str, filter_canonical: str, after: str, limit: int,
+                   timeout_s: float) -> ScanPage:
+        """How many live documents of the replica the filter (canonical JSON) selects, and the first
+        ``limit`` of them (0: the count alone) in id order after ``after`` ("": from the first)."""
 
     # -- tuning (POST /v1/collections/{name}/tune: index_shards.live_tuning) ------------------------
     @abstractmethod

@@ -30,6 +30,7 @@ from retrieval.contract import (
     WriteReply,
 )
 from retrieval.errors import DeadlineExceeded, ShardUnavailable, error_for_status
+from retrieval.records import ScanPage
 from retrieval.wire import encode_vectors
 from serving.transport.client import ShardClient, ShardReply
 from serving.transport.http_pool import HttpError, HttpPool
@@ -171,6 +172,22 @@ class HttpShardClient(JsonControlClient):
         if status != 200:
             raise error_for_status(status, payload, peer=replica, shard=shard_id)
         return [str(doc_id) for doc_id in orjson.loads(payload)["ids"]]
+
+    async def scan(self, replica: str, shard_id: int, version: str, filter_canonical: str, after: str, limit: int,
+                   timeout_s: float) -> ScanPage:
+        path = f"/v1/scan?version={quote(version, safe='')}&after={quote(after, safe='')}&limit={limit}"
+        try:
+            status, payload = await self._pool.request("POST", f"{replica}{path}", filter_canonical.encode(),
+                                                       timeout_s=timeout_s, headers=self._auth)
+        except (TimeoutError, HttpError) as exc:
+            raise ShardUnavailable(f"shard {shard_id} ({replica}) unreachable: {exc!r}", shard=shard_id) from exc
+        if status != 200:
+            raise error_for_status(status, payload, peer=replica, shard=shard_id)
+        try:
+            return ScanPage.decode(payload)
+        except ValueError as exc:
+            raise ShardUnavailable(f"shard {shard_id} ({replica}) sent a scan page that does not parse: {exc}",
+                                   shard=shard_id) from exc
 
     async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
                        timeout_s: float) -> dict[str, Any] | None:

@@ -29,7 +29,7 @@ from index_shards.writes import writes_after
 from retrieval.bm25 import LexicalQuery
 from retrieval.contract import HealthInfo, ReplicaInfo, SearchParams, StageReply, UnloadReply, WriteReply
 from retrieval.errors import ShardUnavailable
-from retrieval.records import encode_records
+from retrieval.records import ScanPage, encode_records
 from serving.transport.client import ShardClient, ShardReply
 
 SCHEME = "inproc://"
@@ -118,6 +118,10 @@ class InProcessShardClient(ShardClient):
     async def matching_ids(self, replica: str, shard_id: int, version: str, filter_canonical: str, limit: int,
                            timeout_s: float) -> list[str]:
         return self._replica(replica, shard_id).matching_ids(version, filter_canonical, limit)
+
+    async def scan(self, replica: str, shard_id: int, version: str, filter_canonical: str, after: str, limit: int,
+                   timeout_s: float) -> ScanPage:
+        return await asyncio.to_thread(self._replica(replica, shard_id).scan, version, filter_canonical, after, limit)
 
     async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
                        timeout_s: float) -> dict[str, Any] | None:

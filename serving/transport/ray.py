@@ -38,6 +38,7 @@ from retrieval.contract import (
     WriteReply,
 )
 from retrieval.errors import ConfigError, DeadlineExceeded
+from retrieval.records import ScanPage
 from serving.transport.client import ShardClient, ShardReply
 from serving.transport.ray_node import NodeReplicas
 from serving.transport.ray_replica import SCHEME, ShardReplica, _ray, _unwrap, actor_for
@@ -132,6 +133,12 @@ class RayShardClient(ShardClient):
         ref = self._handle(replica, shard_id).matching_ids.remote(version, filter_canonical, limit)
         ids: list[str] = await self._call(ref, f"shard {shard_id} ({replica}) ids", shard_id, timeout_s)
         return ids
+
+    async def scan(self, replica: str, shard_id: int, version: str, filter_canonical: str, after: str, limit: int,
+                   timeout_s: float) -> ScanPage:
+        ref = self._handle(replica, shard_id).scan.remote(version, filter_canonical, after, limit)
+        page: bytes = await self._call(ref, f"shard {shard_id} ({replica}) scan", shard_id, timeout_s)
+        return ScanPage.decode(page)
 
     async def document(self, replica: str, shard_id: int, version: str, doc_id: str,
                        timeout_s: float) -> dict[str, Any] | None:

@@ -139,6 +139,9 @@ class ShardReplica:
     def document(self, version: str, doc_id: str) -> dict[str, Any] | None:
         return self.versions.document(version, doc_id)
 
+    def scan(self, version: str, filter_canonical: str, after: str, limit: int) -> bytes:
+        return self.versions.scan(version, filter_canonical, after, limit).encode()
+
 
 class RayPeers(PeerClient):
     """The peer protocol between replica actors (``index_shards.peers``): calls to the other

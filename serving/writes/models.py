@@ -53,3 +53,19 @@ class DeleteRequest(BaseModel):
                                                              "(the filter language of /v1/query; docs/filters.md)")
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
     write_ack: WriteAck = "majority"
+
+
+MAX_SCROLL_LIMIT = 1000  # documents one page of a listing holds
+
+
+class ScrollRequest(BaseModel):
+    """A page of the collection's live documents in id order (``POST …/documents/scroll``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    filter: dict[str, Any] | None = Field(None, description="only the documents the filter selects (the filter "
+                                                             "language of /v1/query; docs/filters.md)")
+    limit: int = Field(100, ge=0, le=MAX_SCROLL_LIMIT, description="documents in the page (0: the count alone)")
+    offset: str | None = Field(None, min_length=1, max_length=MAX_ID_CHARS,
+                               description="the previous page's next_offset: the page starts after this id")
+    with_vectors: bool = Field(False, description="each document's vector too")

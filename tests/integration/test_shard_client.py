@@ -116,9 +116,21 @@ def test_same_records_answers_and_errors_over_http_and_in_process(shard_dirs, se
             hybrid = await client.search(replica, 1, vectors1[:1], lexical_params, 5.0,
                                          lexical=[LexicalQuery("Title 17 text", stats)])  # both legs, one call
             assert hybrid.results == lexical.results and hybrid.dense == reply.results[:1]
+            # listing: every document in id order, page by page, and a filtered page with its count
+            listed, after = [], ""
+            while True:
+                page = await client.scan(replica, 1, v1, "{}", after, 30, 5.0)
+                listed.extend((r.doc_id, r.text, r.vector.tolist()) for r in page.records)
+                if len(page.records) < 30:
+                    break
+                after = page.records[-1].doc_id
+            wanted = '{"must":[{"has_id":["doc-3","doc-4","doc-5","nope"]}]}'
+            filtered = await client.scan(replica, 1, v1, wanted, "doc-3", 10, 5.0)
+            counted = await client.scan(replica, 1, v1, wanted, "", 0, 5.0)
+            scans = (page.matches, listed, filtered.matches, [r.doc_id for r in filtered.records], counted)
             await client.close()
             results.append((comparable(info), health, reply, errors, staged.version.id, unloaded.unloaded,
-                            again.unloaded, tuning, (stats, own.results, lexical.results, lexical.stats)))
+                            again.unloaded, tuning, (stats, own.results, lexical.results, lexical.stats), scans))
         return results
 
     over_http, in_process = asyncio.run(scenario())
@@ -136,6 +148,12 @@ def test_same_records_answers_and_errors_over_http_and_in_process(shard_dirs, se
     assert stats.docs == info_count(over_http[0]) and set(stats.df) == {"titl", "17", "text"}
     assert len(own) == 2 and own[0] == lexical[0] and again == [stats]  # its own statistics, given or not
     assert len(lexical) == 1 and len(lexical[0]["doc_ids"]) == 4
+    assert over_http[9] == in_process[9]
+    total, listed, matches, page, counted = over_http[9]
+    ids = [d for d, _, _ in listed]
+    assert total == len(listed) == info_count(over_http[0]) and ids == sorted(ids)
+    assert matches == counted.matches and counted.records == [] and page == [d for d in ("doc-4", "doc-5")
+                                                                             if d in {i for i, _, _ in listed}]
 
 
 def info_count(info) -> int:

@@ -146,6 +146,36 @@ def test_a_tenant_never_receives_another_tenants_documents(cluster):
     assert query(url, GLOBEX, {"vector": acme_vectors[0].tolist()}, "alpha").status_code == 403  # no tenant field
 
 
+def test_a_tenants_listing_holds_its_documents_only(cluster):
+    """scroll with a tenant's key: its own documents in its namespace, page by page (the cursor is a
+    shown id), and a hostile filter or cursor cannot reach another tenant's."""
+    url = cluster.gateway_url
+
+    def scroll(body: dict) -> dict:
+        answer = httpx.post(f"{url}/v1/collections/shared/documents/scroll", json=body, headers=bearer(GLOBEX),
+                            timeout=30)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    listed, offset = [], None
+    while True:
+        page = scroll({"limit": 7, **({"offset": offset} if offset else {})})
+        assert page["count"] == PER_TENANT
+        listed.extend(page["documents"])
+        offset = page["next_offset"]
+        if offset is None:
+            break
+    assert [d["id"] for d in listed] == sorted(f"doc-{i}" for i in range(PER_TENANT))
+    assert {d["title"] for d in listed} == {"globex"}
+    for hostile in ({"must": [{"key": "tenant", "match": {"value": "acme"}}]}, {"must": [{"has_id": ["acme::doc-3"]}]},
+                    {"must_not": [{"key": "tenant", "match": {"value": "globex"}}]}):
+        assert scroll({"filter": hostile})["documents"] == [], hostile
+    # a cursor is in its namespace too: "acme::doc-3" is globex::acme::doc-3, before globex's own ids
+    assert {d["title"] for d in scroll({"offset": "acme::doc-3", "limit": 50})["documents"]} == {"globex"}
+    everyone = httpx.post(f"{url}/v1/collections/shared/documents/scroll", json={"limit": 0}, headers=bearer(ADMIN))
+    assert everyone.json()["count"] >= 2 * PER_TENANT - 1
+
+
 def test_quotas_answer_429_naming_the_limit(cluster):
     url = cluster.gateway_url
     batch = [{"id": f"q-{i}", "vector": v.tolist()} for i, v in enumerate(vectors(5, 6))]

@@ -259,3 +259,77 @@ def test_tuned_search_defaults_outlive_compactions_and_a_replicas_own_win(tmp_pa
     again = open_replica(shard_dir(directory, 0), tmp_path / "data")
     assert again.slot(version_id).shard.index.defaults == {"ef_search": 96}
     again.close()
+
+
+def test_documents_without_vectors_live_through_compaction_restart_and_snapshot(built, tmp_path):
+    """no_vector documents: listed, read, filtered and found by BM25, never by a dense search (plain,
+    filtered, with tombstones), before and after a compaction, a restart and a snapshot install; a
+    document may turn from one kind into the other."""
+    from index_shards import snapshots
+    from retrieval.bm25 import LexicalQuery
+    from retrieval.filters import parse_filter
+
+    directory, model, data_dir, factory = built
+    replica = open_replica(directory, data_dir)
+    version = replica.ready_ids()[0]
+    rng = np.random.default_rng(11)
+    seq = 0
+
+    def upsert(doc_id: str, vector) -> None:
+        nonlocal seq
+        seq += 1
+        metadata = {"kind": "bare" if vector is None else "dense", "at": f"2024-01-{1 + seq % 28:02d}"}
+        model[doc_id] = (f"t{seq}", f"zebra stripes {seq}", metadata, vector)
+        write(replica, version, [WalRecord(seq, UPSERT, doc_id, f"t{seq}", f"zebra stripes {seq}", metadata,
+                                           vector)])
+
+    def check() -> None:
+        live = replica.get(version)
+        held = {d.doc_id: d for d in live.documents()}
+        assert set(held) == set(model)
+        for doc_id, (_, text, metadata, vector) in model.items():
+            assert (held[doc_id].text, held[doc_id].metadata) == (text, metadata)
+            assert (held[doc_id].vector is None) == (vector is None)
+        bare = {d for d, (_, _, _, v) in model.items() if v is None}
+        vectored = {d: m for d, m in model.items() if m[3] is not None}
+        queries = rng.standard_normal((5, DIM)).astype(np.float32)
+        for data in (None, {"must": [{"key": "kind", "match": {"any": ["bare", "dense"]}}]}):
+            reply = replica.search(queries, SearchParams(50, None, filter=parse_filter(data).canonical() if data
+                                                         else None, ef_search=400 if factory != "Flat" else None))
+            for query, hits in zip(queries, reply.results, strict=True):
+                assert not set(hits["doc_ids"]) & bare
+                if factory == "Flat":
+                    filter_ = parse_filter(data) if data else None
+                    assert hits["doc_ids"] == brute_force(vectored, query, 50, filter_)
+        total, page = live.scan(parse_filter({"must": [{"key": "kind", "match": {"value": "bare"}}]}), "", 1000)
+        assert total == len(bare) and [d.doc_id for d in page] == sorted(bare)
+        assert all(d.vector is None for d in page)
+        lexical = replica.search(np.zeros((0, DIM), dtype=np.float32), SearchParams(100, None, lexical=True),
+                                 lexical=[LexicalQuery("zebra")])
+        assert bare <= set(lexical.results[0]["doc_ids"])
+
+    for i in range(6):
+        upsert(f"bare-{i}", None)
+    upsert("dense-0", rng.standard_normal(DIM).astype(np.float32))
+    check()
+    compaction.compact(replica, version)
+    assert replica.get(version).segment_size == 0
+    check()
+    upsert("bare-0", rng.standard_normal(DIM).astype(np.float32))  # a base bare document gets a vector
+    upsert("dense-0", None)  # and a vectored one loses its
+    seq += 1
+    model.pop("bare-1")
+    write(replica, version, [WalRecord(seq, 2, "bare-1")])
+    check()
+    replica.close()
+    replica = open_replica(directory, data_dir)  # the WAL replayed over the compacted base
+    check()
+    compaction.compact(replica, version)
+    check()
+    digest = replica.get(version).digest()
+    other = open_replica(directory, tmp_path / "other")
+    snapshots.restore(other, version, snapshots.take(replica, version))
+    assert other.get(version).digest() == digest
+    replica.close()
+    replica = other
+    check()

@@ -90,6 +90,32 @@ def test_filters_see_the_segment_and_skip_tombstones(live):
         assert row["doc_ids"] == brute_force(model, query, 10, new_only)
 
 
+def test_a_listing_pages_through_the_live_documents_in_id_order(live):
+    """scan: base and segment merged in id order, replaced and deleted base documents hidden,
+    the count of every match on each page, the vectors as stored."""
+    shard, model = live
+    rng = np.random.default_rng(9)
+    shard.apply(writes(rng, model, 1, 150))
+    for data in ({}, {"must": [{"key": "kind", "match": {"value": "new"}}]},
+                 {"must_not": [{"key": "kind", "match": {"value": "new"}}]}):
+        filter_ = parse_filter(data)
+        expected = sorted(d for d, (_, _, metadata, _) in model.items() if filter_.matches(d, metadata))
+        listed, after = [], ""
+        while True:
+            total, page = shard.scan(filter_, after, 37)
+            assert total == len(expected)
+            listed.extend(page)
+            if len(page) < 37:
+                break
+            after = page[-1].doc_id
+        assert [d.doc_id for d in listed] == expected
+        for doc in listed:
+            title, text, metadata, vector = model[doc.doc_id]
+            assert (doc.title, doc.text, doc.metadata) == (title, text, metadata)
+            assert doc.vector.tobytes() == np.asarray(vector, dtype=np.float32).tobytes()
+    assert shard.scan(parse_filter({}), "", 0) == (len(model), [])
+
+
 def test_out_of_order_writes_are_refused(live):
     shard, _ = live
     with pytest.raises(InvalidRequest, match="does not follow"):

@@ -123,6 +123,9 @@ class FakeShardClient(ShardClient):
     async def matching_ids(self, replica, shard_id, version, filter_canonical, limit, timeout_s):
         raise NotImplementedError
 
+    async def scan(self, replica, shard_id, version, filter_canonical, after, limit, timeout_s):
+        raise NotImplementedError
+
     async def tune_sample(self, replica, version, count, seed, timeout_s):
         raise NotImplementedError
 
