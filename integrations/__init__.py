@@ -5,6 +5,7 @@
 | ``common`` | a collection as an integration reaches it, making it, vectors per metric, filters | |
 | ``langchain`` | ``ShardragVectorStore``: LangChain's ``VectorStore`` (sync, async, hybrid) | ``langchain`` |
 | ``llamaindex`` | ``ShardragVectorStore``: a LlamaIndex vector store (``filters``: its operators) | ``llamaindex`` |
+| ``haystack`` | ``ShardragDocumentStore`` and its retrievers (``filters``: Haystack's syntax) | ``haystack`` |
 
 Imports point one way: an integration uses ``retrieval`` (its clients, errors, session floors) and
 its framework; nothing in shardrag imports an integration (the import contracts say so).

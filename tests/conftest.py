@@ -3,6 +3,7 @@ section printed at the end of the run for figures tests measure (recall of routi
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,10 @@ import pytest
 from retrieval import env
 from retrieval.datasets import BeirDataset, load_beir
 from retrieval.types import Document, EmbeddingVersion
+
+# Haystack reports usage to its own servers from the moment it is imported: tests send traffic only
+# to the processes they start
+os.environ["HAYSTACK_TELEMETRY_ENABLED"] = "False"
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT: list[str] = []

@@ -120,9 +120,11 @@ def _prepare(client: Any, args: argparse.Namespace, definition: dict[str, Any]) 
 
 
 def _document(record: WalRecord) -> dict[str, Any]:
-    assert record.vector is not None
-    document: dict[str, Any] = {"id": record.doc_id, "title": record.title or "", "metadata": dict(record.metadata),
-                                "vector": [float(x) for x in record.vector]}
+    document: dict[str, Any] = {"id": record.doc_id, "title": record.title or "", "metadata": dict(record.metadata)}
+    if record.vector is not None:
+        document["vector"] = [float(x) for x in record.vector]
+    else:  # stored without a vector: restored without one
+        document["no_vector"] = True
     if (record.text or "").strip():
         document["text"] = record.text
     return document

@@ -230,9 +230,10 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
         parsed = parse_body(UpsertRequest, await read_request_body(request, write_limit()))
         if stack is not None and stack.spec.model is None:
             for number, document in enumerate(parsed.documents):
-                if document.vector is None:
+                if document.vector is None and not document.no_vector:
                     raise InvalidRequest(f"collection {name!r} holds vectors only (no encoder): give each document "
-                                         "a vector", field=f"documents.{number}.vector")
+                                         "a vector (or no_vector: true to store it without one)",
+                                         field=f"documents.{number}.vector")
         if tenant_field is not None:
             parsed = confine_upsert(parsed, tenant_field, tenant)
         if stack is not None:

@@ -158,6 +158,10 @@ def write_schemas(limits: Limits, topology: Topology | None, writes: WriteSettin
                                                      "items": {"type": "string", "maxLength": MAX_VALUE_CHARS}}]}}
     document["anyOf"] = [{"required": [name], "properties": {name: {"type": kind}}}
                          for name, kind in (("text", "string"), ("vector", "array"))]
+    document["anyOf"].append({"required": ["no_vector"], "properties": {"no_vector": {"const": True}}})
+    # no_vector: true never comes with a vector
+    document["not"] = {"required": ["no_vector", "vector"],
+                       "properties": {"no_vector": {"const": True}, "vector": {"type": "array"}}}
     delete = DeleteRequest.model_json_schema(ref_template=ref)
     dprops = delete["properties"]
     ids = {**_non_null(dprops["ids"]), "uniqueItems": True, "maxItems": writes.max_documents,

@@ -16,7 +16,9 @@ WriteAck = Literal["one", "majority", "all"]
 
 class DocumentIn(BaseModel):
     """``text`` (embedded by the gateway), ``vector``, or both: a given vector is used as it is and the
-    text stored beside it (a framework that embeds on its side still keeps its passages here)."""
+    text stored beside it (a framework that embeds on its side still keeps its passages here).
+    ``no_vector``: stored without a vector — BM25, filters, listings and reads find it, a dense
+    search never does (a framework's documents that have no embedding)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -28,6 +30,8 @@ class DocumentIn(BaseModel):
         None, description="the active version's vector (with text: that text is stored, not embedded)")
     metadata: dict[str, Any] = Field(default_factory=dict,
                                      description="flat: strings, numbers, booleans, lists of strings")
+    no_vector: bool = Field(False, description="store it without a vector (text not embedded): found by BM25, "
+                                               "filters and listings, never by a dense search")
 
 
 class UpsertRequest(BaseModel):

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.errors import ConfigError, DimensionMismatch, ShardUnavailable
+from retrieval.errors import ConfigError, DimensionMismatch, InvalidRequest, ShardUnavailable
 from retrieval.records import DELETE, UPSERT, WalRecord
 from retrieval.routing import assign_to_centroids, hash_shard
 from retrieval.types import DocId, Document
@@ -55,11 +55,12 @@ class Item:
 
 
 async def vectors_for(documents: Sequence[DocumentIn], snapshot: VersionSnapshot) -> np.ndarray:
-    """Each document's vector for ``snapshot``'s version: given (checked), or embedded by its encoder."""
+    """Each document's vector for ``snapshot``'s version: given (checked), or embedded by its encoder
+    (a ``no_vector`` document's row is left zero: :func:`route_upserts` sends it without one)."""
     dim = snapshot.topology.dim
     out = np.zeros((len(documents), dim), dtype=np.float32)
     given = [i for i, d in enumerate(documents) if d.vector is not None]
-    to_embed = [i for i, d in enumerate(documents) if d.vector is None]
+    to_embed = [i for i, d in enumerate(documents) if d.vector is None and not d.no_vector]
     for i in given:
         size = len(documents[i].vector or ())
         if size != dim:
@@ -90,10 +91,17 @@ def route_upserts(documents: Sequence[DocumentIn], vectors: np.ndarray,
     """Per shard, the records of an upsert batch (kmeans: plus a delete on every other shard)."""
     topology = snapshot.topology
     plan: dict[int, list[Item]] = defaultdict(list)
+    if topology.centroids is not None:
+        bare = next((i for i, d in enumerate(documents) if d.no_vector), None)
+        if bare is not None:
+            raise InvalidRequest(f"documents[{bare}]: version {snapshot.version} places documents on the shard of "
+                                 "their nearest centroid (kmeans), which needs a vector; no_vector is for hash-"
+                                 "partitioned collections", field=f"documents[{bare}].no_vector")
     homes = (assign_to_centroids(vectors, topology.centroids).tolist() if topology.centroids is not None
              else [hash_shard(d.id, topology.num_shards) for d in documents])
     for doc, vector, home in zip(documents, vectors, homes, strict=True):
-        plan[int(home)].append(Item(UPSERT, doc.id, doc.title, doc.text or "", dict(doc.metadata), vector))
+        plan[int(home)].append(Item(UPSERT, doc.id, doc.title, doc.text or "", dict(doc.metadata),
+                                    None if doc.no_vector else vector))
         if topology.centroids is not None:  # the id may have lived elsewhere: never found twice
             for other in range(topology.num_shards):
                 if other != home:

@@ -218,9 +218,12 @@ class WriteService:
         self._check_ids([d.id for d in documents], "documents")
         for index, doc in enumerate(documents):
             where = f"documents[{index}]"
-            if doc.text is None and doc.vector is None:
+            if doc.no_vector and doc.vector is not None:
+                raise InvalidRequest(f"{where}: no_vector stores a document without a vector; it cannot come with "
+                                     "one", field=f"{where}.no_vector")
+            if doc.text is None and doc.vector is None and not doc.no_vector:
                 raise InvalidRequest(f"{where}: give text, a vector, or both (the vector is then used and the text "
-                                     "stored)", field=f"{where}.text")
+                                     "stored), or no_vector: true", field=f"{where}.text")
             if doc.text is not None and not doc.text.strip():
                 raise InvalidRequest(f"{where}.text is empty", field=f"{where}.text")
             for name, value in (("title", doc.title), ("text", doc.text or "")):

@@ -19,7 +19,8 @@ hold — re-embedded by the staged version's encoder:
 whose newest record on some shard is an upsert is live with that content (a kmeans upsert also
 deletes the id on every other shard, marked ``moved``, which never counts as a delete), one whose
 newest record is a real delete is deleted, and one only moved away keeps what the build read.
-Documents written as vectors only cannot be re-embedded: a warning names how many.
+Documents written as vectors only cannot be re-embedded: a warning names how many. Documents
+stored without a vector (``no_vector``) are written to it without one.
 
 A **created collection's** staged version has no build of its own: its nodes made an empty base
 of it when the rollout staged it (serving.gateway.collection_rollout). ``bring_up(from_live=True)``
@@ -192,14 +193,17 @@ class StagedSync:
         return count
 
     async def _replay(self, staged: str, upserts: list[WalRecord], deletes: list[str], generation: int) -> None:
-        vector_only = [r.doc_id for r in upserts if not r.text.strip() and not r.title.strip()]
+        vector_only = [r.doc_id for r in upserts
+                       if r.vector is not None and not r.text.strip() and not r.title.strip()]
         if vector_only:
             logger.warning("%d documents written as vectors only cannot be re-embedded for %s; they are missing "
                            "from it (send text to keep documents across rollouts)", len(vector_only), staged)
-        texts = [r for r in upserts if r.text.strip() or r.title.strip()]
+        # text is embedded by the staged encoder; a document stored without a vector stays without one
+        texts = [r for r in upserts if r.vector is None or r.text.strip() or r.title.strip()]
         snapshot = self.registry.view.snapshot(staged)
         for start in range(0, len(texts), CHUNK):
-            chunk = [DocumentIn(id=r.doc_id, title=r.title, text=r.text or r.title, metadata=dict(r.metadata))
+            chunk = [DocumentIn(id=r.doc_id, title=r.title, text=r.text or r.title or None, metadata=dict(r.metadata),
+                                no_vector=r.vector is None)
                      for r in texts[start:start + CHUNK]]
             upsert_plan = route_upserts(chunk, await vectors_for(chunk, snapshot), snapshot)
             await self._send(staged, upsert_plan, generation)

@@ -120,6 +120,12 @@ def test_a_created_collection_is_re_embedded_in_place_while_it_serves(tmp_path, 
             reply = http.post("/v1/collections/notes/documents", json={"documents": [
                 {"id": doc_id, "text": text} for doc_id, text in items[start:start + 20]]})
             assert reply.status_code == 200, reply.text
+        # one kept without a vector: every version the rollouts make holds it without one
+        bare_text = "a note kept for its words alone"
+        reply = http.post("/v1/collections/notes/documents", json={"documents": [
+            {"id": "bare-note", "text": bare_text, "no_vector": True}]})
+        assert reply.status_code == 200, reply.text
+        first["bare-note"] = bare_text
 
         # refused with the field named: a vector-only collection has nothing to re-embed
         assert http.put("/v1/collections/vectors", json={"dim": 4}).status_code == 201
@@ -190,9 +196,15 @@ def test_a_created_collection_is_re_embedded_in_place_while_it_serves(tmp_path, 
         shown = http.get("/v1/collections/notes").json()
         assert shown["active_version"] == v2 and shown["documents"] == live, shown
         # a written text is found by itself through the new version's encoder and vectors
-        some = next(doc_id for doc_id, text in sorted(expected.items()) if text is not None)
+        some = next(doc_id for doc_id, text in sorted(expected.items()) if text is not None and doc_id != "bare-note")
         hits = http.post("/v1/collections/notes/query", json={"text": expected[some], "k": 1}).json()["hits"]
         assert hits[0]["doc_id"] == some and hits[0].get("version", v2) == v2, hits
+        dense = http.post("/v1/collections/notes/query", json={"text": bare_text, "k": 50}).json()["hits"]
+        assert "bare-note" not in {h["doc_id"] for h in dense}
+        listed = http.post("/v1/collections/notes/documents/scroll", json={
+            "filter": {"must": [{"has_id": ["bare-note"]}]}, "with_vectors": True}).json()
+        assert listed["version"] == v2 and [d["id"] for d in listed["documents"]] == ["bare-note"]
+        assert "vector" not in listed["documents"][0]
 
         # the typed client and the CLI reach the same commands
         with ShardragClient(cluster.gateway_url, timeout_s=120) as client:

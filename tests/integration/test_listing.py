@@ -65,3 +65,33 @@ def test_pages_in_id_order_with_counts_filters_and_vectors(cluster):
             with pytest.raises(InvalidRequest) as refused:
                 client._check(client._post(f"/v1/collections/{name}/documents/scroll", body))
             assert refused.value.field == field, body
+
+
+def test_documents_without_vectors_are_found_by_words_and_filters_never_by_vectors(cluster):
+    with dropped_after(cluster, "bare") as name, ShardragClient(cluster.gateway_url) as admin:
+        admin.create_collection(name, dim=DIM, shards=2, replicas=2)
+        client = admin.collection(name)
+        vectors = np.random.default_rng(5).standard_normal((8, DIM)).astype(np.float32)
+        written = client.upsert([{"id": f"v{i}", "vector": vectors[i].tolist(), "text": f"orbit {i}"} for i in range(8)]
+                                + [{"id": f"b{i}", "text": f"orbit of moon {i}", "no_vector": True,
+                                    "metadata": {"moon": True}} for i in range(3)]
+                                + [{"id": "meta-only", "no_vector": True, "metadata": {"moon": True}}])
+        session = {"min_seq": written["seq"], "min_term": written["term"]}  # reads that hold the write
+        for vector in vectors:
+            hits = client.query(vector=vector.tolist(), k=12, **session)["hits"]
+            assert len(hits) == 8 and all(h["doc_id"].startswith("v") for h in hits)
+        moon = {"must": [{"key": "moon", "match": {"value": True}}]}
+        moons = client.query(vector=vectors[0].tolist(), k=5, filter=moon, **session)["hits"]
+        assert moons == []  # matches, but none has a vector to be scored
+        lexical = client.query(text="moon", k=10, mode="lexical", **session)["hits"]
+        assert sorted(h["doc_id"] for h in lexical) == ["b0", "b1", "b2"]
+        listed = {d["id"]: d for d in client.documents(with_vectors=True)}
+        assert len(listed) == 12 and "vector" not in listed["b1"] and "vector" in listed["v1"]
+        assert listed["meta-only"]["text"] == "" and client.get("b2")["text"] == "orbit of moon 2"
+        for body, field in (({"id": "x", "vector": vectors[0].tolist(), "no_vector": True}, "documents[0].no_vector"),
+                            ({"id": "x", "text": "words"}, "documents.0.vector")):
+            with pytest.raises(InvalidRequest) as refused:
+                client.upsert([body])
+            assert refused.value.field == field
+        client.upsert([{"id": "b0", "vector": vectors[0].tolist()}])  # one of them gets a vector
+        assert client.query(vector=vectors[0].tolist(), k=2, **session)["hits"][0]["doc_id"] in {"b0", "v0"}

@@ -1,0 +1,101 @@
+"""Haystack's own conformance suite (``haystack.testing.document_store.DocumentStoreBaseExtendedTests``:
+``DocumentStoreBaseTests`` and the delete-all, delete-by-filter and update-by-filter tests) against
+``ShardragDocumentStore`` on a real local cluster (two node processes and a gateway), a fresh
+collection for every test, dropped after it. The suite asks two things of every store:
+``test_write_documents`` is the store's to write (its default policy is the store's choice), and
+``assert_documents_are_equal`` is the hook for a store whose documents come back otherwise than the
+list they were written in — here in id order, embeddings as float32."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from haystack.dataclasses import Document
+from haystack.document_stores.errors import DuplicateDocumentError
+from haystack.testing.document_store import DocumentStoreBaseExtendedTests
+
+from integrations.haystack import ShardragDocumentStore
+from serving.local.launcher import LocalCluster
+from tests.helpers.integrations import collections_cluster, dropped_after
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[LocalCluster]:
+    with collections_cluster(tmp_path_factory.mktemp("haystack")) as running:
+        yield running
+
+
+class TestShardragDocumentStore(DocumentStoreBaseExtendedTests):
+    @pytest.fixture()
+    def document_store(self, cluster) -> Iterator[ShardragDocumentStore]:  # type: ignore[override]
+        with dropped_after(cluster, "hs") as name:
+            store = ShardragDocumentStore(url=cluster.gateway_url, collection=name, embedding_dim=768, shards=2)
+            yield store
+            store.close()
+
+    @staticmethod
+    def assert_documents_are_equal(received: list[Document], expected: list[Document]) -> None:
+        """The same documents, whatever the order (shardrag lists in id order); embeddings equal as
+        float32, which the collection stores."""
+        assert [d.id for d in received] == sorted(d.id for d in expected)
+        by_id = {d.id: d for d in expected}
+        for got in received:
+            want = by_id[got.id]
+            assert (got.content, got.meta, got.score, got.blob) == (want.content, want.meta, None, want.blob)
+            if want.embedding is None:
+                assert got.embedding is None
+            else:
+                assert np.asarray(got.embedding, dtype=np.float32).tobytes() == \
+                    np.asarray(want.embedding, dtype=np.float32).tobytes()
+
+    def test_write_documents(self, document_store: ShardragDocumentStore) -> None:
+        """The default policy (NONE) is FAIL: an id written twice raises and changes nothing."""
+        docs = [Document(id="1", content="first"), Document(id="2", content="second")]
+        assert document_store.write_documents(docs) == 2
+        with pytest.raises(DuplicateDocumentError):
+            document_store.write_documents([Document(id="2", content="again"), Document(id="3", content="new")])
+        self.assert_documents_are_equal(document_store.filter_documents(), docs)
+
+
+def test_retrievers_in_a_pipeline_read_their_writes_across_replicas(cluster):
+    """Embedding, BM25 and hybrid retrievers in a Haystack Pipeline over 2 shards × 2 replicas:
+    documents without an embedding come from BM25 only, filters hold, every read is a session
+    read (any replica that answers holds the writes), and the components serialize."""
+    from haystack import Pipeline
+
+    from integrations.haystack import ShardragBM25Retriever, ShardragEmbeddingRetriever, ShardragHybridRetriever
+
+    rng = np.random.default_rng(2)
+    vectors = rng.standard_normal((6, 8)).astype(np.float32)
+    docs = [Document(id=f"e{i}", content=f"glacier {i} carves the valley", meta={"n": i, "ice": i % 2 == 0},
+                     embedding=vectors[i].tolist()) for i in range(6)]
+    docs += [Document(id="plain", content="glacier without an embedding", meta={"n": 9, "ice": True})]
+    with dropped_after(cluster, "hsr") as name:
+        store = ShardragDocumentStore(url=cluster.gateway_url, collection=name, embedding_dim=8, shards=2, replicas=2)
+        assert store.write_documents(docs) == 7
+        pipeline = Pipeline()
+        pipeline.add_component("dense", ShardragEmbeddingRetriever(document_store=store, top_k=3))
+        pipeline.add_component("bm25", ShardragBM25Retriever(document_store=store, top_k=10))
+        out = pipeline.run({"dense": {"query_embedding": vectors[4].tolist()}, "bm25": {"query": "glacier"}})
+        dense, lexical = out["dense"]["documents"], out["bm25"]["documents"]
+        assert dense[0].id == "e4" and len(dense) == 3 and "plain" not in {d.id for d in dense}
+        assert all(d.score is not None for d in dense) and dense[0].score >= dense[1].score
+        assert {d.id for d in lexical} == {d.id for d in docs}  # the plain one too
+        iced = ShardragEmbeddingRetriever(document_store=store, top_k=10,
+                                          filters={"field": "meta.ice", "operator": "==", "value": True})
+        assert {d.id for d in iced.run(query_embedding=vectors[1].tolist())["documents"]} == {"e0", "e2", "e4"}
+        hybrid = ShardragHybridRetriever(document_store=store, top_k=7).run(
+            query="without an embedding", query_embedding=vectors[3].tolist())["documents"]
+        assert {"plain", "e3"} <= {d.id for d in hybrid[:2]}
+        again = ShardragEmbeddingRetriever.from_dict(iced.to_dict())
+        assert again.document_store.collection == name and again.filters == iced.filters
+        # a delete is seen by the next read, on whichever replica answers
+        store.delete_documents(["e4"])
+        assert ShardragEmbeddingRetriever(document_store=store, top_k=1).run(
+            query_embedding=vectors[4].tolist())["documents"][0].id != "e4"
+        assert store.count_documents() == 6
+        store.close()
