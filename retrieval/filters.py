@@ -35,7 +35,7 @@ from typing import Any, Union
 from retrieval.datetimes import instant
 from retrieval.errors import InvalidRequest
 
-MAX_DEPTH = 2  # nested filters below the top one (the OpenAPI schema spells out each level)
+MAX_DEPTH = 4  # nested filters below the top one (the OpenAPI schema spells out each level)
 MAX_CLAUSES = 256  # conditions in one filter, all levels together
 MAX_LIST_ITEMS = 16  # conditions in one must / should / must_not list
 MAX_VALUES = 1024  # values in one `any` or `has_id`

@@ -144,10 +144,14 @@ def _all(children: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _any(children: list[dict[str, Any]]) -> dict[str, Any]:
-    """At least one child holds."""
-    kept = [child for child in children if child != NOTHING]
-    if any(child == EVERYTHING for child in kept):
-        return EVERYTHING
+    """At least one child holds (an OR inside an OR lifted: one level fewer)."""
+    kept: list[dict[str, Any]] = []
+    for child in children:
+        if child == EVERYTHING:
+            return EVERYTHING
+        if child == NOTHING:
+            continue
+        kept.extend(child["should"] if set(child) == {"should"} else [child])
     if not kept:
         return NOTHING
     if len(kept) == 1:
@@ -156,6 +160,8 @@ def _any(children: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _negate(condition: dict[str, Any]) -> dict[str, Any]:
+    """Not ``condition``, as shallow as it goes: a double negation undone, NOT(a OR b) as
+    ``must_not: [a, b]``."""
     if condition == NOTHING:
         return EVERYTHING
     if condition == EVERYTHING:
@@ -163,6 +169,8 @@ def _negate(condition: dict[str, Any]) -> dict[str, Any]:
     if set(condition) == {"must_not"} and len(condition["must_not"]) == 1:
         inner: dict[str, Any] = condition["must_not"][0]
         return inner if _is_filter(inner) else {"must": [inner]}
+    if set(condition) == {"should"}:
+        return {"must_not": list(condition["should"])}
     return {"must_not": [condition]}
 
 

@@ -70,7 +70,8 @@ def test_meaning_on_one_document(data, expected):
     ({"must": [{"has_id": []}]}, "filter.must[0].has_id"),
     ({"must": [{"has_id": ["a", 3]}]}, "filter.must[0].has_id[1]"),
     ({"must": [{"has_id": ["a"], "key": "x"}]}, "filter.must[0]"),
-    ({"must": [{"must": [{"must": [{"must": []}]}]}]}, "filter.must[0].must[0].must[0]"),
+    ({"must": [{"must": [{"must": [{"must": [{"must": [{"must": []}]}]}]}]}]},
+     "filter.must[0].must[0].must[0].must[0].must[0]"),
 ])
 def test_refusals_name_the_bad_clause(data, field):
     with pytest.raises(InvalidRequest) as caught:

@@ -59,7 +59,8 @@ def post_raw(client, body: bytes | str):
     ({"vector": GOOD, "filter": {"must": [{"key": "year", "range": {"gte": "2020"}}]}}, 422,
      "filter.must[0].range.gte"),
     ({"vector": GOOD, "filter": {"should": [{}, {"must": [{"has_id": []}]}]}}, 422, "filter.should[1].must[0].has_id"),
-    ({"vector": GOOD, "filter": {"must": [{"must": [{"must": [{}]}]}]}}, 422, "filter.must[0].must[0].must[0]"),
+    ({"vector": GOOD, "filter": {"must": [{"must": [{"must": [{"must": [{"must": [{}]}]}]}]}]}}, 422,
+     "filter.must[0].must[0].must[0].must[0].must[0]"),
     ({"vector": GOOD, "with_metadata": "yes"}, 422, "with_metadata"),
 ])
 def test_bad_fields(client, payload, status, field):
