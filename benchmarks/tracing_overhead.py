@@ -1,24 +1,29 @@
 """What tracing costs: query throughput with ``SHARDRAG_TRACING`` off vs on (no exporter: spans are
 made, kept in each process's memory, sent nowhere), in one run (issue 37, acceptance 4: within 3 %).
 
-    python -m benchmarks.tracing_overhead            # ~3 min on 2 cores
+    python -m benchmarks.tracing_overhead            # ~5 min on 2 cores
 
-The 10k MiniLM passages (msmarco + dbpedia) on 4 Flat shards × 1 replica behind the gateway (a
-real local cluster per phase: tracing is chosen when a process starts). Closed loop
-(benchmarks/loadgen.py in its own process), vector queries (no encoder in the way), k=10, at
-c=1 and c=16; phases alternate off, on, on, off, ... (``--pairs``) so that drift hits both
-sides; each pair's QPS ratio (on ÷ off) is reported, with their median and worst. ``--sample``: the share
-of queries traced while on (default 0.01, shardrag's default; ``--sample 1``: every query
-traced). JSON: benchmarks/results/tracing_overhead[_sample<S>].json.
+The 10k MiniLM passages (msmarco + dbpedia) on 4 Flat shards × 1 replica behind a gateway, twice:
+two real local clusters up at once, one started with tracing off, one with it on (it is chosen
+when a process starts; the idle one sleeps). Closed loop (benchmarks/loadgen.py in its own
+process), vector queries (no encoder in the way), k=10, at c=1 and c=16, in short segments that
+alternate between the clusters off, on, on, off, ... (``--pairs``, ``--duration`` each), so that
+the machine's drift hits both sides alike; each pair's QPS ratio (on ÷ off) is reported, with
+their median, worst, and the ratio of all segments' sums. ``--sample``: the share of queries
+traced while on (default 0.01, shardrag's default; ``--sample 1``: every query traced). JSON:
+benchmarks/results/tracing_overhead[_sample<S>].json.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,62 +37,79 @@ SHARDS = 4
 PAIR_ORDERS = (("off", "on"), ("on", "off"))
 
 
-def phase(root: Path, work: Path, tracing: str, bodies: list[dict[str, Any]], concurrencies: list[int],
-          duration_s: float, sample: str) -> dict[int, dict[str, Any]]:
-    saved = env.read("SHARDRAG_TRACING")
+@contextmanager
+def cluster_with(root: Path, work: Path, tracing: str, sample: str) -> Iterator[LocalCluster]:
+    """A local cluster whose processes start with ``SHARDRAG_TRACING=tracing`` (read at start)."""
+    saved = {name: env.read(name) for name in ("SHARDRAG_TRACING", "SHARDRAG_TRACING_SAMPLE")}
     os.environ["SHARDRAG_TRACING"] = tracing
     os.environ["SHARDRAG_TRACING_SAMPLE"] = sample
     os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)  # on = spans made, exported nowhere
     try:
         config = GatewayConfig.from_dict({"encoder": {"load": False}})
-        with LocalCluster(root, "bench", replicas=1, gateway=config, workdir=work / f"logs-{tracing}") as cluster:
-            closed_loop(cluster.gateway_url, bodies, work, 4, 1.0)  # warm every connection and cache
-            return {c: closed_loop(cluster.gateway_url, bodies, work, c, duration_s) for c in concurrencies}
+        cluster = LocalCluster(root, "bench", replicas=1, gateway=config, workdir=work / f"logs-{tracing}")
+        cluster.__enter__()
     finally:
-        if saved is None:
-            os.environ.pop("SHARDRAG_TRACING", None)
-        else:
-            os.environ["SHARDRAG_TRACING"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    try:
+        yield cluster
+    finally:
+        cluster.__exit__(None, None, None)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per point (default 10)")
+    parser.add_argument("--duration", type=float, default=3.0, help="measured seconds per segment (default 3)")
     parser.add_argument("--concurrency", default="1,16")
-    parser.add_argument("--pairs", type=int, default=3, help="off/on pairs, alternating in order (default 3)")
+    parser.add_argument("--pairs", type=int, default=10, help="off/on segment pairs per concurrency (default 10)")
     parser.add_argument("--sample", default="0.01",
                         help="SHARDRAG_TRACING_SAMPLE while on (default 0.01, the default; 1: every query traced)")
     args = parser.parse_args()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    order = [mode for i in range(args.pairs) for mode in PAIR_ORDERS[i % 2]]
     corpus = load_corpus()
     bodies = [{"vector": v.tolist(), "k": 10, "with_text": True} for v in corpus.query_vectors]
     results: dict[str, Any] = {"machine": machine_info(), "shards": SHARDS, "docs": len(corpus.doc_ids),
-                               "duration_s": args.duration, "sample": float(args.sample), "phases": []}
+                               "segment_s": args.duration, "sample": float(args.sample), "segments": {}}
     with tempfile.TemporaryDirectory(prefix="shardrag-tracing-") as tmp:
         work = Path(tmp)
-        build_collection(work / "root", corpus.documents, corpus.vectors, corpus.version,
+        build_collection(work / "root-off", corpus.documents, corpus.vectors, corpus.version,
                          BuildConfig("bench", SHARDS), show_progress=False)
-        for tracing in order:
-            print(f"tracing {tracing} ...", file=sys.stderr, flush=True)
-            points = phase(work / "root", work, tracing, bodies, concurrencies, args.duration, args.sample)
-            results["phases"].append({"tracing": tracing, "points": {str(c): p for c, p in points.items()}})
+        shutil.copytree(work / "root-off", work / "root-on")
+        with cluster_with(work / "root-off", work, "off", args.sample) as off, \
+                cluster_with(work / "root-on", work, "on", args.sample) as on:
+            urls = {"off": off.gateway_url, "on": on.gateway_url}
+            for url in urls.values():
+                closed_loop(url, bodies, work, 4, 2.0)  # warm every connection and cache
+            for c in concurrencies:
+                segments: list[tuple[str, float]] = []
+                for i in range(args.pairs):
+                    for mode in PAIR_ORDERS[i % 2]:
+                        qps = closed_loop(urls[mode], bodies, work, c, args.duration)["qps"]
+                        segments.append((mode, qps))
+                        print(f"c={c} pair {i + 1}/{args.pairs} tracing {mode}: {qps:.0f} QPS", file=sys.stderr,
+                              flush=True)
+                results["segments"][str(c)] = segments
     pairs: dict[str, list[float]] = {}
     for c in concurrencies:
-        qps = [(p["tracing"], p["points"][str(c)]["qps"]) for p in results["phases"]]
-        # pairs in running order: (off, on), (on, off), (off, on)
-        pairs[str(c)] = [qps[i + 1][1] / qps[i][1] if qps[i][0] == "off" else qps[i][1] / qps[i + 1][1]
+        qps = results["segments"][str(c)]
+        pairs[str(c)] = [(qps[i][1] / qps[i + 1][1]) if qps[i][0] == "on" else (qps[i + 1][1] / qps[i][1])
                          for i in range(0, len(qps), 2)]
-    results["ratio_on_over_off"] = {c: {"pairs": r, "median": statistics.median(r), "worst": min(r)}
+    results["ratio_on_over_off"] = {c: {"pairs": r, "median": statistics.median(r), "worst": min(r),
+                                        "total": sum(q for m, q in results["segments"][c] if m == "on")
+                                        / sum(q for m, q in results["segments"][c] if m == "off")}
                                     for c, r in pairs.items()}
     path = write_result("tracing_overhead" if args.sample == "0.01" else f"tracing_overhead_sample{args.sample}",
                         results)
-    print(f"\n{'c':>4}  QPS in running order ({', '.join(order)})   on ÷ off per pair   median   worst")
+    print(f"\n{'c':>4}  QPS off / on (means)   on ÷ off per pair   median   worst   all segments")
     for c in concurrencies:
-        qps_row = ", ".join(f"{p['points'][str(c)]['qps']:.0f}" for p in results["phases"])
+        qps = results["segments"][str(c)]
+        means = [statistics.fmean(q for m, q in qps if m == mode) for mode in ("off", "on")]
         ratio = results["ratio_on_over_off"][str(c)]
-        print(f"{c:>4}  {qps_row}   {', '.join(f'{r:.3f}' for r in ratio['pairs'])}   {ratio['median']:.3f}   "
-              f"{ratio['worst']:.3f}")
+        print(f"{c:>4}  {means[0]:.0f} / {means[1]:.0f}   {', '.join(f'{r:.3f}' for r in ratio['pairs'])}   "
+              f"{ratio['median']:.3f}   {ratio['worst']:.3f}   {ratio['total']:.3f}")
     print(f"wrote {path}")
 
 

@@ -39,6 +39,7 @@ _NOOP = contextlib.nullcontext()
 _tracer: Any = None  # an opentelemetry Tracer while tracing is on
 _provider: Any = None
 _root_ratio = 0.0  # the share of requests without a traceparent a gateway traces
+_current_span: Any = None  # opentelemetry.trace.get_current_span, bound once tracing is on (hot: every span site)
 
 
 def enabled() -> bool:
@@ -47,11 +48,7 @@ def enabled() -> bool:
 
 def recording() -> bool:
     """Whether tracing is on and the current trace is sampled (spans made now are kept)."""
-    if _tracer is None:
-        return False
-    from opentelemetry import trace
-
-    return bool(trace.get_current_span().is_recording())
+    return _tracer is not None and bool(_current_span().is_recording())
 
 
 def configure(service: str, *, on: bool | None = None) -> bool:
@@ -83,6 +80,10 @@ def configure(service: str, *, on: bool | None = None) -> bool:
 
         # small batches, sent often: a trace is whole at the collector within a second
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), schedule_delay_millis=200))
+    from opentelemetry import trace
+
+    global _current_span
+    _current_span = trace.get_current_span
     _provider = provider
     _tracer = provider.get_tracer("shardrag")
     logger.info("tracing on as %s", service)
@@ -106,9 +107,10 @@ def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]
 
 
 def inject(headers: MutableMapping[str, str]) -> None:
-    """Add the current span's ``traceparent`` (and ``tracestate``) to ``headers`` — sampled or not,
-    so the callee follows the decision (nothing when off, or outside any trace)."""
-    if _tracer is None:
+    """Add the current span's ``traceparent`` (and ``tracestate``) to ``headers`` (nothing when off,
+    or outside a sampled trace: an untraced request makes no span, so it has nothing to pass on
+    and its callees trace nothing either)."""
+    if not recording():
         return
     from opentelemetry.propagate import inject as otel_inject
 

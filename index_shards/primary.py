@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from httpkit import tracing
 from index_shards import snapshots
 from index_shards.peers import PeerClient
 from index_shards.slot import VersionSlot
@@ -145,6 +146,11 @@ class PrimaryWriter:
 
     def write(self, version: str, records: Sequence[WalRecord], ack: str, generation: int) -> WriteReply:
         """Sequence, log, replicate and acknowledge one batch (module docstring)."""
+        with tracing.span("primary.apply", **{"shardrag.shard": self.versions.shard_id, "shardrag.version": version,
+                                               "shardrag.records": len(records), "shardrag.ack": ack}):
+            return self._write(version, records, ack, generation)
+
+    def _write(self, version: str, records: Sequence[WalRecord], ack: str, generation: int) -> WriteReply:
         view = self._check_primary()
         self._check_view(generation)
         slot = self.versions.writable_slot(version)

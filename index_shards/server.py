@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import os
@@ -210,7 +211,9 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
             raise InvalidRequest(f"header {name.decode()} must be an integer", field=name.decode()) from None
 
     async def in_thread(function: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(None, function, *args)
+        # in the request's context (its trace span, when traced), as asyncio.to_thread would run it
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(context.run, function, *args))
 
     async def handle_writes(scope: Scope, body: bytes, receive: Receive) -> tuple[int, bytes]:
         """A batch from the shard's primary (or a peer catching this replica up)."""

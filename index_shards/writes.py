@@ -22,6 +22,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from httpkit import tracing
 from index_shards.replica_log import Mark
 from index_shards.slot import VersionSlot
 from retrieval.errors import Diverged, ReplicaBehind, ShardUnavailable, StaleTerm
@@ -53,6 +54,13 @@ def append_locked(versions: ShardVersions, slot: VersionSlot, records: Sequence[
 def accept(versions: ShardVersions, version: str, sender_term: int, prev: Mark | None,
            records: Sequence[WalRecord]) -> int:
     """Take ``records`` from a primary of ``sender_term`` (module docstring); the applied seq after."""
+    with tracing.span("replica.apply", **{"shardrag.shard": versions.shard_id, "shardrag.version": version,
+                                          "shardrag.records": len(records), "shardrag.term": sender_term}):
+        return _accept(versions, version, sender_term, prev, records)
+
+
+def _accept(versions: ShardVersions, version: str, sender_term: int, prev: Mark | None,
+            records: Sequence[WalRecord]) -> int:
     slot = versions.writable_slot(version)
     broken = versions.ignore_terms()  # index_shards.faults: a deliberately broken build
     if sender_term < versions.term and not broken:

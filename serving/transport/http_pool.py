@@ -122,7 +122,7 @@ class HttpPool:
         tls = parts.scheme == "https"
         host, port = parts.hostname or "127.0.0.1", parts.port or (443 if tls else 80)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
-        if tracing.enabled():  # the caller's span travels as W3C traceparent
+        if tracing.recording():  # the caller's span travels as W3C traceparent
             carrier: dict[str, str] = {}
             tracing.inject(carrier)
             headers += "".join(f"{name}: {value}\r\n" for name, value in carrier.items())

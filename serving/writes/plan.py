@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from httpkit import tracing
 from retrieval.errors import ConfigError, DimensionMismatch, InvalidRequest, ShardUnavailable
 from retrieval.records import DELETE, UPSERT, WalRecord
 from retrieval.routing import assign_to_centroids, hash_shard
@@ -77,8 +78,9 @@ async def vectors_for(documents: Sequence[DocumentIn], snapshot: VersionSnapshot
     if to_embed:
         if snapshot.encoder is None:
             raise ShardUnavailable(f"no encoder for version {snapshot.version}: send vectors", field="documents")
-        embedded = await snapshot.encoder.encode_documents(
-            [Document(DocId(documents[i].id), documents[i].text or "", documents[i].title) for i in to_embed])
+        with tracing.span("encode", **{"shardrag.version": snapshot.version, "shardrag.documents": len(to_embed)}):
+            embedded = await snapshot.encoder.encode_documents(
+                [Document(DocId(documents[i].id), documents[i].text or "", documents[i].title) for i in to_embed])
         out[to_embed] = embedded
     return out
 

@@ -28,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from httpkit import tracing
 from retrieval.contract import WriteReply
 from retrieval.errors import (
     DeadlineExceeded,
@@ -288,6 +289,13 @@ class WriteService:
     async def send(self, version: str, shard: int, payload: bytes, ack: str, generation: int) -> WriteReply:
         """One (version, shard) batch to the shard's primary, retried — a new primary looked up —
         until the write's deadline."""
+        if tracing.recording():
+            with tracing.span("write.shard", **{"shardrag.shard": shard, "shardrag.version": version,
+                                                "shardrag.bytes": len(payload), "shardrag.ack": ack}):
+                return await self._send(version, shard, payload, ack, generation)
+        return await self._send(version, shard, payload, ack, generation)
+
+    async def _send(self, version: str, shard: int, payload: bytes, ack: str, generation: int) -> WriteReply:
         deadline = time.monotonic() + self.settings.timeout_s
         last_error = "no primary yet (an election is under way)"
         while True:

@@ -3,7 +3,7 @@ query through 2 shards × 2 replicas — one replica slowed by the shard server'
 (600 ms, past the hedge delay's cap) so that a hedge fires — arrives at a real OTLP/HTTP
 receiver as one trace: the caller's ``traceparent`` → the gateway's server span → encode,
 fan-out → a call per shard → its attempts (first, hedge) → each replica's own server span;
-merge."""
+merge. And one write: the gateway → its primary's apply → the other replica's apply."""
 
 from __future__ import annotations
 
@@ -88,3 +88,34 @@ def test_one_text_query_is_one_trace_across_gateway_and_replicas_with_its_hedge(
     assert [s.name for s in children(spans, attempt)] == ["POST /v1/search"]
     http.delete("/admin/faults")
     http.close()
+
+
+def test_one_write_is_one_trace_through_the_primary_to_its_replica(traced):
+    """A write under a sampled traceparent: the gateway's server span → a write.shard span per shard
+    touched → the primary's server span → primary.apply → the other replica's server span (the
+    replication request carries the primary's traceparent) → replica.apply."""
+    cluster, receiver = traced
+    trace_id, caller = secrets.token_hex(16), secrets.token_hex(8)
+    with httpx.Client(base_url=cluster.gateway_url, timeout=30) as http:
+        reply = http.post("/v1/documents", json={"documents": [{"id": "traced-write", "text": "a traced passage"}],
+                                                 "write_ack": "all"},
+                          headers={"traceparent": f"00-{trace_id}-{caller}-01"})
+    assert reply.status_code == 200, reply.text
+    deadline = time.monotonic() + 20
+    while True:
+        spans = receiver.trace(trace_id)
+        if sum(s.name == "replica.apply" for s in spans) >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    (root,) = [s for s in spans if s.parent_id == caller]
+    assert (root.service, root.name) == ("shardrag-gateway", "POST /v1/documents")
+    (shard_write,) = [s for s in children(spans, root) if s.name == "write.shard"]
+    (primary_served,) = children(spans, shard_write)
+    assert primary_served.service != "shardrag-gateway" and primary_served.kind == 2
+    (primary_apply,) = [s for s in children(spans, primary_served) if s.name == "primary.apply"]
+    assert primary_apply.attributes["shardrag.records"] == 1 and primary_apply.attributes["shardrag.ack"] == "all"
+    (replica_served,) = children(spans, primary_apply)  # the replication request, in the other replica
+    assert replica_served.kind == 2 and replica_served.name.startswith("POST /v1/writes")
+    (replica_apply,) = children(spans, replica_served)
+    assert replica_apply.name == "replica.apply" and replica_apply.attributes["shardrag.records"] == 1
+    assert replica_apply.attributes["shardrag.shard"] == primary_apply.attributes["shardrag.shard"]
