@@ -4,11 +4,12 @@ made, kept in each process's memory, sent nowhere), in one run (issue 37, accept
     python -m benchmarks.tracing_overhead            # ~5 min on 2 cores
 
 The 10k MiniLM passages (msmarco + dbpedia) on 4 Flat shards × 1 replica behind a gateway, twice:
-two real local clusters up at once, one started with tracing off, one with it on (it is chosen
-when a process starts; the idle one sleeps). Closed loop (benchmarks/loadgen.py in its own
-process), vector queries (no encoder in the way), k=10, at c=1 and c=16, in short segments that
-alternate between the clusters off, on, on, off, ... (``--pairs``, ``--duration`` each), so that
-the machine's drift hits both sides alike; each pair's QPS ratio (on ÷ off) is reported, with
+four real local clusters up at once, two started with tracing off and two with it on (it is
+chosen when a process starts; idle ones sleep), in the order off, on, on, off. Closed loop
+(benchmarks/loadgen.py in its own process), vector queries (no encoder in the way), k=10, at c=1
+and c=16, in short segments that alternate off, on, on, off, ... (``--pairs``, ``--duration``
+each; pairs 1–2 on the first two clusters, 3–4 on the others, ...), so that the machine's drift
+and each cluster's own luck hit both sides alike; each pair's QPS ratio (on ÷ off) is reported, with
 their median, worst, and the ratio of all segments' sums. ``--sample``: the share of queries
 traced while on (default 0.01, shardrag's default; ``--sample 1``: every query traced). JSON:
 benchmarks/results/tracing_overhead[_sample<S>].json.
@@ -23,7 +24,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from serving.local.launcher import LocalCluster
 
 SHARDS = 4
 PAIR_ORDERS = (("off", "on"), ("on", "off"))
+STARTS = (("off", 0), ("on", 0), ("on", 1), ("off", 1))  # (tracing, which pair of clusters), in start order
 
 
 @contextmanager
@@ -73,25 +75,31 @@ def main() -> None:
     bodies = [{"vector": v.tolist(), "k": 10, "with_text": True} for v in corpus.query_vectors]
     results: dict[str, Any] = {"machine": machine_info(), "shards": SHARDS, "docs": len(corpus.doc_ids),
                                "segment_s": args.duration, "sample": float(args.sample), "segments": {}}
-    with tempfile.TemporaryDirectory(prefix="shardrag-tracing-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="shardrag-tracing-") as tmp, ExitStack() as clusters:
         work = Path(tmp)
-        build_collection(work / "root-off", corpus.documents, corpus.vectors, corpus.version,
+        build_collection(work / "root-0", corpus.documents, corpus.vectors, corpus.version,
                          BuildConfig("bench", SHARDS), show_progress=False)
-        shutil.copytree(work / "root-off", work / "root-on")
-        with cluster_with(work / "root-off", work, "off", args.sample) as off, \
-                cluster_with(work / "root-on", work, "on", args.sample) as on:
-            urls = {"off": off.gateway_url, "on": on.gateway_url}
-            for url in urls.values():
+        # two clusters of each kind, started off, on, on, off: a cluster's own luck (where its
+        # processes landed, what started before it) falls on both sides, as the pairs' order does
+        urls: list[dict[str, str]] = [{}, {}]
+        for number, (mode, group) in enumerate(STARTS):
+            if number:
+                shutil.copytree(work / "root-0", work / f"root-{number}")
+            cluster = clusters.enter_context(cluster_with(work / f"root-{number}", work / f"c{number}", mode,
+                                                          args.sample))
+            urls[group][mode] = cluster.gateway_url
+        for group in urls:
+            for url in group.values():
                 closed_loop(url, bodies, work, 4, 2.0)  # warm every connection and cache
-            for c in concurrencies:
-                segments: list[tuple[str, float]] = []
-                for i in range(args.pairs):
-                    for mode in PAIR_ORDERS[i % 2]:
-                        qps = closed_loop(urls[mode], bodies, work, c, args.duration)["qps"]
-                        segments.append((mode, qps))
-                        print(f"c={c} pair {i + 1}/{args.pairs} tracing {mode}: {qps:.0f} QPS", file=sys.stderr,
-                              flush=True)
-                results["segments"][str(c)] = segments
+        for c in concurrencies:
+            segments: list[tuple[str, float]] = []
+            for i in range(args.pairs):
+                for mode in PAIR_ORDERS[i % 2]:
+                    qps = closed_loop(urls[(i // 2) % 2][mode], bodies, work, c, args.duration)["qps"]
+                    segments.append((mode, qps))
+                    print(f"c={c} pair {i + 1}/{args.pairs} tracing {mode}: {qps:.0f} QPS", file=sys.stderr,
+                          flush=True)
+            results["segments"][str(c)] = segments
     pairs: dict[str, list[float]] = {}
     for c in concurrencies:
         qps = results["segments"][str(c)]

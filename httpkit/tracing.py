@@ -122,7 +122,7 @@ def _traced(headers: list[tuple[bytes, bytes]], roots: bool) -> bool:
     ``traceparent`` at a process that starts traces (``roots``: the gateway) — a draw at the
     sampling ratio. A process called by another (a shard) never starts a trace of its own."""
     for key, value in headers:
-        if key.lower() == b"traceparent":
+        if key == b"traceparent":  # ASGI servers give header names in lower case
             return value[-2:] == b"01"
     return roots and _root_ratio > 0.0 and random.random() < _root_ratio
 

@@ -93,7 +93,8 @@ class ShardragDocumentStore:
         client = self._client()
         for start in range(0, len(rows), BATCH):
             self.link.floors.note(client.upsert(rows[start:start + BATCH], write_ack=self.write_ack))
-        return len(rows)
+        # OVERWRITE counts every document given (an id given twice was written twice, the last stays)
+        return len(documents) if policy == DuplicatePolicy.OVERWRITE else len(rows)
 
     def delete_documents(self, document_ids: list[str]) -> None:
         """Delete these ids (an id that is not there is no error)."""

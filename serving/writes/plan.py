@@ -1,8 +1,10 @@
-"""What a write is made of before it is replicated: the settings, one record to send, and the
-routing and embedding of an upsert batch for one version."""
+"""What a write is made of before it is replicated: the settings, one record to send, the
+routing and embedding of an upsert batch for one version, and a request's fingerprint (what makes
+two requests under one idempotency key the same)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from retrieval.routing import assign_to_centroids, hash_shard
 from retrieval.types import DocId, Document
 from retrieval.wire import check_finite
 from serving.versions.registry import VersionSnapshot
-from serving.writes.models import MAX_DOCUMENTS, MAX_TEXT_CHARS, DocumentIn
+from serving.writes.models import MAX_DOCUMENTS, MAX_TEXT_CHARS, DeleteRequest, DocumentIn, UpsertRequest
 
 
 @dataclass(slots=True, frozen=True)
@@ -109,3 +111,13 @@ def route_upserts(documents: Sequence[DocumentIn], vectors: np.ndarray,
                 if other != home:
                     plan[other].append(Item(DELETE, doc.id, moved=True))
     return plan
+
+
+def request_fingerprint(request: UpsertRequest | DeleteRequest) -> str:
+    """What makes two requests under one idempotency key the same request. ``no_vector`` counts only
+    where it is set: a request without it fingerprints as it did before the field existed (a retry
+    across an upgrade is still the same request)."""
+    exclude: dict[str, Any] = {"idempotency_key": True}
+    if isinstance(request, UpsertRequest):
+        exclude["documents"] = {i: {"no_vector"} for i, d in enumerate(request.documents) if not d.no_vector}
+    return hashlib.sha256(request.model_dump_json(exclude=exclude).encode()).hexdigest()

@@ -21,7 +21,6 @@ Which replica is primary: ``serving.writes.primaries``; bringing a staged versio
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections import defaultdict
@@ -50,7 +49,7 @@ from serving.writes.models import (
     DocumentIn,
     UpsertRequest,
 )
-from serving.writes.plan import Item, WriteSettings, route_upserts, shards_holding, vectors_for
+from serving.writes.plan import Item, WriteSettings, request_fingerprint, route_upserts, shards_holding, vectors_for
 from serving.writes.primaries import PrimaryDirectory
 from serving.writes.staging import StagedSync
 
@@ -258,7 +257,7 @@ class WriteService:
                                    "paused): it takes no writes until it has renewed it and reloaded the state; retry "
                                    "(through another gateway)", field="cluster")
         key = request.idempotency_key or ""
-        fingerprint = _fingerprint(request) if key else ""
+        fingerprint = request_fingerprint(request) if key else ""
         parts: list[tuple[str, int, bytes]] = []
         shards = range(len(self.registry.shard_replicas))
         for version, plan in plans.items():
@@ -340,8 +339,3 @@ class WriteService:
 
     async def close(self) -> None:
         pass
-
-
-def _fingerprint(request: UpsertRequest | DeleteRequest) -> str:
-    """What makes two requests under one idempotency key the same request."""
-    return hashlib.sha256(request.model_dump_json(exclude={"idempotency_key"}).encode()).hexdigest()

@@ -176,6 +176,15 @@ def test_writes_replicate_between_actors_and_survive_the_primary_actor(root, ray
             assert reply.status_code == 200, reply.text
             assert client.get("/v1/documents/ray-1").status_code == 200
             assert client.get("/v1/documents/ray-2").status_code == 200
+            # a listing through the Ray transport's scan, a document without a vector among the others
+            bare_doc = {"id": "ray-3", "text": "words", "no_vector": True}
+            bare = client.post("/v1/documents", json={"documents": [bare_doc], "write_ack": "one"})
+            assert bare.status_code == 200, bare.text
+            ids = ["ray-1", "ray-2", "ray-3"]
+            page = client.post("/v1/documents/scroll", json={"filter": {"must": [{"has_id": ids}]},
+                                                             "with_vectors": True}).json()
+            assert [d["id"] for d in page["documents"]] == ids and page["count"] == 3
+            assert "vector" in page["documents"][0] and "vector" not in page["documents"][2]
     finally:
         cluster.stop()
 
