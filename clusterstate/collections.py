@@ -125,10 +125,20 @@ def place(shards: int, replicas: int, nodes: Sequence[str], load: Mapping[str, i
     return tuple(placement)
 
 
-def node_replica_url(node_url: str, collection: str, shard_id: int) -> str:
-    """The URL of a replica a node hosts: the node's URL plus ``/c/<collection>/<shard>`` (HTTP, or a
-    Ray node actor's ``ray://<actor>``); gateways, peers and the node itself spell it so."""
-    return f"{node_url.rstrip('/')}/c/{collection}/{shard_id}"
+def node_replica_url(node_url: str, collection: str, shard_id: int, uid: str = "") -> str:
+    """The URL of a replica a node hosts: the node's URL plus ``/c/<collection>@<uid>/<shard>`` (HTTP,
+    or a Ray node actor's ``ray://<actor>``); gateways, peers and the node itself spell it so. The
+    incarnation (``uid``) is part of it: a collection dropped and created again under its name is
+    another replica, and a node that still hosts the dropped one refuses its requests instead of
+    answering them (``@`` is not in a collection name). The launched collection has no uid:
+    ``/c/<collection>/<shard>``."""
+    return f"{node_url.rstrip('/')}/c/{collection}{'@' + uid if uid else ''}/{shard_id}"
+
+
+def replica_target(part: str) -> tuple[str, str]:
+    """(collection, uid) of the collection part of a replica URL (``name@uid`` or ``name``)."""
+    name, _, uid = part.partition("@")
+    return name, uid
 
 
 def vector_version(dim: int, metric: str) -> EmbeddingVersion:

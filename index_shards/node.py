@@ -1,12 +1,16 @@
 """A node: one shard-server process that hosts replicas of any (collection, shard) the cluster
 state places on it, loading and dropping them at run time.
 
-    /c/<collection>/<shard>/...   that replica's shard server (every route of index_shards.server)
-    GET /v1/node                  the node's id and the replicas it hosts
-    GET /healthz                  liveness
+    /c/<collection>@<uid>/<shard>/...   that replica's shard server (every route of index_shards.server)
+    GET /v1/node                        the node's id and the replicas it hosts
+    GET /healthz                        liveness
 
-A replica's URL is the node's URL plus ``/c/<collection>/<shard>``, so the gateways' shard client
-and the replicas' peer calls reach it exactly as they reach a one-shard process.
+A replica's URL is the node's URL plus ``/c/<collection>@<uid>/<shard>`` (``/c/<collection>/<shard>``
+for the launched collection), so the gateways' shard client and the replicas' peer calls reach it
+exactly as they reach a one-shard process. The incarnation in it matters: a collection dropped and
+created again under its name, before this node has reconciled, must not be answered by the
+dropped one's replica (its reads would show the dropped documents, its writes would be lost with
+it) — the node answers 404 until it hosts the new one.
 
 The node registers itself (``/shardrag-meta/nodes/<id>``, on a lease) and reconciles whenever the
 cluster state's revision moves (looked at every ``reconcile_s``): a new collection's replica is
@@ -32,7 +36,14 @@ from typing import Any
 import numpy as np
 import orjson
 
-from clusterstate.collections import Collections, CollectionSpec, node_replica_url, spec_version, spec_versions
+from clusterstate.collections import (
+    Collections,
+    CollectionSpec,
+    node_replica_url,
+    replica_target,
+    spec_version,
+    spec_versions,
+)
 from clusterstate.kv import KV
 from clusterstate.lease import LeaseKeeper
 from clusterstate.state import ClusterState, RolloutStoreOnKV
@@ -227,7 +238,7 @@ class Node:
         server = create_server(shard, replace(config, data_dir=str(data_dir), replica_id=self.node_id,
                                               replication=spec.replicas), state=ClusterState(self.kv, spec.state_name),
                                peers=self.peers, lease=self._lease)
-        server.role.start(self.replica_url(spec.name, shard_id))
+        server.role.start(self.replica_url(spec.name, shard_id, spec.uid))
         self.slots = {**self.slots, (spec.name, shard_id): Slot(spec, shard_id, server)}
         logger.info("node %s: hosting %s shard %d", self.node_id, spec.name, shard_id)
 
@@ -260,13 +271,23 @@ class Node:
         slot.server.versions.close()
         logger.info("node %s: dropped %s shard %d", self.node_id, key[0], key[1])
 
-    def replica_url(self, collection: str, shard_id: int) -> str:
-        return node_replica_url(self.url, collection, shard_id)
+    def replica_url(self, collection: str, shard_id: int, uid: str = "") -> str:
+        return node_replica_url(self.url, collection, shard_id, uid)
+
+    def slot_for(self, target: str, shard_id: int) -> Any:
+        """The slot a request for ``target`` (``name@uid`` or ``name``, as in a replica URL) reaches,
+        or None — also when this node hosts another incarnation of the collection (dropped and
+        created again; the node has not caught up yet)."""
+        name, uid = replica_target(target)
+        slot = self.slots.get((name, shard_id))
+        if slot is None or uid != (slot.spec.uid if slot.spec is not None else ""):
+            return None
+        return slot
 
     def describe(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "url": self.url,
                 "replicas": [{"collection": name, "shard": shard_id, "uid": slot.spec.uid if slot.spec else None,
-                              "url": self.replica_url(name, shard_id)}
+                              "url": self.replica_url(name, shard_id, slot.spec.uid if slot.spec else "")}
                              for (name, shard_id), slot in sorted(self.slots.items())]}
 
 
@@ -303,9 +324,10 @@ def create_node_app(node: Node) -> Any:
         if scope["type"] == "http" and path.startswith("/c/"):
             name, _, rest = path[3:].partition("/")
             shard, _, tail = rest.partition("/")
-            slot = node.slots.get((name, int(shard))) if shard.isdigit() else None
+            slot = node.slot_for(name, int(shard)) if shard.isdigit() else None
             if slot is None:
-                error = NotFound(f"node {node.node_id} hosts no replica of {name!r} shard {shard}", field="collection")
+                error = NotFound(f"node {node.node_id} hosts no replica of {name!r} shard {shard} (of this "
+                                 "incarnation)", field="collection")
                 await send_json(send, 404, error.to_dict())
                 return
             # The replica's server routes on the path below the prefix (its fast path matches

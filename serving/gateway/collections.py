@@ -46,7 +46,7 @@ COLLECTION_POLL_S = 5.0  # how often a created collection's replicas are re-read
 
 def replica_urls(spec: CollectionSpec, nodes: dict[str, str]) -> tuple[tuple[str, ...], ...]:
     """Per shard the URLs of its replicas on the live nodes (a node not live is left out)."""
-    return tuple(tuple(node_replica_url(nodes[n], spec.name, shard) for n in group if n in nodes)
+    return tuple(tuple(node_replica_url(nodes[n], spec.name, shard, spec.uid) for n in group if n in nodes)
                  for shard, group in enumerate(spec.placement))
 
 

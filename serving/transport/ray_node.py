@@ -42,10 +42,10 @@ class NodeReplicas:
         return self.node.describe()
 
     def call(self, collection: str, shard_id: int, method: str, *args: Any) -> Any:
-        slot = self.node.slots.get((collection, shard_id))
+        slot = self.node.slot_for(collection, shard_id)
         if slot is None:
-            raise NotFound(f"node {self.node.node_id} hosts no replica of {collection!r} shard {shard_id}",
-                           field="collection")
+            raise NotFound(f"node {self.node.node_id} hosts no replica of {collection!r} shard {shard_id} (of this "
+                           "incarnation)", field="collection")
         if method.startswith("_") or not callable(getattr(ShardReplica, method, None)):
             raise NotFound(f"no replica call {method!r}", field="method")
         return getattr(ShardReplica.over(slot.server.versions, slot.server.role), method)(*args)

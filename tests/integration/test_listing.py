@@ -95,3 +95,23 @@ def test_documents_without_vectors_are_found_by_words_and_filters_never_by_vecto
             assert refused.value.field == field
         client.upsert([{"id": "b0", "vector": vectors[0].tolist()}])  # one of them gets a vector
         assert client.query(vector=vectors[0].tolist(), k=2, **session)["hits"][0]["doc_id"] in {"b0", "v0"}
+
+
+def test_a_collection_dropped_and_made_again_at_once_starts_empty_and_keeps_its_writes(cluster):
+    """Drop, then create under the same name before the nodes have reconciled: the new incarnation
+    answers (empty), never the dropped one's replicas still loaded on the nodes — their reads would
+    show the dropped documents and their writes would be lost with them."""
+    import time
+
+    with dropped_after(cluster, "again") as name, ShardragClient(cluster.gateway_url) as admin:
+        vectors = np.random.default_rng(6).standard_normal((6, DIM)).astype(np.float32)
+        for round_ in range(3):
+            admin.create_collection(name, dim=DIM, shards=2, replicas=2)
+            client = admin.collection(name)
+            assert client.count() == 0, round_
+            client.upsert([{"id": f"d{i}", "vector": vectors[i].tolist()} for i in range(3 + round_)])
+            assert client.count() == 3 + round_
+            if round_ < 2:
+                admin.drop_collection(name)
+        time.sleep(3)  # the nodes reconcile: what was written to this incarnation stays
+        assert client.count() == 5 and len(list(client.documents())) == 5

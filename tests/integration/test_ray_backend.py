@@ -258,8 +258,11 @@ def test_node_actors_host_a_created_collection_whose_replicas_replicate_through_
     config = GatewayConfig.from_dict({"encoder": {"load": False},
                                       "cluster": {"coordinator": cluster.state_coordinator()}})
 
+    incarnation: list[str] = []  # the collection's uid: a replica is reached as "<name>@<uid>"
+
     def infos() -> list:
-        return [ray.get(node.call.remote("pairs", 0, "info"), timeout=30) for node in cluster.node_actors]
+        return [ray.get(node.call.remote(f"pairs@{incarnation[0]}", 0, "info"), timeout=30)
+                for node in cluster.node_actors]
 
     try:
         setup = GatewaySetup(config, cluster.replica_names, shard_client=cluster.client())
@@ -267,6 +270,7 @@ def test_node_actors_host_a_created_collection_whose_replicas_replicate_through_
             created = client.put("/v1/collections/pairs", json={"dim": 4, "replicas": 2})
             assert created.status_code == 201, created.text
             assert sorted(created.json()["placement"][0]) == ["node-0", "node-1"]
+            incarnation.append(created.json()["uid"])
             # the two replicas elect a primary and bring the other in
             post_until_ok(client, "/v1/collections/pairs/documents",
                           {"documents": [{"id": "a", "vector": [1, 0, 0, 0]}], "write_ack": "all"})
