@@ -1,6 +1,7 @@
 """Haystack components that retrieve from a ``ShardragDocumentStore``: by embedding, by BM25, or both.
 
-Each takes the store, default ``filters`` and ``top_k``, and a ``filter_policy`` (Haystack's:
+Each has ``run`` and ``run_async`` (``Pipeline.run_async``), and takes the store, default
+``filters`` and ``top_k``, and a ``filter_policy`` (Haystack's:
 ``replace`` the defaults with the run's filters, or ``merge`` them); its documents carry the
 score shardrag gave them. Reads carry the session floors of the store's writes: a replica that
 answers holds every document the store wrote.
@@ -50,6 +51,13 @@ class ShardragEmbeddingRetriever(_Retriever):
         filters, top_k = self._settings(filters, top_k)
         return {"documents": self.document_store.embedding_retrieval(query_embedding, filters=filters, top_k=top_k)}
 
+    @component.output_types(documents=list[Document])
+    async def run_async(self, query_embedding: list[float], filters: dict[str, Any] | None = None,
+                        top_k: int | None = None) -> dict[str, list[Document]]:
+        filters, top_k = self._settings(filters, top_k)
+        return {"documents": await self.document_store.embedding_retrieval_async(query_embedding, filters=filters,
+                                                                                 top_k=top_k)}
+
 
 @component
 class ShardragBM25Retriever(_Retriever):
@@ -60,6 +68,12 @@ class ShardragBM25Retriever(_Retriever):
             top_k: int | None = None) -> dict[str, list[Document]]:
         filters, top_k = self._settings(filters, top_k)
         return {"documents": self.document_store.bm25_retrieval(query, filters=filters, top_k=top_k)}
+
+    @component.output_types(documents=list[Document])
+    async def run_async(self, query: str, filters: dict[str, Any] | None = None,
+                        top_k: int | None = None) -> dict[str, list[Document]]:
+        filters, top_k = self._settings(filters, top_k)
+        return {"documents": await self.document_store.bm25_retrieval_async(query, filters=filters, top_k=top_k)}
 
 
 @component
@@ -72,3 +86,10 @@ class ShardragHybridRetriever(_Retriever):
         filters, top_k = self._settings(filters, top_k)
         return {"documents": self.document_store.hybrid_retrieval(query, query_embedding, filters=filters,
                                                                   top_k=top_k)}
+
+    @component.output_types(documents=list[Document])
+    async def run_async(self, query: str, query_embedding: list[float], filters: dict[str, Any] | None = None,
+                        top_k: int | None = None) -> dict[str, list[Document]]:
+        filters, top_k = self._settings(filters, top_k)
+        return {"documents": await self.document_store.hybrid_retrieval_async(query, query_embedding,
+                                                                              filters=filters, top_k=top_k)}

@@ -15,6 +15,16 @@ import pytest
 from haystack.dataclasses import Document
 from haystack.document_stores.errors import DuplicateDocumentError
 from haystack.testing.document_store import DocumentStoreBaseExtendedTests
+from haystack.testing.document_store_async import (
+    CountDocumentsAsyncTest,
+    CountDocumentsByFilterAsyncTest,
+    DeleteAllAsyncTest,
+    DeleteByFilterAsyncTest,
+    DeleteDocumentsAsyncTest,
+    FilterDocumentsAsyncTest,
+    UpdateByFilterAsyncTest,
+    WriteDocumentsAsyncTest,
+)
 
 from integrations.haystack import ShardragDocumentStore
 from serving.local.launcher import LocalCluster
@@ -29,14 +39,14 @@ def cluster(tmp_path_factory) -> Iterator[LocalCluster]:
         yield running
 
 
-class TestShardragDocumentStore(DocumentStoreBaseExtendedTests):
-    @pytest.fixture()
-    def document_store(self, cluster) -> Iterator[ShardragDocumentStore]:  # type: ignore[override]
-        with dropped_after(cluster, "hs") as name:
-            store = ShardragDocumentStore(url=cluster.gateway_url, collection=name, embedding_dim=768, shards=2)
-            yield store
-            store.close()
+def fresh_store(cluster: LocalCluster) -> Iterator[ShardragDocumentStore]:
+    with dropped_after(cluster, "hs") as name:
+        store = ShardragDocumentStore(url=cluster.gateway_url, collection=name, embedding_dim=768, shards=2)
+        yield store
+        store.close()
 
+
+class SameDocuments:
     @staticmethod
     def assert_documents_are_equal(received: list[Document], expected: list[Document]) -> None:
         """The same documents, whatever the order (shardrag lists in id order); embeddings equal as
@@ -52,6 +62,12 @@ class TestShardragDocumentStore(DocumentStoreBaseExtendedTests):
                 assert np.asarray(got.embedding, dtype=np.float32).tobytes() == \
                     np.asarray(want.embedding, dtype=np.float32).tobytes()
 
+
+class TestShardragDocumentStore(SameDocuments, DocumentStoreBaseExtendedTests):
+    @pytest.fixture()
+    def document_store(self, cluster) -> Iterator[ShardragDocumentStore]:  # type: ignore[override]
+        yield from fresh_store(cluster)
+
     def test_write_documents(self, document_store: ShardragDocumentStore) -> None:
         """The default policy (NONE) is FAIL: an id written twice raises and changes nothing."""
         docs = [Document(id="1", content="first"), Document(id="2", content="second")]
@@ -59,6 +75,26 @@ class TestShardragDocumentStore(DocumentStoreBaseExtendedTests):
         with pytest.raises(DuplicateDocumentError):
             document_store.write_documents([Document(id="2", content="again"), Document(id="3", content="new")])
         self.assert_documents_are_equal(document_store.filter_documents(), docs)
+
+
+class TestShardragDocumentStoreAsync(SameDocuments, CountDocumentsAsyncTest, CountDocumentsByFilterAsyncTest,
+                                     DeleteAllAsyncTest, DeleteByFilterAsyncTest, DeleteDocumentsAsyncTest,
+                                     FilterDocumentsAsyncTest, UpdateByFilterAsyncTest, WriteDocumentsAsyncTest):
+    """The async suite's classes for what the store does (every ``*_async`` method of the base and
+    extended protocol), as Haystack ships them."""
+
+    @pytest.fixture()
+    def document_store(self, cluster) -> Iterator[ShardragDocumentStore]:  # type: ignore[override]
+        yield from fresh_store(cluster)
+
+    async def test_write_documents_async(self, document_store: ShardragDocumentStore) -> None:
+        """The default policy (NONE) is FAIL, as in the sync store."""
+        docs = [Document(id="1", content="first"), Document(id="2", content="second")]
+        assert await document_store.write_documents_async(docs) == 2
+        with pytest.raises(DuplicateDocumentError):
+            await document_store.write_documents_async([Document(id="2", content="again"),
+                                                        Document(id="3", content="new")])
+        self.assert_documents_are_equal(await document_store.filter_documents_async(), docs)
 
 
 def test_retrievers_in_a_pipeline_read_their_writes_across_replicas(cluster):
