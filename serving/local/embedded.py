@@ -113,12 +113,13 @@ class EmbeddedCluster:
         return Node(kv, NODE_ID, nodes_dir(self.root, self.collection) / NODE_ID, config).start(NODE_URL)
 
     def _node_replica(self, name: str) -> ShardRole | None:
-        """``inproc://node-0/c/<collection>/<shard>`` → that replica's role while the node hosts it."""
+        """``inproc://node-0/c/<collection>@<uid>/<shard>`` → that replica's role while the node hosts it
+        (that incarnation of it: ``Node.slot_for``)."""
         node = self._node
         if node is None or not name.startswith(NODE_URL + "/c/"):
             return None
         collection, _, shard = name[len(NODE_URL) + 3:].partition("/")
-        slot = node.slots.get((collection, int(shard))) if shard.isdigit() else None
+        slot = node.slot_for(collection, int(shard)) if shard.isdigit() else None
         return slot.server.role if slot is not None else None
 
     def stop(self) -> None:
