@@ -6,7 +6,8 @@ answers (``tuning_choice``), encoders, embedding cache, datasets, IR metrics, cr
 ``SHARDRAG_*`` variables (``env``), the command-line runner, the Python client and its
 session floors (``session``: a client reads its own writes), files cut into passages
 (``passages``: Markdown, text, HTML, PDF, by the encoder's tokens), a collection's backup on disk
-(``backup``: snapshots per shard, manifest, content digest).
+(``backup``: snapshots per shard, manifest, content digest), the metadata filter language
+(``filters``) and the RFC 3339 instants its date-time ranges compare (``datetimes``).
 
 May import the standard library and numpy; torch, httpx, PyStemmer, pypdf and transformers only
 inside the leaf modules that need them (``encoders``, ``client``, ``analysis``, ``passages``),
