@@ -135,3 +135,25 @@ def test_retrievers_in_a_pipeline_read_their_writes_across_replicas(cluster):
             query_embedding=vectors[4].tolist())["documents"][0].id != "e4"
         assert store.count_documents() == 6
         store.close()
+
+
+async def test_retrievers_through_pipeline_run_async(cluster):
+    """Pipeline.run_async (Haystack 3's async pipeline): the store's async writes, then both retrievers'
+    run_async, with the session floors of those writes."""
+    from haystack import Pipeline
+
+    from integrations.haystack import ShardragBM25Retriever, ShardragEmbeddingRetriever
+
+    vectors = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+    docs = [Document(id=f"a{i}", content=f"fjord {i}", embedding=vectors[i].tolist()) for i in range(4)]
+    with dropped_after(cluster, "hsa") as name:
+        store = ShardragDocumentStore(url=cluster.gateway_url, collection=name, embedding_dim=8, shards=2, replicas=2)
+        assert await store.write_documents_async(docs + [Document(id="plain", content="fjord alone")]) == 5
+        pipeline = Pipeline()
+        pipeline.add_component("dense", ShardragEmbeddingRetriever(document_store=store, top_k=2))
+        pipeline.add_component("bm25", ShardragBM25Retriever(document_store=store, top_k=10))
+        out = await pipeline.run_async({"dense": {"query_embedding": vectors[2].tolist()}, "bm25": {"query": "fjord"}})
+        assert out["dense"]["documents"][0].id == "a2" and len(out["dense"]["documents"]) == 2
+        assert {d.id for d in out["bm25"]["documents"]} == {"a0", "a1", "a2", "a3", "plain"}
+        assert await store.count_documents_async() == 5
+        store.close()
