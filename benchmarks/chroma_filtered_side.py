@@ -1,7 +1,8 @@
 """The Chroma half of benchmarks/filtered_recall.py, run by the interpreter of a virtualenv holding
 chromadb==1.5.9 (it imports nothing of shardrag). Reads the vectors, their metadata, the queries
 and each query's filters (already in Chroma's ``where`` form) from ``--work``; adds everything to
-one embedded collection (HNSW, inner product, M and search_ef as given); answers every query
+one embedded collection (HNSW, inner product, M, construction_ef and search_ef as given);
+answers every query
 unfiltered and under each filter. Writes ``chroma.json`` there: per filter the ids and latencies."""
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--m", type=int, default=32)
     parser.add_argument("--ef-search", type=int, default=256)
+    # FAISS's default efConstruction, the one shardrag's HNSW32 shards are built with: like with like
+    parser.add_argument("--ef-construction", type=int, default=40)
     args = parser.parse_args()
     import chromadb
 
@@ -33,13 +36,17 @@ def main() -> None:
     client = chromadb.PersistentClient(path=str(work / "chroma"))
     collection = client.create_collection(
         "bench", embedding_function=None,
-        metadata={"hnsw:space": "ip", "hnsw:M": args.m, "hnsw:construction_ef": 200, "hnsw:search_ef": args.ef_search})
+        metadata={"hnsw:space": "ip", "hnsw:M": args.m, "hnsw:construction_ef": args.ef_construction,
+                  "hnsw:search_ef": args.ef_search})
     started = time.perf_counter()
     for start in range(0, len(vectors), BATCH):
         rows = range(start, min(start + BATCH, len(vectors)))
         collection.add(ids=[f"d{i}" for i in rows], embeddings=np.asarray(vectors[start:rows.stop]),
                        metadatas=[{"topic": int(meta["topic"][i]), "rank": int(meta["rank"][i]),
                                    "u": int(meta["u"][i])} for i in rows])
+        if rows.stop % 100_000 < BATCH:  # an ingest of 1M takes a while: say how far it is
+            took = time.perf_counter() - started
+            print(f"chroma: {rows.stop:,} / {len(vectors):,} added in {took:.0f} s", flush=True)
     add_s = time.perf_counter() - started
     collection.query(query_embeddings=queries[:1].tolist(), n_results=args.k)  # warm
     answers: dict[str, list[dict[str, object]]] = {}

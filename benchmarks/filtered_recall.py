@@ -19,8 +19,9 @@ nprobe 32 — the breadths at which unfiltered recall@10 is ≥ 0.95 over these 
 
 Chroma 1.5.9 (``--chroma-python``: a virtualenv's interpreter holding it, as for
 benchmarks/collections_memory.py), embedded, in its own process: the same vectors and metadata
-in one collection (HNSW, inner product, M 32, search_ef 256), the same queries under the same
-filters written as Chroma ``where`` clauses. Like with like: both single-process, in-process
+in one collection (HNSW, inner product, M 32, construction_ef 40 — FAISS's efConstruction, which our
+HNSW32 is built with — and our ``--ef-search``), the same queries under the same filters written as
+Chroma ``where`` clauses. Like with like: both single-process, in-process
 calls, one query at a time, on this machine. JSON: benchmarks/results/<out>.json.
 """
 
@@ -114,14 +115,15 @@ def run_shardrag(work: Path, factory: str, knobs: dict[str, int], vectors: np.nd
 
 
 def run_chroma(python: str, work: Path, vectors: np.ndarray, topics: TopicFilters, queries: np.ndarray,
-               plans: list, tops: list) -> dict[str, Any]:
+               plans: list, tops: list, ef_search: int, ef_construction: int) -> dict[str, Any]:
     np.save(work / "vectors.npy", vectors)
     np.savez(work / "metadata.npz", topic=topics.topic, rank=topics.rank, u=topics.uniform)
     np.save(work / "queries.npy", queries)
     (work / "filters.json").write_text(json.dumps(
         [[[f"{kind}@{sel}", chroma_where(data) if data else None] for (kind, sel), data in plan] for plan in plans]))
     side = Path(__file__).with_name("chroma_filtered_side.py")
-    subprocess.run([python, str(side), "--work", str(work), "--k", str(K)], check=True)
+    subprocess.run([python, str(side), "--work", str(work), "--k", str(K), "--m", "32", "--ef-search", str(ef_search),
+                    "--ef-construction", str(ef_construction)], check=True)
     answers = json.loads((work / "chroma.json").read_text())
     rows: dict[tuple[str, float], list[tuple[float, float]]] = {}
     for qi, plan in enumerate(plans):
@@ -129,7 +131,8 @@ def run_chroma(python: str, work: Path, vectors: np.ndarray, topics: TopicFilter
             answer = answers["answers"][f"{kind}@{sel}"][qi]
             found = {int(d[1:]) for d in answer["ids"]}
             rows.setdefault((kind, sel), []).append((len(found & set(want.tolist())) / K, answer["s"]))
-    return {"factory": "chroma 1.5.9 (HNSW M32, search_ef 256)", "add_s": round(answers["add_s"], 1),
+    return {"factory": f"chroma 1.5.9 (HNSW M32, construction_ef {ef_construction}, search_ef {ef_search})",
+            "add_s": round(answers["add_s"], 1),
             "cells": [summarize(label, r) for label, r in rows.items()]}
 
 
@@ -164,6 +167,8 @@ def main() -> None:
     parser.add_argument("--chroma-python", default=".venv-chroma/bin/python",
                         help="the interpreter of a virtualenv holding chromadb==1.5.9")
     parser.add_argument("--no-chroma", action="store_true", help="shardrag only")
+    parser.add_argument("--chroma-ef-construction", type=int, default=40,
+                        help="Chroma's construction_ef (default 40: FAISS's efConstruction, which our HNSW32 uses)")
     parser.add_argument("--out", default="filtered_recall", help="results name under benchmarks/results")
     args = parser.parse_args()
     corpus = load_corpus()
@@ -186,7 +191,8 @@ def main() -> None:
             sys.exit(f"{args.chroma_python} not found: python -m venv .venv-chroma && .venv-chroma/bin/pip install "
                      "chromadb==1.5.9 numpy (or --no-chroma)")
         with tempfile.TemporaryDirectory(prefix="shardrag-filtered-chroma-") as work:
-            runs.append(run_chroma(args.chroma_python, Path(work), vectors, topics, queries, plans, tops))
+            runs.append(run_chroma(args.chroma_python, Path(work), vectors, topics, queries, plans, tops,
+                                   args.ef_search, args.chroma_ef_construction))
         write_result(args.out, results)
     report(runs)
     print(f"\nwrote benchmarks/results/{args.out}.json")
