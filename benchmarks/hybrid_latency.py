@@ -34,7 +34,7 @@ from serving.local.launcher import LocalCluster
 
 MODES: dict[str, dict[str, Any]] = {
     "dense": {},
-    "hybrid rrf": {"mode": "hybrid"},
+    "hybrid rrf": {"mode": "hybrid", "fusion": "rrf"},
     "hybrid weighted": {"mode": "hybrid", "fusion": "weighted"},
     "lexical": {"mode": "lexical"},
 }

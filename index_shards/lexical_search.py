@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from index_shards.lexical import BaseLexicon, Scored, query_terms, score
+from index_shards.lexical import BaseLexicon, query_terms, score
 from retrieval.bm25 import CorpusStats
 from retrieval.contract import HitColumns
 from retrieval.errors import IndexIntegrityError
@@ -35,12 +35,40 @@ class LexicalView:
         return self.base.stats(self.holders, self.hidden_rows) + self.segment_stats
 
 
-def shard_search(live: LiveShard, text: str, corpus: CorpusStats | None, k: int, *, with_text: bool = True,
-                 with_metadata: bool = False, filter_: Filter | None = None) -> tuple[HitColumns, CorpusStats]:
-    """The top ``k`` of ``text`` by BM25 under ``corpus`` (None: this shard's own statistics, the
-    unsharded ranking of a one-shard collection), among the documents ``filter_`` selects; and
-    this shard's statistics for the text's terms (what the gateway sums over shards), both read
-    at one applied seq. A term ``corpus`` does not count is not scored."""
+@dataclass(slots=True)
+class LexicalScores:
+    """One query's BM25 over a live shard under given statistics: every live document the filter
+    selects that holds a scored term — base rows (ascending) and segment documents — with the
+    shard's own statistics for the query's terms."""
+
+    own: CorpusStats
+    term_weights: list[float]  # idf × count of each scored term, in query order
+    base: BaseLexicon
+    base_rows: np.ndarray
+    base_scores: np.ndarray
+    segment: list[tuple[float, str, SegmentDoc]]  # (score, doc id, document), any order
+    all_base_rows: np.ndarray  # every base row any term touched (no filter, none hidden), ascending
+    all_base_scores: np.ndarray
+    segment_scores: dict[str, float]  # every segment document any term touched
+
+    def base_score_of(self, int_ids: np.ndarray) -> np.ndarray:
+        """The BM25 of base documents by int id (0 where no term touches one)."""
+        out = np.zeros(int_ids.size, dtype=np.float64)
+        if not self.all_base_rows.size or not int_ids.size:
+            return out
+        slots = np.minimum(np.searchsorted(self.base.int_ids, int_ids), self.base.count - 1)
+        rows = np.where(self.base.int_ids[slots] == int_ids, slots, -1)
+        at = np.minimum(np.searchsorted(self.all_base_rows, rows), self.all_base_rows.size - 1)
+        found = (rows >= 0) & (self.all_base_rows[at] == rows)
+        out[found] = self.all_base_scores[at[found]]
+        return out
+
+
+def lexical_scores(live: LiveShard, text: str, corpus: CorpusStats | None,
+                   filter_: Filter | None = None) -> LexicalScores:
+    """BM25 of ``text`` under ``corpus`` (None: this shard's own statistics, the unsharded ranking
+    of a one-shard collection) for every live document ``filter_`` selects, read at one applied
+    seq. A term ``corpus`` does not count is not scored."""
     terms = query_terms(text)
     view = live.lexical_view([term for term, _ in terms])
     own = view.stats()
@@ -48,19 +76,37 @@ def shard_search(live: LiveShard, text: str, corpus: CorpusStats | None, k: int,
     average = stats.average_length
     weights = [(term, stats.idf(term) * count) for term, count in terms]
     weights = [(term, w) for term, w in weights if w > 0]
-    if not weights or average <= 0:
-        return _columns(with_metadata), own
     base = view.base
+    if not weights or average <= 0:
+        empty = np.zeros(0, np.int64), np.zeros(0, np.float64)
+        return LexicalScores(own, [], base, *empty, [], *empty, {})
     base_postings = []
     for term, weight in weights:
         rows, tfs = base.postings(term)
         if rows.size:
             base_postings.append((weight, rows, tfs))
     scored = score(base_postings, base.lengths, average, base.count)
-    allowed = _allowed_rows(live.base, base, filter_) if filter_ is not None and not filter_.empty else None
-    best = _base_top(live.base, base, scored, allowed, view.hidden_rows, k, with_text, with_metadata)
-    segment = _segment_top(view, weights, average, k, with_text, with_metadata, filter_)
-    return _merge(best, segment, k, with_text, with_metadata), own
+    keep = np.ones(scored.rows.size, dtype=bool)
+    if filter_ is not None and not filter_.empty:
+        keep &= _allowed_rows(live.base, base, filter_)[scored.rows]
+    if view.hidden_rows.size:
+        keep &= ~np.isin(scored.rows, view.hidden_rows)
+    segment_scores = _segment_scores(view, weights, average)
+    segment = [(value, doc_id, view.docs[doc_id]) for doc_id, value in segment_scores.items()
+               if filter_ is None or filter_.empty or filter_.matches(doc_id, view.docs[doc_id].metadata)]
+    return LexicalScores(own, [w for _, w in weights], base, scored.rows[keep], scored.scores[keep], segment,
+                         scored.rows, scored.scores, segment_scores)
+
+
+def shard_search(live: LiveShard, text: str, corpus: CorpusStats | None, k: int, *, with_text: bool = True,
+                 with_metadata: bool = False, filter_: Filter | None = None) -> tuple[HitColumns, CorpusStats]:
+    """The top ``k`` of ``text`` by BM25 under ``corpus`` among the documents ``filter_`` selects
+    (:func:`lexical_scores`), and this shard's statistics for the text's terms (what the gateway
+    sums over shards), both read at one applied seq."""
+    scores = lexical_scores(live, text, corpus, filter_)
+    best = _base_top(live.base, scores.base, scores.base_rows, scores.base_scores, k, with_text, with_metadata)
+    segment = sorted(scores.segment, key=lambda hit: (-hit[0], hit[1]))[:k]
+    return _merge(best, segment, k, with_text, with_metadata), scores.own
 
 
 def _allowed_rows(shard: Shard, base: BaseLexicon, filter_: Filter) -> np.ndarray:
@@ -70,15 +116,8 @@ def _allowed_rows(shard: Shard, base: BaseLexicon, filter_: Filter) -> np.ndarra
     return mask
 
 
-def _base_top(shard: Shard, base: BaseLexicon, scored: Scored, allowed: np.ndarray | None, hidden: np.ndarray,
-              k: int, with_text: bool, with_metadata: bool) -> list[tuple[float, str, Any]]:
-    rows, scores = scored.rows, scored.scores
-    keep = np.ones(rows.size, dtype=bool)
-    if allowed is not None:
-        keep &= allowed[rows]
-    if hidden.size:
-        keep &= ~np.isin(rows, hidden)
-    rows, scores = rows[keep], scores[keep]
+def _base_top(shard: Shard, base: BaseLexicon, rows: np.ndarray, scores: np.ndarray, k: int, with_text: bool,
+              with_metadata: bool) -> list[tuple[float, str, Any]]:
     rows, scores = _with_ties(rows, scores, k)
     int_ids = base.int_ids[rows].tolist()
     docs = shard.docstore.get_many(int_ids, with_text=with_text, with_metadata=with_metadata)
@@ -92,10 +131,10 @@ def _base_top(shard: Shard, base: BaseLexicon, scored: Scored, allowed: np.ndarr
     return found[:k]
 
 
-def _segment_top(view: LexicalView, weights: list[tuple[str, float]], average: float, k: int, with_text: bool,
-                 with_metadata: bool, filter_: Filter | None) -> list[tuple[float, str, Any]]:
+def _segment_scores(view: LexicalView, weights: list[tuple[str, float]], average: float) -> dict[str, float]:
+    """Every segment document holding a scored term, with its BM25 (filters apply afterwards)."""
     if not view.docs:
-        return []
+        return {}
     doc_ids = list(view.docs)
     position = {doc_id: i for i, doc_id in enumerate(doc_ids)}
     lengths = np.asarray([view.lengths[d] for d in doc_ids], dtype=np.int32)
@@ -106,14 +145,7 @@ def _segment_top(view: LexicalView, weights: list[tuple[str, float]], average: f
             postings.append((weight, np.asarray([position[d] for d, _ in holders], dtype=np.int64),
                              np.asarray([tf for _, tf in holders], dtype=np.uint16)))
     scored = score(postings, lengths, average, len(doc_ids))
-    found = []
-    for row, value in zip(scored.rows.tolist(), scored.scores.tolist(), strict=True):
-        doc = view.docs[doc_ids[row]]
-        if filter_ is not None and not filter_.empty and not filter_.matches(doc.doc_id, doc.metadata):
-            continue
-        found.append((value, doc.doc_id, doc))
-    found.sort(key=lambda hit: (-hit[0], hit[1]))
-    return found[:k]
+    return {doc_ids[row]: value for row, value in zip(scored.rows.tolist(), scored.scores.tolist(), strict=True)}
 
 
 def _with_ties(rows: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

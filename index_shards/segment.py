@@ -191,9 +191,15 @@ class LiveShard:
         stored = self.base.docstore.get_many([int_id], with_metadata=True).get(int_id)
         if stored is None:
             return None
-        vector = self._base_vectors(np.asarray([int_id], dtype=np.int64))[0] if with_vector else None
+        vector = self.base_vectors(np.asarray([int_id], dtype=np.int64))[0] if with_vector else None
         return StoredDocument(stored.doc_id, stored.title, stored.text, stored.metadata or {},
                               self._base_seqs.get(int_id, 0), vector)
+
+    def segment_members(self, doc_ids: Iterable[str]) -> dict[str, tuple[SegmentDoc, np.ndarray | None]]:
+        """Those of ``doc_ids`` that live in the segment (not the base), with their vectors (None:
+        stored without one)."""
+        with self._lock:
+            return {d: (self._docs[d], self._rows.vector(d)) for d in doc_ids if d in self._docs}
 
     def matching_ids(self, filter_: Filter, limit: int) -> list[str]:
         """The ids of live documents that ``filter_`` selects (delete by filter reads this), at most
@@ -232,7 +238,7 @@ class LiveShard:
         page = list(itertools.islice(merged, limit))
         base_ids = np.asarray([int_id for _, int_id, doc in page if doc is None], dtype=np.int64)
         stored = self.base.docstore.get_many(base_ids.tolist(), with_metadata=True) if base_ids.size else {}
-        base_vectors = dict(zip(base_ids.tolist(), self._base_vectors(base_ids), strict=True))
+        base_vectors = dict(zip(base_ids.tolist(), self.base_vectors(base_ids), strict=True))
         out: list[StoredDocument] = []
         for doc_id, int_id, doc in page:
             if doc is not None:
@@ -279,7 +285,7 @@ class LiveShard:
         base_ids = np.asarray([i for i in self.base.payload.int_ids.tolist() if i not in hidden], dtype=np.int64)
         for start in range(0, base_ids.size, 1024):
             chunk = base_ids[start:start + 1024]
-            vectors = self._base_vectors(chunk)
+            vectors = self.base_vectors(chunk)
             stored = self.base.docstore.get_many(chunk.tolist(), with_metadata=True)
             for int_id, vector in zip(chunk.tolist(), vectors, strict=True):
                 base_doc = stored[int_id]
@@ -288,7 +294,7 @@ class LiveShard:
         for written, vector in segment:
             yield StoredDocument(written.doc_id, written.title, written.text, written.metadata, written.seq, vector)
 
-    def _base_vectors(self, int_ids: np.ndarray) -> list[np.ndarray | None]:
+    def base_vectors(self, int_ids: np.ndarray) -> list[np.ndarray | None]:
         """Base documents' vectors: a written one's original where the base kept it, else the
         index's (exact for Flat and HNSW; decoded from the build's own codes for PQ/SQ); None for
         one stored without a vector."""

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from index_shards.hybrid_search import fused_search
 from index_shards.layout import INDEX_FILE
 from index_shards.lexical_search import shard_search
 from index_shards.manifest import SHARD_MANIFEST
@@ -209,6 +210,14 @@ class ShardVersions:
                                 f"the read needs a write of term {params.min_term}", field="min_term",
                                 shard=self.shard_id)
         filter_ = filter_from_canonical(params.filter) if params.filter else None
+        if params.lexical and any(query.fuse is not None for query in lexical):
+            if not all(query.fuse is not None for query in lexical) or len(vectors) != len(lexical):
+                raise InvalidRequest("a weighted hybrid call fuses every query, each with its vector", field="body")
+            fused = [fused_search(shard, vector, query, params.k, nprobe=params.nprobe, ef_search=params.ef_search,
+                                  with_text=params.with_text, with_metadata=params.with_metadata, filter_=filter_)
+                     for vector, query in zip(np.asarray(vectors, dtype=np.float32), lexical, strict=True)]
+            return SearchReply(self.shard_id, shard.version_id, (time.perf_counter() - started) * 1000.0,
+                               [hits for hits, _ in fused], [stats for _, stats in fused])
         if params.lexical:
             answers = [shard_search(shard, query.text, query.corpus, params.k, with_text=params.with_text,
                                     with_metadata=params.with_metadata, filter_=filter_) for query in lexical]

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from retrieval.errors import InvalidRequest
+from retrieval.fusion import WeightedFusion
 
 # Lucene's defaults (BM25Similarity): term-frequency saturation and length normalization.
 K1 = 1.2
@@ -99,6 +100,12 @@ class CorpusStats:
         return cls.from_dict(data, field_name=field_name)
 
 
+def score_bound(term_weights: Iterable[float]) -> float:
+    """The most BM25 could give any document for a query whose terms weigh ``term_weights`` (idf ×
+    count): each term saturated, weight · (k1 + 1). A weighted hybrid divides by it."""
+    return float(sum(term_weights)) * (K1 + 1.0)
+
+
 MAX_LEXICAL_CHARS = 10_000  # a lexical query's text at a shard (the gateway's own limit is lower)
 
 
@@ -109,14 +116,16 @@ class LexicalQuery:
 
     text: str
     corpus: CorpusStats | None = None
+    fuse: WeightedFusion | None = None  # a weighted hybrid: the shard fuses the legs (its vector rides along)
 
 
 def encode_lexical_queries(queries: Sequence[LexicalQuery], vectors: bytes = b"") -> bytes:
-    """A lexical search's body: the JSON ``{"queries": [{"text", "corpus"?}, ...]}`` after its
-    length (4 bytes, little-endian), then — a hybrid call — one query vector per query
-    (``retrieval.wire.encode_vectors`` bytes), searched in the same call."""
-    head = orjson.dumps({"queries": [{"text": q.text, **({"corpus": q.corpus.to_dict()} if q.corpus else {})}
-                                     for q in queries]})
+    """A lexical search's body: the JSON ``{"queries": [{"text", "corpus"?, "fuse"?}, ...]}`` after
+    its length (4 bytes, little-endian), then — a hybrid call — one query vector per query
+    (``retrieval.wire.encode_vectors`` bytes), searched in the same call (``fuse``: a weighted
+    hybrid's weights and depth, the shard answering the fused list)."""
+    head = orjson.dumps({"queries": [{"text": q.text, **({"corpus": q.corpus.to_dict()} if q.corpus else {}),
+                                      **({"fuse": q.fuse.to_dict()} if q.fuse else {})} for q in queries]})
     return len(head).to_bytes(4, "little") + head + vectors
 
 
@@ -141,7 +150,9 @@ def decode_lexical_queries(body: bytes, *, max_queries: int) -> tuple[list[Lexic
         if not isinstance(text, str) or len(text) > MAX_LEXICAL_CHARS:
             raise InvalidRequest(f"a lexical query's text is a string of at most {MAX_LEXICAL_CHARS} characters",
                                  field=f"body.queries.{i}.text")
-        corpus = query.get("corpus")
+        corpus, fuse = query.get("corpus"), query.get("fuse")
         decoded.append(LexicalQuery(text, CorpusStats.from_dict(corpus, field_name=f"body.queries.{i}.corpus")
-                                    if corpus is not None else None))
+                                    if corpus is not None else None,
+                                    WeightedFusion.from_dict(fuse, field_name=f"body.queries.{i}.fuse")
+                                    if fuse is not None else None))
     return decoded, body[4 + size:]

@@ -38,6 +38,10 @@ class HitColumns(TypedDict):
     titles: list[str]
     texts: list[str]
     metadata: NotRequired[list[dict[str, Any]]]  # only when the search asked with_metadata
+    # a weighted hybrid's fused list (scores are fused): per leg, each hit's own score in it (None:
+    # the leg does not find it) and the shard's best ``depth`` scores of the leg (for leg ranks)
+    legs: NotRequired[dict[str, list[float | None]]]
+    leg_tops: NotRequired[dict[str, list[float]]]
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,10 +1,15 @@
-"""Fusing ranked lists of the dense and lexical legs into one (hybrid search).
+"""Fusing the dense and lexical legs of a hybrid search.
 
-* **rrf** — reciprocal rank fusion: a document scores Σ 1 / (rrf_k + rank) over the legs that
-  returned it (rank from 1). Scale-free: needs no calibration between cosine and BM25.
-* **weighted** — each leg's scores min-max normalized over the hits it returned (the best → 1,
-  its last → 0; a leg with one distinct score gives 1), then Σ weight × normalized (Weaviate's
-  relativeScoreFusion); a leg that did not return a document adds 0.
+* **weighted** (the default) — a convex combination of the two legs' scores, each normalized by
+  the bounds it can take for the query (Bruch et al., "An Analysis of Fusion Functions for Hybrid
+  Retrieval", 2023: theoretical min-max): the dense similarity mapped from [-1, 1] to [0, 1]
+  (:func:`dense_unit`), BM25 divided by the most any document could score for the query's terms
+  (``retrieval.bm25.score_bound``). Every document has both scores (0 where a leg does not find it), so a
+  shard can compute the fused score of its own documents and answer the *exact* fused top k of
+  everything it holds (``index_shards.hybrid_search``: both legs read until no unseen document
+  can beat the k-th); the gateway merges those lists like dense ones.
+* **rrf** — reciprocal rank fusion over the two legs' merged lists (the gateway's, :func:`fuse_rrf`):
+  a document scores Σ 1 / (rrf_k + rank) over the legs that returned it (rank from 1).
 
 Ties break by doc id, as every merge in shardrag. The default weights were chosen on msmarco
 only and applied unchanged to dbpedia (``benchmarks/hybrid_quality.py``; docs/hybrid.md).
@@ -14,55 +19,96 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from retrieval.errors import InvalidRequest
 from retrieval.types import Hit
 
 DENSE, LEXICAL = "dense", "lexical"
 LEGS = (DENSE, LEXICAL)
+RRF, WEIGHTED = "rrf", "weighted"
+DEFAULT_FUSION = WEIGHTED
 DEFAULT_RRF_K = 60
-DEFAULT_WEIGHTS: Mapping[str, float] = {DENSE: 0.6, LEXICAL: 0.4}  # chosen on msmarco (docs/hybrid.md)
+DEFAULT_WEIGHTS: Mapping[str, float] = {DENSE: 0.8, LEXICAL: 0.2}  # chosen on msmarco (docs/hybrid.md)
+MAX_WEIGHT = 1000.0
 
 
 @dataclass(slots=True, frozen=True)
 class LegRank:
-    """Where one leg ranked a document: its rank (from 1) and its own score."""
+    """Where one leg ranked a document — its rank from 1 (None: below the leg's top ``candidates``
+    on some shard, so not known) — and the leg's own score for it."""
 
-    rank: int
+    rank: int | None
     score: float
 
 
 @dataclass(slots=True, frozen=True)
 class FusedHit:
-    hit: Hit  # the document as a leg returned it (its score is the leg's)
+    hit: Hit  # the document (its score is the fused one for weighted, the first leg's for rrf)
     score: float  # the fused score
     legs: Mapping[str, LegRank] = field(default_factory=dict)
 
 
-def fuse(legs: Mapping[str, Sequence[Hit]], k: int, *, method: str = "rrf", rrf_k: int = DEFAULT_RRF_K,
-         weights: Mapping[str, float] | None = None) -> list[FusedHit]:
-    """The top ``k`` of the legs' hit lists (each best first) fused by ``method``."""
-    if method == "rrf":
-        if rrf_k < 0:
-            raise InvalidRequest("rrf_k must be ≥ 0", field="rrf_k")
-        contribution = {leg: [1.0 / (rrf_k + rank) for rank in range(1, len(hits) + 1)]
-                        for leg, hits in legs.items()}
-    elif method == "weighted":
-        chosen = dict(DEFAULT_WEIGHTS if weights is None else weights)
-        for leg, weight in chosen.items():
-            if leg not in LEGS or weight < 0:
-                raise InvalidRequest(f"weights are ≥ 0 per leg ({', '.join(LEGS)}); got {leg}: {weight}",
+@dataclass(slots=True, frozen=True)
+class WeightedFusion:
+    """A weighted hybrid as a shard runs it: the legs' weights, and how deep each leg is read
+    first (the shard reads deeper while an unseen document could still make the top k; the
+    leg ranks the gateway reports reach this deep)."""
+
+    dense: float
+    lexical: float
+    depth: int
+
+    def __post_init__(self) -> None:
+        for leg, weight in ((DENSE, self.dense), (LEXICAL, self.lexical)):
+            if not 0.0 <= weight <= MAX_WEIGHT:
+                raise InvalidRequest(f"weights are between 0 and {MAX_WEIGHT:g} per leg; got {leg}: {weight}",
                                      field=f"weights.{leg}")
-        contribution = {leg: [chosen.get(leg, 0.0) * value for value in _normalized([h.score for h in hits])]
-                        for leg, hits in legs.items()}
-    else:
-        raise InvalidRequest(f"fusion must be rrf or weighted, got {method!r}", field="fusion")
+        if not 1 <= self.depth <= 10_000:
+            raise InvalidRequest(f"candidates must be between 1 and 10000, got {self.depth}", field="candidates")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {DENSE: self.dense, LEXICAL: self.lexical, "depth": self.depth}
+
+    @classmethod
+    def from_dict(cls, data: Any, *, field_name: str = "fuse") -> WeightedFusion:
+        if not isinstance(data, dict) or not all(isinstance(data.get(key), (int, float)) and
+                                                 not isinstance(data.get(key), bool)
+                                                 for key in (DENSE, LEXICAL, "depth")):
+            raise InvalidRequest(f"{field_name} is {{\"dense\": weight, \"lexical\": weight, \"depth\": n}}",
+                                 field=field_name)
+        depth = data["depth"]
+        if int(depth) != depth:
+            raise InvalidRequest(f"{field_name}.depth is an integer", field=f"{field_name}.depth")
+        return cls(float(data[DENSE]), float(data[LEXICAL]), int(depth))
+
+
+def dense_unit(scores: np.ndarray, metric: str) -> np.ndarray:
+    """The dense leg's scores on [0, 1]: a cosine (inner product of unit vectors) from [-1, 1]; for
+    ``l2`` (scores are -L2², which is 2·cos − 2 for unit vectors) from [-4, 0]."""
+    scores = np.asarray(scores, dtype=np.float64)
+    result: np.ndarray = (scores + 4.0) / 4.0 if metric == "l2" else (scores + 1.0) / 2.0
+    return result
+
+
+def weights_of(chosen: Mapping[str, float] | None) -> tuple[float, float]:
+    """(dense, lexical) weights: the request's, or the defaults."""
+    picked = DEFAULT_WEIGHTS if chosen is None else chosen
+    return float(picked.get(DENSE, 0.0)), float(picked.get(LEXICAL, 0.0))
+
+
+def fuse_rrf(legs: Mapping[str, Sequence[Hit]], k: int, *, rrf_k: int = DEFAULT_RRF_K) -> list[FusedHit]:
+    """The top ``k`` of the legs' hit lists (each best first) by reciprocal rank fusion."""
+    if rrf_k < 0:
+        raise InvalidRequest("rrf_k must be ≥ 0", field="rrf_k")
     fused: dict[str, list[float]] = {}
     first: dict[str, Hit] = {}
     ranks: dict[str, dict[str, LegRank]] = {}
     for leg in LEGS:  # a fixed order: the sum's floating-point order does not depend on the caller
-        for rank, (hit, value) in enumerate(zip(legs.get(leg, ()), contribution.get(leg, ()), strict=True), 1):
-            fused.setdefault(hit.doc_id, []).append(value)
+        for rank, hit in enumerate(legs.get(leg, ()), 1):
+            fused.setdefault(hit.doc_id, []).append(1.0 / (rrf_k + rank))
             first.setdefault(hit.doc_id, hit)
             ranks.setdefault(hit.doc_id, {})[leg] = LegRank(rank, hit.score)
     totals = {doc_id: sum(values) for doc_id, values in fused.items()}
@@ -70,10 +116,17 @@ def fuse(legs: Mapping[str, Sequence[Hit]], k: int, *, method: str = "rrf", rrf_
     return [FusedHit(first[doc_id], totals[doc_id], ranks[doc_id]) for doc_id in order]
 
 
-def _normalized(scores: Sequence[float]) -> list[float]:
-    if not scores:
-        return []
-    high, low = max(scores), min(scores)
-    if high == low:
-        return [1.0] * len(scores)
-    return [(s - low) / (high - low) for s in scores]
+def leg_rank(score: float, tops: Sequence[Sequence[float]], depth: int) -> int | None:
+    """A document's rank in one leg across shards, from each shard's best ``depth`` scores of that
+    leg (best first): 1 + how many score higher — known when every shard that filled its list
+    ended at or below ``score`` (else a document past its list might score higher too)."""
+    above = 0
+    for scores in tops:
+        if len(scores) >= depth and scores[-1] > score:
+            return None
+        above += sum(1 for s in scores if s > score)
+    return above + 1
+
+
+__all__ = ["DEFAULT_FUSION", "DEFAULT_RRF_K", "DEFAULT_WEIGHTS", "DENSE", "LEGS", "LEXICAL", "RRF", "WEIGHTED",
+           "FusedHit", "LegRank", "WeightedFusion", "dense_unit", "fuse_rrf", "leg_rank", "weights_of"]

@@ -78,7 +78,7 @@ class ShardragBM25Retriever(_Retriever):
 
 @component
 class ShardragHybridRetriever(_Retriever):
-    """BM25 and the embedding in one query, fused by the gateway (reciprocal rank fusion)."""
+    """BM25 and the embedding in one query, fused by the shards (weighted by default; docs/hybrid.md)."""
 
     @component.output_types(documents=list[Document])
     def run(self, query: str, query_embedding: list[float], filters: dict[str, Any] | None = None,

@@ -63,7 +63,7 @@ class AnswerRequest(BaseModel):
                                              "tokens recomputed (default: the generators' setting, 0.15)")
     mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="how the passages are retrieved "
                                                         "(as /v1/query's mode; docs/hybrid.md)")
-    fusion: Literal["rrf", "weighted"] = Field("rrf", description="hybrid retrieval: how the legs are fused")
+    fusion: Literal["rrf", "weighted"] = Field("weighted", description="hybrid retrieval: how the legs are fused")
 
 
 class AnswerService:

@@ -217,12 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="dense (vectors, default), lexical (BM25 over titles and texts) or hybrid (both, "
                             "fused; each hit shows each leg's rank) (docs/hybrid.md)")
     query.add_argument("--fusion", choices=("rrf", "weighted"), default=None,
-                       help="hybrid: rrf (reciprocal rank fusion, default) or weighted (normalized scores)")
+                       help="hybrid: weighted (bounds-normalized scores, default) or rrf (reciprocal rank fusion)")
     query.add_argument("--rrf-k", type=int, default=None, help="rrf: Σ 1/(rrf_k + rank) (default 60)")
     query.add_argument("--weights", default=None, metavar="DENSE,LEXICAL",
                        help="weighted: the legs' weights, e.g. 0.6,0.4 (default: the ones chosen on msmarco)")
     query.add_argument("--candidates", type=int, default=None,
-                       help="hybrid: hits each leg brings to the fusion (default max(k, 20))")
+                       help="hybrid: rrf: hits each leg brings to the fusion; weighted: how deep each leg is read "
+                            "first (default max(k, 20))")
     query.set_defaults(func=cmd_query)
     add_write_commands(commands)
     add_backup_commands(commands)

@@ -26,7 +26,8 @@ class LegWeights(BaseModel):
 
 
 class LegRankModel(BaseModel):
-    rank: int = Field(description="the document's rank in this leg (from 1)")
+    rank: int | None = Field(description="the document's rank in this leg (from 1; weighted: null when it is below "
+                             "the leg's top `candidates` on some shard)")
     score: float = Field(description="its score in this leg (cosine / inner product, or BM25)")
 
 
@@ -65,14 +66,16 @@ class QueryRequest(BaseModel):
         "dense", description="dense: the vector index; lexical: BM25 over titles and texts, ranked as on one "
         "unsharded index; hybrid: both legs fused (docs/hybrid.md)")
     fusion: Literal["rrf", "weighted"] = Field(
-        "rrf", description="hybrid: rrf (reciprocal rank fusion) or weighted (each leg's scores min-max "
-        "normalized, times its weight)")
+        "weighted", description="hybrid: weighted (each leg's score normalized by its bounds — cosine to [0, 1], "
+        "BM25 over the most the query's terms can score — times its weight, summed: the exact top k of every "
+        "document) or rrf (reciprocal rank fusion of the legs' top `candidates`)")
     rrf_k: Annotated[int, Field(ge=0, le=10_000), JSON_INTEGER] = Field(
         60, description="rrf: a document scores Σ 1/(rrf_k + rank) over the legs")
     weights: LegWeights | None = Field(None, description="weighted: per-leg weights (default: the ones "
                                        "chosen on msmarco, docs/hybrid.md)")
     candidates: Annotated[int, Field(ge=1, le=1000), JSON_INTEGER] | None = Field(
-        None, description="hybrid: hits each leg contributes to the fusion (default max(k, 20))")
+        None, description="hybrid: rrf — hits each leg contributes to the fusion; weighted — how deep each leg is "
+        "read first, and how deep leg ranks are reported (default max(k, 20))")
 
 
 class HitModel(BaseModel):
@@ -96,7 +99,8 @@ class ShardCallModel(BaseModel):
     attempts: int = Field(description="replicas the call went to (primary + retries + hedges)")
     hedged: bool = Field(description="a hedge (second copy) was sent for this shard call")
     hedge_won: bool = Field(description="the answer came from the hedge")
-    leg: str = Field("dense", description="dense, or lexical (BM25 under the collection's statistics)")
+    leg: str = Field("dense", description="dense, lexical (BM25 under the collection's statistics), or hybrid "
+                     "(a weighted hybrid's call: both legs fused on the shard)")
 
 
 class MissingShardModel(BaseModel):

@@ -102,7 +102,7 @@ class QueryService:
         return [hit.doc_id for hit in outcome.hits]
 
     async def retrieve(self, text: str, k: int, timeout_ms: int | None, mode: str = "dense",
-                       fusion: str = "rrf") -> dict[str, Any]:
+                       fusion: str = "weighted") -> dict[str, Any]:
         """A text query with titles and texts (the answer service's retrieval)."""
         return await self.query(QueryRequest.model_validate(
             {"text": text, "k": k, "timeout_ms": timeout_ms, "mode": mode, "fusion": fusion}))

@@ -3,15 +3,21 @@
 
 * **lexical** — BM25 across the shards (``serving.shardcall.lexical``: the collection's
   statistics, so the ranking is the unsharded one).
-* **hybrid** — both legs in one call per shard when the query's vector is at hand (given, or its
-  text's embedding cached: ``LexicalFanOut.search_hybrid``); otherwise the lexical leg runs while
-  the text is embedded, then the dense leg (and with ``top_m``, which routes the dense leg only,
-  the legs always go separately). Then the two
-  lists (``candidates`` hits each) are fused (``retrieval.fusion``: rrf or weighted) and each hit
-  says where each leg ranked it.
+* **hybrid, weighted** (the default) — one call per shard with the query's vector and its lexical
+  query; each shard answers its exact fused top k (``LexicalFanOut.search_weighted``), merged like
+  dense lists. A text to embed first is embedded while the collection's statistics for its terms
+  are fetched, when the gateway lacks them (``LexicalFanOut.prime``).
+* **hybrid, rrf** — both legs' lists in one call per shard when the query's vector is at hand
+  (given, or its text's embedding cached: ``LexicalFanOut.search_hybrid``); otherwise the lexical
+  leg runs while the text is embedded, then the dense leg (and with ``top_m``, which routes the
+  dense leg only, the legs always go separately). The two lists (``candidates`` hits each) are
+  fused at the gateway (``retrieval.fusion.fuse_rrf``).
+
+Each hybrid hit says where each leg ranked it and its score there.
 
 A filter applies to both legs; session floors too. ``top_m`` routes the dense leg only: a lexical
-hit can be on any shard, so the lexical leg always reads every shard.
+hit can be on any shard, so the lexical leg always reads every shard (and a weighted hybrid, which
+fuses on every shard, refuses it).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import numpy as np
 
 from retrieval.contract import SearchParams, SessionFloor
 from retrieval.errors import InvalidRequest
-from retrieval.fusion import DEFAULT_WEIGHTS, DENSE, LEXICAL, fuse
+from retrieval.fusion import DENSE, LEXICAL, RRF, WEIGHTED, FusedHit, WeightedFusion, fuse_rrf, weights_of
 from retrieval.types import Hit
 from serving.gateway.api_models import QueryRequest
 from serving.shardcall.fanout import FanOutResult
@@ -82,6 +88,8 @@ class SearchModes:
 
     async def _hybrid(self, request: QueryRequest, text: str, params: SearchParams, snapshot: VersionSnapshot,
                       session: Mapping[int, SessionFloor] | None, deadline_s: float) -> Legs:
+        if request.fusion == WEIGHTED:
+            return await self._weighted(request, text, params, snapshot, session, deadline_s)
         service = self.service
         depth = max(params.k, request.candidates or DEFAULT_CANDIDATES)
         leg_params = replace(params, k=depth)
@@ -125,21 +133,48 @@ class SearchModes:
             # the text must be embedded first: the lexical leg runs meanwhile; or top_m routes the
             # dense leg alone (the lexical one reads every shard)
             dense_result, lexical_result = await asyncio.gather(dense(), lexical())
-        weights = request.weights.model_dump() if request.weights is not None else None
-        fused = fuse({DENSE: dense_result.hits, LEXICAL: lexical_result.hits}, params.k, method=request.fusion,
-                     rrf_k=request.rrf_k, weights=weights)
-        hits = []
-        for item in fused:
-            shaped = shaped_hit(item.hit, params.with_metadata)
-            shaped["score"] = item.score
-            shaped["legs"] = {leg: {"rank": where.rank, "score": where.score} for leg, where in item.legs.items()}
-            hits.append(shaped)
-        chosen = weights or DEFAULT_WEIGHTS
-        how = f"rrf k={request.rrf_k}" if request.fusion == "rrf" else \
-            f"weighted dense={chosen[DENSE]:g} lexical={chosen[LEXICAL]:g}"
+        fused = fuse_rrf({DENSE: dense_result.hits, LEXICAL: lexical_result.hits}, params.k, rrf_k=request.rrf_k)
         merged = replace(dense_result, missing={**lexical_result.missing, **dense_result.missing})
-        return Legs(merged, hits, timing.get("encode_ms", 0.0), timing.get("fanout_ms", 0.0),
-                    timing.get("lexical_ms", 0.0), f"{how}, {depth} candidates per leg", lexical=lexical_result)
+        return Legs(merged, _shaped_fused(fused, params.with_metadata), timing.get("encode_ms", 0.0),
+                    timing.get("fanout_ms", 0.0), timing.get("lexical_ms", 0.0),
+                    f"{RRF} k={request.rrf_k}, {depth} candidates per leg", lexical=lexical_result)
+
+    async def _weighted(self, request: QueryRequest, text: str, params: SearchParams, snapshot: VersionSnapshot,
+                        session: Mapping[int, SessionFloor] | None, deadline_s: float) -> Legs:
+        if request.top_m is not None:
+            raise InvalidRequest("top_m routes the dense leg alone; a weighted hybrid fuses both legs on every "
+                                 "shard (use fusion rrf, or leave top_m out)", field="top_m")
+        service = self.service
+        dense_weight, lexical_weight = weights_of(request.weights.model_dump() if request.weights else None)
+        spec = WeightedFusion(dense_weight, lexical_weight, max(params.k, request.candidates or DEFAULT_CANDIDATES))
+        encode_ms = 0.0
+        if request.vector is not None:
+            vector = service._vector(request, snapshot)
+        elif (cached := snapshot.encoder.cached(text) if snapshot.encoder is not None else None) is not None:
+            vector = cached
+            service.recent_queries.append(text)
+        else:  # embed the text; meanwhile fetch the statistics of its terms if the gateway lacks them
+            (vector, encode_ms), _ = await asyncio.gather(
+                service.encode_timed(snapshot, text, deadline_s * 1000.0),
+                self.lexical.prime(text, params, snapshot.route, timeout_s=max(deadline_s, 0.001), session=session))
+        both_started = time.perf_counter()
+        remaining = deadline_s - encode_ms / 1000.0
+        result, fused = await self.lexical.search_weighted(text, vector, spec, params, snapshot.route,
+                                                           timeout_s=max(remaining, 0.001), session=session)
+        took = (time.perf_counter() - both_started) * 1000.0
+        return Legs(result, _shaped_fused(fused, params.with_metadata), encode_ms, took, took,
+                    f"{WEIGHTED} dense={dense_weight:g} lexical={lexical_weight:g}, legs read {spec.depth} deep "
+                    "first", leg="hybrid")
+
+
+def _shaped_fused(fused: list[FusedHit], with_metadata: bool) -> list[dict[str, Any]]:
+    hits = []
+    for item in fused:
+        shaped = shaped_hit(item.hit, with_metadata)
+        shaped["score"] = item.score
+        shaped["legs"] = {leg: {"rank": where.rank, "score": where.score} for leg, where in item.legs.items()}
+        hits.append(shaped)
+    return hits
 
 
 def shaped_hit(hit: Hit, with_metadata: bool) -> dict[str, Any]:

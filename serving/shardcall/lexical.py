@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,7 @@ from retrieval.analysis import query_terms
 from retrieval.bm25 import CorpusStats, LexicalQuery
 from retrieval.contract import HitColumns, SearchParams, SessionFloor
 from retrieval.errors import ShardUnavailable, VersionConflict
+from retrieval.fusion import LEGS, FusedHit, LegRank, WeightedFusion, leg_rank
 from serving.shardcall.fanout import FanOut, FanOutResult, ShardCall, ShardRoute, floored, merge_answers, settle
 
 _NO_VECTORS = np.zeros((0, 0), dtype=np.float32)
@@ -53,6 +54,11 @@ class CorpusStatsCache:
             return None
         known = self._df.get(version, {})
         return CorpusStats(totals[0], totals[1], {term: known[term] for term, _ in query_terms(text) if term in known})
+
+    def knows(self, version: str, text: str) -> bool:
+        """Whether the sums of every one of ``text``'s terms are known for ``version``."""
+        known = self._df.get(version)
+        return version in self._totals and known is not None and all(term in known for term, _ in query_terms(text))
 
     def learn(self, version: str, stats: CorpusStats) -> None:
         self._totals[version] = (stats.docs, stats.length)
@@ -82,6 +88,7 @@ class LexicalFanOut:
         self.cache = CorpusStatsCache()
         self._batchers = fanout.batchers(self._call_for)
         self._hybrid_batchers = fanout.batchers(self._hybrid_call_for)
+        self._weighted_batchers = fanout.batchers(self._weighted_call_for)
         self.rounds = {"one": 0, "again": 0}  # queries answered in one round / asked again
 
     async def search(self, text: str, params: SearchParams, route: ShardRoute, *, timeout_s: float,
@@ -102,9 +109,7 @@ class LexicalFanOut:
         costs another call."""
         deadline = time.monotonic() + timeout_s
         asked, targets = self._asked(params, route), list(range(route.num_shards))
-        both = SearchParams(asked.k, asked.version, nprobe=params.nprobe, ef_search=params.ef_search,
-                            with_text=asked.with_text, with_metadata=asked.with_metadata, filter=asked.filter,
-                            lexical=True)
+        both = replace(asked, nprobe=params.nprobe, ef_search=params.ef_search)  # the dense leg's breadth too
         sent = self.cache.guess(asked.version or route.version, text)
         futures = {s: self._hybrid_batchers[s].submit(floored(both, session.get(s) if session else None),
                                                       (LexicalQuery(text, sent), vector, deadline, route.replicas[s]))
@@ -116,6 +121,51 @@ class LexicalFanOut:
                              "off: a hybrid call asks every shard for the full k")
         first = _Round({s: answer[0] for s, answer in answers.items()}, dict(missing))
         return dense, await self._settle(text, sent, first, asked, route, deadline, session)
+
+    async def search_weighted(self, text: str, vector: np.ndarray, spec: WeightedFusion, params: SearchParams,
+                              route: ShardRoute, *, timeout_s: float, session: Mapping[int, SessionFloor] | None = None,
+                              ) -> tuple[FanOutResult, list[FusedHit]]:
+        """A weighted hybrid: every shard answers its exact fused top k (``index_shards.hybrid_search``)
+        under the collection's statistics, in one call per shard — a second only when the statistics
+        sent were not the shards' — and the lists merge like dense ones. The hits with each leg's
+        score and rank."""
+        deadline = time.monotonic() + timeout_s
+        asked, targets = self._asked(params, route), list(range(route.num_shards))
+        both = replace(asked, nprobe=params.nprobe, ef_search=params.ef_search)  # the dense leg's breadth too
+        version = asked.version or route.version
+        sent = self.cache.guess(version, text)
+        result = await self._weighted_round(LexicalQuery(text, sent, spec), vector, both, route, targets, deadline,
+                                            session)
+        summed = CorpusStats.total(stats for _, stats, _ in result.answers.values())
+        if not agrees(sent, summed):
+            self.cache.learn(version, summed)
+            self.rounds["again"] += 1
+            first = result
+            result = await self._weighted_round(LexicalQuery(text, summed, spec), vector, both, route,
+                                                [s for s in targets if s in first.answers], deadline, session)
+            result.missing.update(first.missing)
+        else:
+            self.rounds["one"] += 1
+        answers = [(result.answers[s][0], result.answers[s][2]) for s in targets if s in result.answers]
+        fused = fused_hits(answers, asked.k, spec.depth)
+        return FanOutResult([item.hit for item in fused], route.version, route.num_shards, targets,
+                            [call for _, call in answers], result.missing, asked.k, (),
+                            "off: a weighted hybrid asks every shard for its fused top k"), fused
+
+    async def prime(self, text: str, params: SearchParams, route: ShardRoute, *, timeout_s: float,
+                    session: Mapping[int, SessionFloor] | None = None) -> None:
+        """Learn the collection's statistics for ``text``'s terms when the cache lacks some (one
+        lexical round for one hit without its text): run while a weighted hybrid's text is embedded,
+        it saves that query a second round after the embedding. A failure here costs only that."""
+        version = params.version or route.version
+        if self.cache.knows(version, text):
+            return
+        asked = SearchParams(1, version, with_text=False, lexical=True)
+        targets = list(range(route.num_shards))
+        found = await self._round(LexicalQuery(text, None), asked, route, targets, time.monotonic() + timeout_s,
+                                  session)
+        if len(found.answers) == len(targets):
+            self.cache.learn(version, CorpusStats.total(stats for _, stats, _ in found.answers.values()))
 
     @staticmethod
     def _asked(params: SearchParams, route: ShardRoute) -> SearchParams:
@@ -149,6 +199,14 @@ class LexicalFanOut:
         answers, missing = await settle(futures, deadline - time.monotonic())
         return _Round(answers, missing)
 
+    async def _weighted_round(self, query: LexicalQuery, vector: np.ndarray, params: SearchParams, route: ShardRoute,
+                              targets: list[int], deadline: float,
+                              session: Mapping[int, SessionFloor] | None) -> _Round:
+        futures = {s: self._weighted_batchers[s].submit(floored(params, session.get(s) if session else None),
+                                                        (query, vector, deadline, route.replicas[s])) for s in targets}
+        answers, missing = await settle(futures, deadline - time.monotonic())
+        return _Round(answers, missing)
+
     def _call_for(self, shard_id: int) -> Callable[[SearchParams, list[Any]], Any]:
         async def call(params: SearchParams, items: list[_Item]) -> Sequence[_Answer]:
             deadline = max(item_deadline for _, item_deadline, _ in items)
@@ -168,26 +226,59 @@ class LexicalFanOut:
 
         return call
 
+    async def _call_with_vectors(self, shard_id: int, params: SearchParams, items: list[_HybridItem],
+                                 what: str) -> tuple[Any, ShardCall]:
+        """One call of lexical queries with their vectors (a hybrid or weighted call): the reply,
+        checked to be of the query's version and to hold every query's lexical answer."""
+        deadline = max(item[2] for item in items)
+        result = await self.caller.call(shard_id, items[0][3], np.stack([item[1] for item in items]), params,
+                                        deadline, lexical=[item[0] for item in items])
+        reply = result.reply
+        if reply.version != params.version:  # never merged: the query fails instead
+            raise VersionConflict(f"shard {shard_id} answered with version {reply.version!r}, "
+                                  f"the query is on {params.version!r}", shard=shard_id)
+        if reply.stats is None or not len(reply.stats) == len(reply.results) == len(items):
+            raise ShardUnavailable(f"shard {shard_id} ({result.replica}) did not answer the {len(items)} "
+                                   f"queries of a {what} call", shard=shard_id)
+        return reply, ShardCall(shard_id, reply.version, result.replica, result.latency_ms, reply.server_ms,
+                                len(items), result.attempts, result.hedged, result.hedge_won)
+
     def _hybrid_call_for(self, shard_id: int) -> Callable[[SearchParams, list[Any]], Any]:
         async def call(params: SearchParams, items: list[_HybridItem]) -> Sequence[_HybridAnswer]:
-            deadline = max(item[2] for item in items)
-            vectors = np.stack([item[1] for item in items])
-            result = await self.caller.call(shard_id, items[0][3], vectors, params, deadline,
-                                            lexical=[item[0] for item in items])
-            reply = result.reply
-            if reply.version != params.version:  # never merged: the query fails instead
-                raise VersionConflict(f"shard {shard_id} answered with version {reply.version!r}, "
-                                      f"the query is on {params.version!r}", shard=shard_id)
-            if reply.stats is None or reply.dense is None or not \
-                    len(reply.stats) == len(reply.results) == len(reply.dense) == len(items):
-                raise ShardUnavailable(f"shard {shard_id} ({result.replica}) did not answer the {len(items)} "
-                                       "queries of a hybrid call", shard=shard_id)
-            info = ShardCall(shard_id, reply.version, result.replica, result.latency_ms, reply.server_ms, len(items),
-                             result.attempts, result.hedged, result.hedge_won)
+            reply, info = await self._call_with_vectors(shard_id, params, items, "hybrid")
+            if reply.dense is None or len(reply.dense) != len(items):
+                raise ShardUnavailable(f"shard {shard_id} ({info.replica}) did not answer the {len(items)} "
+                                       "vectors of a hybrid call", shard=shard_id)
             return [((hits, stats, info), dense)
                     for hits, stats, dense in zip(reply.results, reply.stats, reply.dense, strict=True)]
 
         return call
 
+    def _weighted_call_for(self, shard_id: int) -> Callable[[SearchParams, list[Any]], Any]:
+        async def call(params: SearchParams, items: list[_HybridItem]) -> Sequence[_Answer]:
+            reply, info = await self._call_with_vectors(shard_id, params, items, "weighted hybrid")
+            return [(hits, stats, info) for hits, stats in zip(reply.results, reply.stats, strict=True)]
 
-__all__ = ["CorpusStatsCache", "LexicalFanOut", "agrees"]
+        return call
+
+
+def fused_hits(answers: list[tuple[HitColumns, ShardCall]], k: int, depth: int) -> list[FusedHit]:
+    """The shards' fused lists merged (fused score, then doc id), each hit with every leg's score
+    and its rank in that leg across the shards (from each shard's best ``depth`` scores of it)."""
+    hits = merge_answers(answers, k)
+    tops = {leg: [columns.get("leg_tops", {}).get(leg, []) for columns, _ in answers] for leg in LEGS}
+    where = {(call.shard_id, doc_id): (columns, i) for columns, call in answers
+             for i, doc_id in enumerate(columns["doc_ids"])}
+    fused = []
+    for hit in hits:
+        columns, i = where[(hit.shard_id, hit.doc_id)]
+        legs = {}
+        for leg in LEGS:
+            score = columns.get("legs", {}).get(leg, [None] * (i + 1))[i]
+            if score is not None:
+                legs[leg] = LegRank(leg_rank(score, tops[leg], depth), score)
+        fused.append(FusedHit(hit, hit.score, legs))
+    return fused
+
+
+__all__ = ["CorpusStatsCache", "LexicalFanOut", "agrees", "fused_hits"]

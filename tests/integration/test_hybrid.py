@@ -131,8 +131,8 @@ def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
     corpus, _, http, _ = setup
     queries = corpus.dataset.judged_queries()
     scores = {}
-    for label, extra in {"dense": {}, "lexical": {"mode": "lexical"}, "rrf": {"mode": "hybrid"},
-                         "weighted": {"mode": "hybrid", "fusion": "weighted"}}.items():
+    for label, extra in {"dense": {}, "lexical": {"mode": "lexical"}, "rrf": {"mode": "hybrid", "fusion": "rrf"},
+                         "weighted": {"mode": "hybrid"}}.items():
         rankings = {}
         for query_id, text in queries.items():
             answer = query(http, text, **extra)
@@ -148,6 +148,30 @@ def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
                 apart = query(http, text, top_m=SHARDS, **extra)
                 assert [(h["doc_id"], h["score"], h["legs"]) for h in apart["hits"]] == \
                     [(h["doc_id"], h["score"], h["legs"]) for h in answer["hits"]]
+            if label == "weighted":  # one fused call per shard; each hit's legs scored, ranked where known
+                assert {call["leg"] for call in answer["diagnostics"]["per_shard"]} == {"hybrid"}
+                assert answer["diagnostics"]["fusion"].startswith("weighted dense=0.8 lexical=0.2")
+                fused = [hit["score"] for hit in answer["hits"]]
+                assert fused == sorted(fused, reverse=True) and all(0 < f <= 1 for f in fused)
+                for hit in answer["hits"]:
+                    dense = hit["legs"]["dense"]  # every document here has a vector
+                    assert dense["rank"] is None or dense["rank"] >= 1
+                    assert hit["score"] >= 0.8 * (dense["score"] + 1) / 2 - 1e-9  # BM25's share is ≥ 0
+                    if "lexical" in hit["legs"]:
+                        assert hit["legs"]["lexical"]["score"] > 0
+                # known ranks order the hits as their leg's scores do (equal scores share a rank)
+                for leg in ("dense", "lexical"):
+                    known = sorted((-hit["legs"][leg]["score"], hit["legs"][leg]["rank"]) for hit in answer["hits"]
+                                   if leg in hit["legs"] and hit["legs"][leg]["rank"] is not None)
+                    for (score_a, rank_a), (score_b, rank_b) in zip(known, known[1:]):
+                        assert rank_a == rank_b if score_a == score_b else rank_a < rank_b
+                # a text never seen is embedded (its statistics fetched meanwhile), then its embedding
+                # is cached and the query goes in one call: the same answer both ways
+                fresh = query(http, f"{text} ?", **extra)
+                again = query(http, f"{text} ?", **extra)
+                assert fresh["diagnostics"]["encode_ms"] > 0 and again["diagnostics"]["encode_ms"] == 0
+                assert [(h["doc_id"], h["score"], h["legs"]) for h in again["hits"]] == \
+                    [(h["doc_id"], h["score"], h["legs"]) for h in fresh["hits"]]
         scores[label] = ndcg_at_k(rankings, corpus.dataset.qrels, 10)
     REPORT.append(f"nDCG@10 through REST ({corpus.dataset.name}, {SHARDS} shards): " +
                   ", ".join(f"{label} {value:.4f}" for label, value in scores.items()))
@@ -163,6 +187,7 @@ def test_bad_mode_input_is_refused_naming_the_field(setup):
         ({"mode": "sparse", "text": "x"}, "mode"),
         ({"mode": "hybrid", "text": "x", "fusion": "max"}, "fusion"),
         ({"mode": "hybrid", "text": "x", "fusion": "weighted", "weights": {"dense": -1}}, "weights.dense"),
+        ({"mode": "hybrid", "text": "x", "top_m": 1}, "top_m"),
         ({"mode": "hybrid", "text": "x", "rrf_k": -1}, "rrf_k"),
         ({"mode": "hybrid", "text": "x", "candidates": 0}, "candidates"),
     ]

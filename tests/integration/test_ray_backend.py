@@ -50,15 +50,20 @@ def ranked(response: dict) -> list[tuple[str, float]]:
 
 def test_same_answers_as_the_http_backend(root, ray_cluster, msmarco):
     vectors = [v.tolist() for v in msmarco.query_vectors[:40]]
+    # weighted hybrids (the vector given, the text for BM25): fused on the shards, over either transport
+    hybrids = [{"vector": v, "text": msmarco.dataset.queries[q], "k": 10, "mode": "hybrid"}
+               for v, q in zip(vectors[:10], msmarco.query_ids, strict=False)]
     with LocalCluster(root, "rayc", replicas=2, gateway=CONFIG) as http_cluster:
         with httpx.Client(base_url=http_cluster.gateway_url, timeout=30) as client:
             over_http = [client.post("/v1/query", json={"vector": v, "k": 10}).json() for v in vectors]
+            hybrid_http = [client.post("/v1/query", json=body).json() for body in hybrids]
             tuned_http = client.post("/v1/collections/rayc/tune", json={"sample": 40}).json()
     setup = GatewaySetup(CONFIG, ray_cluster.replica_names, shard_client=ray_cluster.client())
     with TestClient(create_app(setup)) as client:
         over_ray = [client.post("/v1/query", json={"vector": v, "k": 10}) for v in vectors]
         assert all(r.status_code == 200 for r in over_ray)
         over_ray = [r.json() for r in over_ray]
+        hybrid_ray = [client.post("/v1/query", json=body).json() for body in hybrids]
         cluster_view = client.get("/v1/cluster").json()
         tuned_ray = client.post("/v1/collections/rayc/tune", json={"sample": 40}).json()  # the tuning calls, over Ray
     assert tuned_ray["queries"] == tuned_http["queries"] == 40
@@ -68,6 +73,9 @@ def test_same_answers_as_the_http_backend(root, ray_cluster, msmarco):
         assert [d for d, _ in ranked(a)] == [d for d, _ in ranked(b)]
         assert np.allclose([s for _, s in ranked(a)], [s for _, s in ranked(b)], atol=1e-6)
         assert a["version"] == b["version"] and not b["partial"]
+    for a, b in zip(hybrid_http, hybrid_ray, strict=True):
+        assert [(h["doc_id"], h["legs"]) for h in a["hits"]] == [(h["doc_id"], h["legs"]) for h in b["hits"]]
+        assert len(a["hits"]) == 10 and b["diagnostics"]["fusion"].startswith("weighted")
     replicas = [r for shard in cluster_view["shards"] for r in shard["replicas"]]
     assert len(replicas) == 4 and all(r["url"].startswith("ray://") and r["healthy"] for r in replicas)
 

@@ -17,6 +17,7 @@ from index_shards.shard import Shard
 from retrieval.bm25 import LexicalQuery
 from retrieval.contract import SearchParams
 from retrieval.errors import InvalidRequest, NotFound, ShardUnavailable, VersionConflict
+from retrieval.fusion import WeightedFusion
 from retrieval.tuning_choice import decode_queries, decode_result, encode_queries
 from retrieval.types import EmbeddingVersion
 from serving.local.child import Child
@@ -116,6 +117,13 @@ def test_same_records_answers_and_errors_over_http_and_in_process(shard_dirs, se
             hybrid = await client.search(replica, 1, vectors1[:1], lexical_params, 5.0,
                                          lexical=[LexicalQuery("Title 17 text", stats)])  # both legs, one call
             assert hybrid.results == lexical.results and hybrid.dense == reply.results[:1]
+            # a weighted hybrid on the same seam: the shard's fused top k, each hit's legs, its leg tops
+            weighted = await client.search(replica, 1, vectors1[:1], lexical_params, 5.0,
+                                           lexical=[LexicalQuery("Title 17 text", stats, WeightedFusion(0.5, 0.5, 6))])
+            fused = weighted.results[0]
+            assert len(fused["doc_ids"]) == 4 and weighted.dense is None and weighted.stats == [stats]
+            assert set(fused["legs"]) == set(fused["leg_tops"]) == {"dense", "lexical"}
+            assert len(fused["leg_tops"]["dense"]) == 6 and fused["scores"] == sorted(fused["scores"], reverse=True)
             # listing: every document in id order, page by page, and a filtered page with its count
             listed, after = [], ""
             while True:
@@ -130,7 +138,8 @@ def test_same_records_answers_and_errors_over_http_and_in_process(shard_dirs, se
             scans = (page.matches, listed, filtered.matches, [r.doc_id for r in filtered.records], counted)
             await client.close()
             results.append((comparable(info), health, reply, errors, staged.version.id, unloaded.unloaded,
-                            again.unloaded, tuning, (stats, own.results, lexical.results, lexical.stats), scans))
+                            again.unloaded, tuning, (stats, own.results, lexical.results, lexical.stats), scans,
+                            fused))
         return results
 
     over_http, in_process = asyncio.run(scenario())
@@ -144,6 +153,7 @@ def test_same_records_answers_and_errors_over_http_and_in_process(shard_dirs, se
     assert over_http[4:7] == in_process[4:7] == (v2, True, False)
     assert over_http[7] == in_process[7] and len(over_http[7][0]) == 5 and over_http[7][2] is None
     assert over_http[8] == in_process[8]
+    assert over_http[10]["doc_ids"] == in_process[10]["doc_ids"] and over_http[10]["legs"] == in_process[10]["legs"]
     stats, own, lexical, again = over_http[8]
     assert stats.docs == info_count(over_http[0]) and set(stats.df) == {"titl", "17", "text"}
     assert len(own) == 2 and own[0] == lexical[0] and again == [stats]  # its own statistics, given or not

@@ -1,0 +1,202 @@
+"""A weighted hybrid on the shards (``index_shards.hybrid_search``): each shard's fused top k,
+merged as the gateway merges, equals the exact top k of w·(cos+1)/2 + w'·BM25/bound over every
+live document — computed here from the definitions, over all of them — on every msmarco query
+with the real MiniLM vectors: as built, after upserts (one without a vector) and deletes, and
+after a compaction; with a filter; and at weights that make the shard read deeper than it
+started."""
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from index_shards import compaction
+from index_shards.build import BuildConfig, build_collection
+from index_shards.layout import resolve_version, shard_dir
+from index_shards.shard import Shard
+from index_shards.versions import ShardVersions
+from retrieval.analysis import document_terms, query_terms
+from retrieval.bm25 import K1, B, CorpusStats, LexicalQuery, decode_lexical_queries, encode_lexical_queries
+from retrieval.contract import SearchParams
+from retrieval.errors import InvalidRequest
+from retrieval.filters import parse_filter
+from retrieval.fusion import WeightedFusion, leg_rank
+from retrieval.records import DELETE, UPSERT, WalRecord
+from retrieval.routing import hash_shard
+from retrieval.types import Document, EmbeddingVersion
+from tests.unit.index_shards.test_lexical import write
+
+SHARDS = 3
+K = 10
+
+
+def build(root, corpus, shards: int) -> list[ShardVersions]:
+    build_collection(root, corpus.documents, corpus.vectors, corpus.version, BuildConfig("c", shards, factory="Flat"),
+                     show_progress=False)
+    directory, _ = resolve_version(root, "c")
+    return [ShardVersions(Shard.load(shard_dir(directory, s), device="cpu"), data_dir=root / f"data-{s}")
+            for s in range(shards)]
+
+
+def fused(replica: ShardVersions, vector: np.ndarray, text: str, spec: WeightedFusion, corpus: CorpusStats | None,
+          filter_json: str | None = None):
+    reply = replica.search(vector[None, :], SearchParams(K, None, filter=filter_json, lexical=True),
+                           [LexicalQuery(text, corpus, spec)])
+    return reply.results[0], reply.stats[0]
+
+
+def sharded(replicas: list[ShardVersions], vector, text, spec, filter_json=None):
+    """The gateway's protocol: the shards' statistics summed, every shard fusing under the sum,
+    the lists merged by (score, doc id)."""
+    stats = CorpusStats.total(fused(r, vector, text, spec, None)[1] for r in replicas)
+    rows = []
+    for replica in replicas:
+        hits, _ = fused(replica, vector, text, spec, stats, filter_json)
+        rows.extend(zip(hits["scores"], hits["doc_ids"], hits["legs"]["dense"], hits["legs"]["lexical"],
+                        strict=True))
+    rows.sort(key=lambda row: (-row[0], row[1]))
+    return rows[:K]
+
+
+def reference(model: dict[str, tuple[str, str, np.ndarray | None, dict]], vector: np.ndarray, text: str,
+              spec: WeightedFusion, keep=lambda meta: True) -> list[tuple[str, float]]:
+    """Every live document scored from the definitions: cosine of the vectors in float64, BM25
+    (Lucene's idf, k1 1.2, b 0.75) over the live documents' terms, bound Σ idf·count·(k1+1)."""
+    terms = {doc_id: Counter(document_terms(title, body)) for doc_id, (title, body, _, _) in model.items()}
+    lengths = {doc_id: sum(c.values()) for doc_id, c in terms.items()}
+    average = sum(lengths.values()) / len(lengths)
+    bm25 = dict.fromkeys(model, 0.0)
+    bound = 0.0
+    for term, count in query_terms(text):
+        df = sum(1 for c in terms.values() if term in c)
+        if not df:
+            continue
+        weight = math.log(1 + (len(terms) - df + 0.5) / (df + 0.5)) * count
+        bound += weight * (K1 + 1)
+        for doc_id, c in terms.items():
+            if term in c:
+                tf = c[term]
+                bm25[doc_id] += weight * tf * (K1 + 1) / (tf + K1 * (1 - B + B * lengths[doc_id] / average))
+    query = vector.astype(np.float64)
+    scores = {}
+    for doc_id, (_, _, doc_vector, meta) in model.items():
+        if not keep(meta):
+            continue
+        dense = (float(doc_vector.astype(np.float64) @ query) + 1) / 2 if doc_vector is not None else 0.0
+        scores[doc_id] = spec.dense * dense + (spec.lexical * bm25[doc_id] / bound if bound else 0.0)
+    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:K]
+
+
+def test_the_shards_fused_lists_are_the_exact_weighted_top_k_through_writes_and_compaction(msmarco, tmp_path):
+    replicas = build(tmp_path / "sharded", msmarco, SHARDS)
+    single = build(tmp_path / "single", msmarco, 1)
+    model = {d.doc_id: (d.title, d.text, msmarco.vectors[i], dict(d.metadata or {}))
+             for i, d in enumerate(msmarco.documents)}
+    queries = [(msmarco.query_vectors[i], msmarco.dataset.queries[q]) for i, q in enumerate(msmarco.query_ids)]
+    spec = WeightedFusion(0.8, 0.2, 20)
+
+    def check(layouts, queries_checked) -> None:
+        for vector, text in queries_checked:
+            want = reference(model, vector, text, spec)
+            for layout in layouts:
+                got = sharded(layout, vector, text, spec)
+                assert [row[1] for row in got] == [doc_id for doc_id, _ in want], text
+                assert np.allclose([row[0] for row in got], [score for _, score in want], rtol=1e-9, atol=1e-12)
+                for _, doc_id, dense, bm25 in got:  # each leg's own score, as the leg computes it
+                    _, _, doc_vector, _ = model[doc_id]
+                    assert dense is None if doc_vector is None else math.isclose(
+                        dense, float(doc_vector.astype(np.float64) @ vector.astype(np.float64)), rel_tol=1e-9)
+                    assert bm25 is None or bm25 > 0
+
+    check([replicas, single], queries)
+    # writes: new documents carrying a query's words, rewrites, deletes, one without a vector
+    rng = np.random.default_rng(3)
+    records = []
+    ids = sorted(model)
+    for i in range(120):
+        doc_id = ids[int(rng.integers(len(ids)))]
+        if i % 4 == 0 and doc_id in model:
+            model.pop(doc_id)
+            records.append(WalRecord(0, DELETE, doc_id))
+            continue
+        vector, text = queries[i % len(queries)]
+        noisy = vector + 0.3 * rng.standard_normal(vector.size).astype(np.float32)
+        noisy /= np.linalg.norm(noisy)
+        target = f"new-{i}" if i % 2 else doc_id
+        doc_vector = None if i == 7 else noisy.astype(np.float32)
+        body = f"{text} {msmarco.documents[i].text}"
+        model[target] = ("", body, doc_vector, {"written": True})
+        records.append(WalRecord(0, UPSERT, target, "", body, {"written": True}, doc_vector))
+    for start in range(0, len(records), 40):
+        batch = records[start:start + 40]
+        write(single[0], batch)
+        for s, replica in enumerate(replicas):
+            write(replica, [r for r in batch if hash_shard(r.doc_id, SHARDS) == s])
+    assert sum(r.get(None).segment_size for r in replicas) > 0
+    check([replicas, single], queries)
+    # a filter: both legs and the bound's reach keep to the documents it selects
+    written = parse_filter({"must": [{"key": "written", "match": {"value": True}}]}).canonical()
+    for vector, text in queries[:10]:
+        want = reference(model, vector, text, spec, keep=lambda meta: meta.get("written") is True)
+        assert [row[1] for row in sharded(replicas, vector, text, spec, written)] == [d for d, _ in want], text
+    for replica in replicas:
+        compaction.compact(replica, replica.ready_ids()[0])
+        assert replica.get(None).segment_size == 0
+    check([replicas], queries[:20])
+
+
+def test_documents_neither_leg_ranks_high_are_found_by_reading_deeper(tmp_path):
+    """30 documents close to the query without its word, 30 far from it with the word three
+    times, and 10 fairly close with the word once — the 10 are the fused top 10 at 0.5 / 0.5 but
+    in neither leg's top 30: a shard must read past both legs' first candidates to find them."""
+    rng = np.random.default_rng(5)
+    query = np.zeros(8, dtype=np.float32)
+    query[0] = 1.0
+
+    def unit_at(cosine: float) -> np.ndarray:
+        side = rng.standard_normal(7)
+        side *= math.sqrt(1 - cosine ** 2) / np.linalg.norm(side)
+        return np.concatenate([[cosine], side]).astype(np.float32)
+
+    groups = [("near", 30, 0.95, "orchard harvest season"), ("worded", 30, 0.0, "apple apple apple"),
+              ("both", 10, 0.9, "apple orchard harvest season")]
+    documents, vectors = [], []
+    for name, count, cosine, body in groups:
+        for i in range(count):
+            documents.append(Document(f"{name}-{i:02d}", body, ""))
+            vectors.append(unit_at(cosine))
+    model = {d.doc_id: ("", d.text, v, {}) for d, v in zip(documents, vectors, strict=True)}
+    spec = WeightedFusion(0.5, 0.5, 10)
+    want = reference(model, query, "apple", spec)
+    assert all(doc_id.startswith("both-") for doc_id, _ in want)  # the case is what it says
+    for shards in (1, 2):
+        build_collection(tmp_path / str(shards), documents, np.stack(vectors), EmbeddingVersion("t", "0" * 64, 8),
+                         BuildConfig("c", shards, factory="Flat"), show_progress=False)
+        directory, _ = resolve_version(tmp_path / str(shards), "c")
+        replicas = [ShardVersions(Shard.load(shard_dir(directory, s), device="cpu")) for s in range(shards)]
+        assert [row[1] for row in sharded(replicas, query, "apple", spec)] == [d for d, _ in want]
+
+
+def test_leg_ranks_count_every_shards_better_scores_and_say_when_they_cannot():
+    tops = [[0.9, 0.8, 0.7], [0.85, 0.5]]  # the second shard's list is short: it holds no more
+    assert leg_rank(0.9, tops, 3) == 1
+    assert leg_rank(0.8, tops, 3) == 3
+    assert leg_rank(0.7, tops, 3) == 4
+    assert leg_rank(0.6, tops, 3) is None  # the first shard may hold documents between 0.7 and 0.6
+
+
+def test_weighted_specs_travel_in_the_lexical_encoding_and_bad_ones_are_named():
+    spec = WeightedFusion(0.7, 0.3, 25)
+    body = encode_lexical_queries([LexicalQuery("a b", None, spec)], b"")
+    (query,), rest = decode_lexical_queries(body, max_queries=4)
+    assert query.fuse == spec and rest == b""
+    with pytest.raises(InvalidRequest) as bad:
+        WeightedFusion(-1.0, 0.5, 20)
+    assert bad.value.field == "weights.dense"
+    with pytest.raises(InvalidRequest) as bad:
+        WeightedFusion.from_dict({"dense": 1, "lexical": 1, "depth": 2.5}, field_name="body.queries.0.fuse")
+    assert bad.value.field == "body.queries.0.fuse.depth"
+    with pytest.raises(InvalidRequest) as bad:
+        WeightedFusion.from_dict({"dense": 1}, field_name="body.queries.0.fuse")
+    assert bad.value.field == "body.queries.0.fuse"
