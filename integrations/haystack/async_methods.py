@@ -153,6 +153,6 @@ class AsyncDocumentMethods(StoreBase):
 
     async def hybrid_retrieval_async(self, query: str, query_embedding: Sequence[float], *,
                                      filters: dict[str, Any] | None = None, top_k: int = 10,
-                                     fusion: str = "weighted") -> list[Document]:
+                                     fusion: str = "rrf") -> list[Document]:
         return await self.search_async(top_k, filters, text=query, vector=self.vector(query_embedding),
                                        mode="hybrid", fusion=fusion)

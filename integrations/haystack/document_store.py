@@ -144,7 +144,7 @@ class ShardragDocumentStore(AsyncDocumentMethods):
 
     def hybrid_retrieval(self, query: str, query_embedding: Sequence[float], *,
                          filters: dict[str, Any] | None = None, top_k: int = 10,
-                         fusion: str = "weighted") -> list[Document]:
+                         fusion: str = "rrf") -> list[Document]:
         """BM25 and the embedding together, fused by ``fusion`` (``rrf`` or ``weighted``; docs/hybrid.md)."""
         return self._search(top_k, filters, text=query, vector=self.vector(query_embedding), mode="hybrid",
                             fusion=fusion)

@@ -78,7 +78,8 @@ class ShardragBM25Retriever(_Retriever):
 
 @component
 class ShardragHybridRetriever(_Retriever):
-    """BM25 and the embedding in one query, fused by the shards (weighted by default; docs/hybrid.md)."""
+    """BM25 and the embedding in one query, fused by reciprocal rank (a document without an embedding
+    competes by its BM25 rank; the store's ``hybrid_retrieval`` also takes ``fusion="weighted"``)."""
 
     @component.output_types(documents=list[Document])
     def run(self, query: str, query_embedding: list[float], filters: dict[str, Any] | None = None,
