@@ -11,8 +11,10 @@ seen, a write since), the cache takes the new sums and the query is asked again 
 Calls go through :class:`~serving.shardcall.call.ShardCaller` (replica choice, hedging, retries,
 the replica's 409/behind answers) with the query's session floors, coalesced per shard like the
 dense leg's (the queries ride in the body). A lexical list is never trimmed: every shard is asked
-for the full k. A hybrid query sends both legs in one call per shard (:meth:`search_hybrid`: the
-query's vector rides after its lexical query), so it costs the calls of one leg.
+for the full k. A hybrid query sends both legs in one call per shard (the query's vector rides
+after its lexical query), so it costs the calls of one leg: :meth:`search_weighted` (each shard
+answers its exact fused top k; :func:`fused_hits` merges them and ranks each hit in each leg) or,
+for rrf, :meth:`search_hybrid` (each shard answers both legs' lists).
 """
 
 from __future__ import annotations
