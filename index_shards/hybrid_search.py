@@ -8,13 +8,17 @@ not find a document adds 0). Every document's fused score depends on the documen
 which other documents a leg returned — so the shards' fused lists merge like dense ones and the
 sharded answer is the unsharded one.
 
-How it stays exact without scoring every document densely: both legs are read best first, to
-``depth`` each (the request's ``candidates``); every document either leg found gets both scores
-(its vector read back for the similarity, its BM25 looked up); a document neither found scores at
-most w_dense · unit(the dense leg's last) + w_lexical · (the lexical leg's last) / bound (Fagin's
-threshold algorithm). When the k-th fused score reaches that, the top k is final; otherwise both
-legs are read four times deeper (up to :data:`MAX_DEPTH`, past which the answer is the best of
-what was read — only on a shard of tens of thousands of near-ties).
+How it stays exact without scoring every document densely: the dense leg is read best first to
+``depth`` (the request's ``candidates``); the lexical leg has scored every document holding a
+term already (BM25 is cheap to compute for all of them). Every document the dense leg found, or
+among the lexical leg's best ``depth``, gets both scores — its vector read back for the similarity
+(the same float64 arithmetic whichever leg found it), its BM25 looked up. A document the dense
+leg did not reach scores at most w_dense · unit(the dense leg's last) + w_lexical · its BM25 /
+bound: every one whose BM25 could lift it to the k-th fused score is added the same way. Those
+with no term cannot: the dense leg's own k-th already scores as much (Fagin's threshold algorithm,
+with the lexical leg's scores all known). When that would add more than a few times ``depth``
+documents (flat dense scores, a heavy lexical weight) the dense leg is read four times deeper
+instead, which raises the bar (up to :data:`MAX_DEPTH`).
 
 Only the top k documents are fetched (titles, texts), which is what makes a weighted hybrid cost
 about one leg more than a dense query instead of two legs' lists of candidates with their texts.
@@ -33,7 +37,6 @@ from retrieval.contract import HitColumns
 from retrieval.errors import IndexIntegrityError
 from retrieval.filters import Filter
 from retrieval.fusion import DENSE, LEXICAL, dense_unit
-from retrieval.routing import doc_int_id
 
 if TYPE_CHECKING:
     from index_shards.segment import LiveShard
@@ -61,33 +64,54 @@ def fused_search(live: LiveShard, vector: np.ndarray, query: LexicalQuery, k: in
     assert spec is not None  # the caller routes only weighted hybrid queries here
     lexical = lexical_scores(live, query.text, query.corpus, filter_)
     bound = score_bound(lexical.term_weights)
-    weight_lexical = spec.lexical / bound if bound > 0 else 0.0
+    per_bm25 = spec.lexical / bound if bound > 0 else 0.0
     depth = max(spec.depth, k)
+    lexical_top = _lexical_top(lexical, depth)
     while True:
-        dense = live.search(np.asarray(vector, dtype=np.float32)[None, :], depth, nprobe=nprobe, ef_search=ef_search,
-                            with_text=False, filter_=filter_)[0]
-        lexical_top, lexical_full = _lexical_top(lexical, depth)
-        found = _candidates(live, vector, dense["doc_ids"], lexical_top, lexical)
-        fused = spec.dense * np.nan_to_num(dense_unit(found.similarity, live.metric), nan=0.0) + \
-            weight_lexical * found.bm25
-        dense_full = len(dense["doc_ids"]) >= depth
-        if not (dense_full or lexical_full) or depth >= MAX_DEPTH:
+        dense = live.dense_keys(vector, depth, nprobe=nprobe, ef_search=ef_search, filter_=filter_)
+        found = _candidates(live, vector, [key for _, key in dense] + [key for _, key in lexical_top], lexical)
+        fused = _fused(found, spec.dense, per_bm25, live.metric)
+        if per_bm25 == 0.0:  # the lexical leg adds nothing: the dense top k is the answer
             break
-        unseen = (spec.dense * float(dense_unit(np.asarray(dense["scores"][-1:]), live.metric)[0])
-                  if dense_full else 0.0) + (weight_lexical * lexical_top[-1][0] if lexical_full else 0.0)
-        if fused.size >= k and float(np.partition(fused, fused.size - k)[fused.size - k]) >= unseen:
+        dense_full = len(dense) >= depth
+        floor = spec.dense * float(dense_unit(np.asarray([dense[-1][0]]), live.metric)[0]) if dense_full else 0.0
+        kth = float(np.partition(fused, fused.size - k)[fused.size - k]) if fused.size >= k else -np.inf
+        extra = _lexical_reaching(lexical, (kth - floor) / per_bm25, found.keys)
+        if len(extra) <= max(4 * depth, 64) or not dense_full or depth >= MAX_DEPTH:
+            if extra:
+                found = _candidates(live, vector, found.keys + extra, lexical)
+                fused = _fused(found, spec.dense, per_bm25, live.metric)
             break
         depth = min(depth * 4, MAX_DEPTH)
     columns = _top(live, found, fused, k, with_text, with_metadata)
-    similarities = np.sort(found.similarity[:len(dense["doc_ids"])])[::-1]
+    position = {key: i for i, key in enumerate(found.keys)}
+    similarities = np.sort(found.similarity[[position[key] for _, key in dense if key in position]])[::-1]
     columns["leg_tops"] = {DENSE: [float(s) for s in similarities[:spec.depth] if not np.isnan(s)],
                            LEXICAL: [score for score, _ in lexical_top[:spec.depth]]}
     return columns, lexical.own
 
 
-def _lexical_top(lexical: LexicalScores, depth: int) -> tuple[list[tuple[float, tuple[bool, Any]]], bool]:
-    """The lexical leg's best ``depth`` (every tie at the last score too), best first, as (score,
-    key); and whether documents scored below them were left out."""
+def _fused(found: _Candidates, dense_weight: float, per_bm25: float, metric: str) -> np.ndarray:
+    fused: np.ndarray = dense_weight * np.nan_to_num(dense_unit(found.similarity, metric), nan=0.0) + \
+        per_bm25 * found.bm25
+    return fused
+
+
+def _lexical_reaching(lexical: LexicalScores, threshold: float, seen: list[tuple[bool, Any]]) -> list[tuple[bool, Any]]:
+    """The keys of documents whose BM25 is at least ``threshold`` and that are not ``seen``."""
+    if not np.isfinite(threshold):
+        threshold = -np.inf
+    seen_keys = set(seen)
+    rows = lexical.base_rows[lexical.base_scores >= threshold]
+    keys: list[tuple[bool, Any]] = [key for key in ((False, int_id) for int_id in lexical.base.int_ids[rows].tolist())
+                                    if key not in seen_keys]
+    keys += [key for key in ((True, doc_id) for value, doc_id, _ in lexical.segment if value >= threshold)
+             if key not in seen_keys]
+    return keys
+
+
+def _lexical_top(lexical: LexicalScores, depth: int) -> list[tuple[float, tuple[bool, Any]]]:
+    """The lexical leg's best ``depth`` (every tie at the last score too), best first, as (score, key)."""
     rows, scores = lexical.base_rows, lexical.base_scores
     if rows.size > depth:
         threshold = np.partition(scores, rows.size - depth)[rows.size - depth]
@@ -98,55 +122,47 @@ def _lexical_top(lexical: LexicalScores, depth: int) -> tuple[list[tuple[float, 
                                                           strict=True)]
     found += [(value, (True, doc_id)) for value, doc_id, _ in lexical.segment]
     found.sort(key=lambda item: -item[0])
-    total = lexical.base_rows.size + len(lexical.segment)
     if len(found) > depth:
         last = found[depth - 1][0]
         found = [item for item in found if item[0] >= last]
-    return found, total > len(found)
+    return found
 
 
-def _candidates(live: LiveShard, vector: np.ndarray, dense_ids: list[str],
-                lexical_top: list[tuple[float, tuple[bool, Any]]], lexical: LexicalScores) -> _Candidates:
-    """Both legs' finds (the dense leg's first, in its order), each with both scores: the
-    similarity from its vector read back (the same arithmetic for every document, whichever leg
-    found it and on whichever shard it lives), the BM25 looked up."""
-    segment = live.segment_members(dense_ids + [key for _, (in_segment, key) in lexical_top if in_segment])
-    keys: list[tuple[bool, Any]] = []
-    seen: set[tuple[bool, Any]] = set()
-    for doc_id in dense_ids:
-        key = (True, doc_id) if doc_id in segment else (False, doc_int_id(doc_id))
-        if key not in seen:
-            seen.add(key)
-            keys.append(key)
-    for _, key in lexical_top:
-        if key not in seen and (not key[0] or key[1] in segment):
-            seen.add(key)
-            keys.append(key)
-    base_ids = np.asarray([key for in_segment, key in keys if not in_segment], dtype=np.int64)
-    base_vectors = iter(live.base_vectors(base_ids))
-    base_bm25 = iter(lexical.base_score_of(base_ids).tolist())
-    vectors: list[np.ndarray | None] = []
-    bm25: list[float] = []
-    for in_segment, key in keys:
-        if in_segment:
-            vectors.append(segment[key][1])
-            bm25.append(lexical.segment_scores.get(key, 0.0))
-        else:
-            vectors.append(next(base_vectors))
-            bm25.append(next(base_bm25))
-    return _Candidates(keys, _similarity(vectors, vector, live.metric), np.asarray(bm25, dtype=np.float64),
+def _candidates(live: LiveShard, vector: np.ndarray, keys: list[tuple[bool, Any]],
+                lexical: LexicalScores) -> _Candidates:
+    """The documents under ``keys`` (each once, in first-seen order; a segment one written away
+    since is left out), each with both scores: the similarity from its vector read back (the same
+    float64 arithmetic for every document, whichever leg found it and on whichever shard it
+    lives), the BM25 looked up."""
+    unique = list(dict.fromkeys(keys))
+    segment = live.segment_members([key for in_segment, key in unique if in_segment])
+    unique = [key for key in unique if not key[0] or key[1] in segment]
+    in_segment = np.asarray([key[0] for key in unique], dtype=bool)
+    base_ids = np.asarray([key for inside, key in unique if not inside], dtype=np.int64)
+    matrix = np.zeros((len(unique), live.dim), dtype=np.float32)
+    present = np.zeros(len(unique), dtype=bool)
+    bm25 = np.zeros(len(unique), dtype=np.float64)
+    base_rows = np.flatnonzero(~in_segment)
+    if base_rows.size:
+        matrix[base_rows], present[base_rows] = live.base_matrix(base_ids)
+        bm25[base_rows] = lexical.base_score_of(base_ids)
+    for row in np.flatnonzero(in_segment).tolist():
+        doc_id = unique[row][1]
+        doc_vector = segment[doc_id][1]
+        if doc_vector is not None:
+            matrix[row], present[row] = doc_vector, True
+        bm25[row] = lexical.segment_scores.get(doc_id, 0.0)
+    return _Candidates(unique, _similarity(matrix, present, vector, live.metric), bm25,
                        {doc_id: doc for doc_id, (doc, _) in segment.items()})
 
 
-def _similarity(vectors: list[np.ndarray | None], query: np.ndarray, metric: str) -> np.ndarray:
-    """Each vector's score against ``query`` as the dense leg reports it (ip: the inner product;
+def _similarity(matrix: np.ndarray, present: np.ndarray, query: np.ndarray, metric: str) -> np.ndarray:
+    """Each row's score against ``query`` as the dense leg reports it (ip: the inner product;
     l2: -L2²), in float64; NaN for a document stored without a vector."""
-    out = np.full(len(vectors), np.nan, dtype=np.float64)
-    present = [i for i, v in enumerate(vectors) if v is not None]
-    if present:
-        matrix = np.stack([vectors[i] for i in present]).astype(np.float64)  # type: ignore[misc]
-        q = np.asarray(query, dtype=np.float64)
-        out[present] = -np.sum((matrix - q) ** 2, axis=1) if metric == "l2" else matrix @ q
+    rows = matrix.astype(np.float64)
+    q = np.asarray(query, dtype=np.float64)
+    out: np.ndarray = -np.sum((rows - q) ** 2, axis=1) if metric == "l2" else rows @ q
+    out[~present] = np.nan
     return out
 
 

@@ -294,6 +294,21 @@ class LiveShard:
         for written, vector in segment:
             yield StoredDocument(written.doc_id, written.title, written.text, written.metadata, written.seq, vector)
 
+    def base_matrix(self, int_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Base documents' vectors as one matrix (rows of those stored without a vector are zero)
+        and which rows hold one: :meth:`base_vectors` without a Python object per row."""
+        bare = self.base.bare
+        present = ~np.isin(int_ids, bare) if bare.size else np.ones(int_ids.size, dtype=bool)
+        matrix = np.zeros((int_ids.size, self.dim), dtype=np.float32)
+        if present.any():
+            matrix[present] = self.base.filtered.vectors(int_ids[present])
+        if self._written is not None:
+            for row, int_id in enumerate(int_ids.tolist()):
+                original = self._written.get(int_id) if present[row] else None
+                if original is not None:
+                    matrix[row] = original
+        return matrix, present
+
     def base_vectors(self, int_ids: np.ndarray) -> list[np.ndarray | None]:
         """Base documents' vectors: a written one's original where the base kept it, else the
         index's (exact for Flat and HNSW; decoded from the build's own codes for PQ/SQ); None for
@@ -337,6 +352,40 @@ class LiveShard:
         return [_merge(row, _top(scores[q], candidates, view.rows, k, with_text, with_metadata), k)
                 for q, row in enumerate(base)]
 
+
+    def dense_keys(self, query: np.ndarray, k: int, *, nprobe: int | None = None, ef_search: int | None = None,
+                   filter_: Filter | None = None) -> list[tuple[float, tuple[bool, Any]]]:
+        """One query's dense top k as (score, key) without reading a document — key (False, int id)
+        for a base document, (True, doc id) for a segment one — best first (a weighted hybrid reads
+        only its final k documents)."""
+        queries = np.asarray(query, dtype=np.float32)[None, :]
+        tombstones: np.ndarray | None = None
+        view = None
+        if self._docs or self._tombstones:
+            with self._lock:
+                tombstones = self._tombstone_array
+                view = self._rows.view()
+                selected = self._rows.mask(filter_, view.count) if filter_ is not None and not filter_.empty \
+                    else None
+        scores, ids = self.base.search_ids(queries, k, nprobe=nprobe, ef_search=ef_search, filter_=filter_,
+                                           exclude=tombstones)
+        found: list[tuple[float, tuple[bool, Any]]] = [
+            (score, (False, int_id)) for score, int_id in zip(scores[0].tolist(), ids[0].tolist(), strict=True)
+            if int_id >= 0]
+        if view is not None and view.count:
+            pool = np.flatnonzero(view.alive & selected if selected is not None else view.alive)
+            every = view.matrix @ queries[0]  # the whole matrix (contiguous) beats gathering the pool's rows
+            row = every[pool]
+            if self.metric == "l2":
+                row = -(float(queries[0] @ queries[0]) - 2.0 * row + view.norms[pool])
+            if pool.size > k:
+                best = np.argpartition(-row, k - 1)[:k]
+                pool, row = pool[best], row[best]
+            found += [(score, (True, view.rows[int(i)].doc_id)) for score, i in zip(row.tolist(), pool.tolist(),
+                                                                                   strict=True)]
+            found.sort(key=lambda item: -item[0])
+            found = found[:k]
+        return found
 
 def _top(scores: np.ndarray, candidates: np.ndarray | None, segment: list[SegmentDoc], k: int, with_text: bool,
          with_metadata: bool) -> HitColumns:

@@ -133,14 +133,45 @@ class Shard:
         """Per query row, its hits best first as parallel columns (compact on the wire). With a
         filter, only documents it selects (see ``filtered``); ``exclude``: int ids never returned
         (the tombstones of a shard taking writes); ``with_metadata`` adds their metadata."""
+        if self.manifest.count == 0 or self.index.ntotal == 0:
+            self._check_query(queries, k)
+            return [_empty(with_metadata) for _ in range(len(queries))]
+        scores, ids = self.search_ids(queries, k, nprobe=nprobe, ef_search=ef_search, filter_=filter_,
+                                      exclude=exclude)
+        docs = self.docstore.get_many(ids[ids >= 0].tolist(), with_text=with_text, with_metadata=with_metadata)
+        results: list[HitColumns] = []
+        for row_scores, row_ids in zip(scores.tolist(), ids.tolist(), strict=True):
+            hits = _empty(with_metadata)
+            for score, int_id in zip(row_scores, row_ids, strict=True):
+                if int_id < 0:  # fewer than k results (approximate indexes)
+                    continue
+                doc = docs.get(int_id)
+                if doc is None:
+                    raise IndexIntegrityError(f"index id {int_id} has no document in {DOCSTORE_FILE}")
+                hits["doc_ids"].append(doc.doc_id)
+                hits["scores"].append(score)
+                hits["titles"].append(doc.title)
+                hits["texts"].append(doc.text)
+                if with_metadata:
+                    hits["metadata"].append(doc.metadata or {})
+            results.append(hits)
+        return results
+
+    def _check_query(self, queries: np.ndarray, k: int) -> None:
         if queries.ndim != 2 or queries.shape[1] != self.manifest.dim:
             raise DimensionMismatch(
                 f"query vectors have {queries.shape[-1]} dims, this shard has {self.manifest.dim}", field="vector"
             )
         if k < 1:
             raise InvalidRequest(f"k must be ≥ 1, got {k}", field="k")
+
+    def search_ids(self, queries: np.ndarray, k: int, *, nprobe: int | None = None, ef_search: int | None = None,
+                   filter_: Filter | None = None, exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search` without reading the documents: per query row its scores (higher is
+        better) and int ids, best first (-1 past the hits found)."""
+        self._check_query(queries, k)
         if self.manifest.count == 0 or self.index.ntotal == 0:
-            return [_empty(with_metadata) for _ in range(len(queries))]
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         excluding = exclude is not None and exclude.size > 0
         if filter_ is not None and not filter_.empty:
             mask = self.payload.mask(filter_)
@@ -171,24 +202,7 @@ class Shard:
             raise InvalidRequest("the query vector's scores overflow float32; scale the vector down", field="vector")
         if self._negate:
             scores = -scores
-        docs = self.docstore.get_many(ids[ids >= 0].tolist(), with_text=with_text, with_metadata=with_metadata)
-        results: list[HitColumns] = []
-        for row_scores, row_ids in zip(scores.tolist(), ids.tolist(), strict=True):
-            hits = _empty(with_metadata)
-            for score, int_id in zip(row_scores, row_ids, strict=True):
-                if int_id < 0:  # fewer than k results (approximate indexes)
-                    continue
-                doc = docs.get(int_id)
-                if doc is None:
-                    raise IndexIntegrityError(f"index id {int_id} has no document in {DOCSTORE_FILE}")
-                hits["doc_ids"].append(doc.doc_id)
-                hits["scores"].append(score)
-                hits["titles"].append(doc.title)
-                hits["texts"].append(doc.text)
-                if with_metadata:
-                    hits["metadata"].append(doc.metadata or {})
-            results.append(hits)
-        return results
+        return scores, ids
 
 
 def _empty(with_metadata: bool = False) -> HitColumns:

@@ -2,8 +2,7 @@
 merged as the gateway merges, equals the exact top k of w·(cos+1)/2 + w'·BM25/bound over every
 live document — computed here from the definitions, over all of them — on every msmarco query
 with the real MiniLM vectors: as built, after upserts (one without a vector) and deletes, and
-after a compaction; with a filter; and at weights that make the shard read deeper than it
-started."""
+after a compaction; with a filter; and for documents in neither leg's first candidates."""
 
 import math
 from collections import Counter
@@ -146,10 +145,11 @@ def test_the_shards_fused_lists_are_the_exact_weighted_top_k_through_writes_and_
     check([replicas], queries[:20])
 
 
-def test_documents_neither_leg_ranks_high_are_found_by_reading_deeper(tmp_path):
+def test_documents_neither_leg_ranks_high_are_found_by_their_bm25(tmp_path):
     """30 documents close to the query without its word, 30 far from it with the word three
     times, and 10 fairly close with the word once — the 10 are the fused top 10 at 0.5 / 0.5 but
-    in neither leg's top 30: a shard must read past both legs' first candidates to find them."""
+    in neither leg's top 30: a shard must look past both legs' first candidates (at every document
+    whose BM25 could lift it past the 10th) to find them."""
     rng = np.random.default_rng(5)
     query = np.zeros(8, dtype=np.float32)
     query[0] = 1.0
