@@ -26,6 +26,7 @@ about one leg more than a dense query instead of two legs' lists of candidates w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,21 +55,43 @@ class _Candidates:
     segment: dict[str, Any]  # doc id → the segment's document
 
 
-def fused_search(live: LiveShard, vector: np.ndarray, query: LexicalQuery, k: int, *, nprobe: int | None = None,
-                 ef_search: int | None = None, with_text: bool = True, with_metadata: bool = False,
-                 filter_: Filter | None = None) -> tuple[HitColumns, CorpusStats]:
-    """The fused top ``k`` (scores: fused; per hit each leg's own score, and the shard's best
-    ``depth`` scores per leg for the gateway's leg ranks), and this shard's statistics for the
-    query's terms (what the gateway sums, as for a lexical query)."""
+def fused_search(live: LiveShard, vectors: np.ndarray, queries: Sequence[LexicalQuery], k: int, *,
+                 nprobe: int | None = None, ef_search: int | None = None, with_text: bool = True,
+                 with_metadata: bool = False, filter_: Filter | None = None) -> list[tuple[HitColumns, CorpusStats]]:
+    """Per query (one vector each): the fused top ``k`` (scores: fused; per hit each leg's own
+    score, and the shard's best ``depth`` scores per leg for the gateway's leg ranks), and this
+    shard's statistics for the query's terms (what the gateway sums, as for a lexical query). The
+    batch's dense legs go in one index search and its documents in one read, as a dense batch's."""
+    specs = [query.fuse for query in queries]
+    assert all(spec is not None for spec in specs)  # the caller routes only weighted hybrid queries here
+    first = max(max(spec.depth, k) for spec in specs if spec is not None)
+    batch = live.dense_keys(vectors, first, nprobe=nprobe, ef_search=ef_search, filter_=filter_)
+    chosen = []
+    for vector, query, dense in zip(vectors, queries, batch, strict=True):
+        chosen.append(_one(live, vector, query, dense, first, k, nprobe, ef_search, filter_))
+    base_ids = [found.keys[i][1] for found, _, picked, _, _ in chosen for i in picked.tolist() if not found.keys[i][0]]
+    stored = live.base.docstore.get_many(base_ids, with_text=with_text, with_metadata=with_metadata)
+    answers = []
+    for found, fused, picked, leg_tops, own in chosen:
+        columns = _columns(found, fused, picked, stored, k, with_text, with_metadata)
+        columns["leg_tops"] = leg_tops
+        answers.append((columns, own))
+    return answers
+
+
+def _one(live: LiveShard, vector: np.ndarray, query: LexicalQuery, dense: list[tuple[float, tuple[bool, Any]]],
+         read: int, k: int, nprobe: int | None, ef_search: int | None,
+         filter_: Filter | None) -> tuple[_Candidates, np.ndarray, np.ndarray, dict[str, list[float]], CorpusStats]:
+    """One query's candidates, their fused scores, the ones that can make its top k (every tie at
+    the k-th), its leg tops and the shard's statistics. ``dense``: its dense leg read ``read`` deep."""
     spec = query.fuse
-    assert spec is not None  # the caller routes only weighted hybrid queries here
+    assert spec is not None
     lexical = lexical_scores(live, query.text, query.corpus, filter_)
     bound = score_bound(lexical.term_weights)
     per_bm25 = spec.lexical / bound if bound > 0 else 0.0
-    depth = max(spec.depth, k)
-    lexical_top = _lexical_top(lexical, depth)
+    lexical_top = _lexical_top(lexical, max(spec.depth, k))
+    depth = read  # the batch's depth: at least this query's (a deeper dense list only raises the bar)
     while True:
-        dense = live.dense_keys(vector, depth, nprobe=nprobe, ef_search=ef_search, filter_=filter_)
         found = _candidates(live, vector, [key for _, key in dense] + [key for _, key in lexical_top], lexical)
         fused = _fused(found, spec.dense, per_bm25, live.metric)
         if per_bm25 == 0.0:  # the lexical leg adds nothing: the dense top k is the answer
@@ -83,12 +106,15 @@ def fused_search(live: LiveShard, vector: np.ndarray, query: LexicalQuery, k: in
                 fused = _fused(found, spec.dense, per_bm25, live.metric)
             break
         depth = min(depth * 4, MAX_DEPTH)
-    columns = _top(live, found, fused, k, with_text, with_metadata)
+        dense = live.dense_keys(vector[None, :], depth, nprobe=nprobe, ef_search=ef_search, filter_=filter_)[0]
+    picked = np.arange(fused.size)
+    if fused.size > k:  # every tie at the k-th score: ties resolve by doc id when the documents are read
+        picked = np.flatnonzero(fused >= np.partition(fused, fused.size - k)[fused.size - k])
     position = {key: i for i, key in enumerate(found.keys)}
     similarities = np.sort(found.similarity[[position[key] for _, key in dense if key in position]])[::-1]
-    columns["leg_tops"] = {DENSE: [float(s) for s in similarities[:spec.depth] if not np.isnan(s)],
-                           LEXICAL: [score for score, _ in lexical_top[:spec.depth]]}
-    return columns, lexical.own
+    leg_tops = {DENSE: [float(s) for s in similarities[:spec.depth] if not np.isnan(s)],
+                LEXICAL: [score for score, _ in lexical_top[:spec.depth]]}
+    return found, fused, picked, leg_tops, lexical.own
 
 
 def _fused(found: _Candidates, dense_weight: float, per_bm25: float, metric: str) -> np.ndarray:
@@ -166,20 +192,14 @@ def _similarity(matrix: np.ndarray, present: np.ndarray, query: np.ndarray, metr
     return out
 
 
-def _top(live: LiveShard, found: _Candidates, fused: np.ndarray, k: int, with_text: bool,
-         with_metadata: bool) -> HitColumns:
-    """The best ``k`` by fused score (ties by doc id), with their documents and each leg's score."""
+def _columns(found: _Candidates, fused: np.ndarray, picked: np.ndarray, stored: dict[int, Any], k: int,
+             with_text: bool, with_metadata: bool) -> HitColumns:
+    """The best ``k`` of ``picked`` by fused score (ties by doc id), with their documents (base
+    ones from ``stored``) and each leg's score."""
     columns: HitColumns = {"doc_ids": [], "scores": [], "titles": [], "texts": []}
     if with_metadata:
         columns["metadata"] = []
     columns["legs"] = {DENSE: [], LEXICAL: []}
-    if fused.size == 0:
-        return columns
-    picked = np.arange(fused.size)
-    if fused.size > k:  # every tie at the k-th score: ties resolve by doc id below
-        picked = np.flatnonzero(fused >= np.partition(fused, fused.size - k)[fused.size - k])
-    base_ids = [found.keys[i][1] for i in picked.tolist() if not found.keys[i][0]]
-    stored = live.base.docstore.get_many(base_ids, with_text=with_text, with_metadata=with_metadata)
     rows = []
     for i in picked.tolist():
         in_segment, key = found.keys[i]

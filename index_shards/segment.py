@@ -353,12 +353,12 @@ class LiveShard:
                 for q, row in enumerate(base)]
 
 
-    def dense_keys(self, query: np.ndarray, k: int, *, nprobe: int | None = None, ef_search: int | None = None,
-                   filter_: Filter | None = None) -> list[tuple[float, tuple[bool, Any]]]:
-        """One query's dense top k as (score, key) without reading a document — key (False, int id)
-        for a base document, (True, doc id) for a segment one — best first (a weighted hybrid reads
-        only its final k documents)."""
-        queries = np.asarray(query, dtype=np.float32)[None, :]
+    def dense_keys(self, queries: np.ndarray, k: int, *, nprobe: int | None = None, ef_search: int | None = None,
+                   filter_: Filter | None = None) -> list[list[tuple[float, tuple[bool, Any]]]]:
+        """Per query row, its dense top k as (score, key) without reading a document — key (False,
+        int id) for a base document, (True, doc id) for a segment one — best first (a weighted
+        hybrid reads only its final k documents). One index search for the batch."""
+        queries = np.asarray(queries, dtype=np.float32)
         tombstones: np.ndarray | None = None
         view = None
         if self._docs or self._tombstones:
@@ -369,22 +369,21 @@ class LiveShard:
                     else None
         scores, ids = self.base.search_ids(queries, k, nprobe=nprobe, ef_search=ef_search, filter_=filter_,
                                            exclude=tombstones)
-        found: list[tuple[float, tuple[bool, Any]]] = [
-            (score, (False, int_id)) for score, int_id in zip(scores[0].tolist(), ids[0].tolist(), strict=True)
-            if int_id >= 0]
-        if view is not None and view.count:
-            pool = np.flatnonzero(view.alive & selected if selected is not None else view.alive)
-            every = view.matrix @ queries[0]  # the whole matrix (contiguous) beats gathering the pool's rows
-            row = every[pool]
-            if self.metric == "l2":
-                row = -(float(queries[0] @ queries[0]) - 2.0 * row + view.norms[pool])
-            if pool.size > k:
-                best = np.argpartition(-row, k - 1)[:k]
-                pool, row = pool[best], row[best]
-            found += [(score, (True, view.rows[int(i)].doc_id)) for score, i in zip(row.tolist(), pool.tolist(),
-                                                                                   strict=True)]
-            found.sort(key=lambda item: -item[0])
-            found = found[:k]
+        found: list[list[tuple[float, tuple[bool, Any]]]] = [
+            [(score, (False, int_id)) for score, int_id in zip(row_scores, row_ids, strict=True) if int_id >= 0]
+            for row_scores, row_ids in zip(scores.tolist(), ids.tolist(), strict=True)]
+        if view is None or not view.count:
+            return found
+        pool = np.flatnonzero(view.alive & selected if selected is not None else view.alive)
+        # matrix @ queries.T over the whole (contiguous) matrix beats gathering the pool's rows
+        every = np.ascontiguousarray((view.matrix @ queries.T).T)[:, pool]
+        if self.metric == "l2":
+            every = -(np.sum(queries ** 2, axis=1)[:, None] - 2.0 * every + view.norms[pool][None, :])
+        for q, row in enumerate(every):
+            best = np.argpartition(-row, k - 1)[:k] if row.size > k else np.arange(row.size)
+            found[q] += [(float(row[i]), (True, view.rows[int(pool[i])].doc_id)) for i in best.tolist()]
+            found[q].sort(key=lambda item: -item[0])
+            del found[q][k:]
         return found
 
 def _top(scores: np.ndarray, candidates: np.ndarray | None, segment: list[SegmentDoc], k: int, with_text: bool,

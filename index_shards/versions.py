@@ -213,9 +213,9 @@ class ShardVersions:
         if params.lexical and any(query.fuse is not None for query in lexical):
             if not all(query.fuse is not None for query in lexical) or len(vectors) != len(lexical):
                 raise InvalidRequest("a weighted hybrid call fuses every query, each with its vector", field="body")
-            fused = [fused_search(shard, vector, query, params.k, nprobe=params.nprobe, ef_search=params.ef_search,
-                                  with_text=params.with_text, with_metadata=params.with_metadata, filter_=filter_)
-                     for vector, query in zip(np.asarray(vectors, dtype=np.float32), lexical, strict=True)]
+            fused = fused_search(shard, np.asarray(vectors, dtype=np.float32), lexical, params.k,
+                                 nprobe=params.nprobe, ef_search=params.ef_search, with_text=params.with_text,
+                                 with_metadata=params.with_metadata, filter_=filter_)
             return SearchReply(self.shard_id, shard.version_id, (time.perf_counter() - started) * 1000.0,
                                [hits for hits, _ in fused], [stats for _, stats in fused])
         if params.lexical:

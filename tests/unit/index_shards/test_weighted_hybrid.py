@@ -178,6 +178,20 @@ def test_documents_neither_leg_ranks_high_are_found_by_their_bm25(tmp_path):
         assert [row[1] for row in sharded(replicas, query, "apple", spec)] == [d for d, _ in want]
 
 
+def test_a_batch_answers_each_query_as_alone(msmarco, tmp_path):
+    """Queries coalesced into one call (one dense search for the batch, one document read), with
+    different depths, answer exactly what each answers alone."""
+    (replica,) = build(tmp_path / "one", msmarco, 1)
+    vectors = msmarco.query_vectors[:12]
+    queries = [LexicalQuery(msmarco.dataset.queries[q], None, WeightedFusion(0.7, 0.3, 5 if i % 2 else 30))
+               for i, q in enumerate(msmarco.query_ids[:12])]
+    params = SearchParams(K, None, lexical=True)
+    together = replica.search(vectors, params, queries)
+    for i, query in enumerate(queries):
+        alone = replica.search(vectors[i:i + 1], params, [query])
+        assert together.results[i] == alone.results[0] and together.stats[i] == alone.stats[0]
+
+
 def test_leg_ranks_count_every_shards_better_scores_and_say_when_they_cannot():
     tops = [[0.9, 0.8, 0.7], [0.85, 0.5]]  # the second shard's list is short: it holds no more
     assert leg_rank(0.9, tops, 3) == 1
