@@ -5,8 +5,8 @@
   statistics, so the ranking is the unsharded one).
 * **hybrid, weighted** (the default) — one call per shard with the query's vector and its lexical
   query; each shard answers its exact fused top k (``LexicalFanOut.search_weighted``), merged like
-  dense lists. A text to embed first is embedded while the collection's statistics for its terms
-  are fetched, when the gateway lacks them (``LexicalFanOut.prime``).
+  dense lists. A text to embed first is embedded while the collection's statistics are fetched,
+  when the gateway knows none yet (``LexicalFanOut.prime``).
 * **hybrid, rrf** — both legs' lists in one call per shard when the query's vector is at hand
   (given, or its text's embedding cached: ``LexicalFanOut.search_hybrid``); otherwise the lexical
   leg runs while the text is embedded, then the dense leg (and with ``top_m``, which routes the
@@ -153,7 +153,7 @@ class SearchModes:
         elif (cached := snapshot.encoder.cached(text) if snapshot.encoder is not None else None) is not None:
             vector = cached
             service.recent_queries.append(text)
-        else:  # embed the text; meanwhile fetch the statistics of its terms if the gateway lacks them
+        else:  # embed the text; meanwhile fetch the collection's statistics if the gateway knows none yet
             (vector, encode_ms), _ = await asyncio.gather(
                 service.encode_timed(snapshot, text, deadline_s * 1000.0),
                 self.lexical.prime(text, params, snapshot.route, timeout_s=max(deadline_s, 0.001), session=session))

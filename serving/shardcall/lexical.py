@@ -57,10 +57,9 @@ class CorpusStatsCache:
         known = self._df.get(version, {})
         return CorpusStats(totals[0], totals[1], {term: known[term] for term, _ in query_terms(text) if term in known})
 
-    def knows(self, version: str, text: str) -> bool:
-        """Whether the sums of every one of ``text``'s terms are known for ``version``."""
-        known = self._df.get(version)
-        return version in self._totals and known is not None and all(term in known for term, _ in query_terms(text))
+    def has_totals(self, version: str) -> bool:
+        """Whether any sums are known for ``version`` (its document and token counts)."""
+        return version in self._totals
 
     def learn(self, version: str, stats: CorpusStats) -> None:
         self._totals[version] = (stats.docs, stats.length)
@@ -156,11 +155,14 @@ class LexicalFanOut:
 
     async def prime(self, text: str, params: SearchParams, route: ShardRoute, *, timeout_s: float,
                     session: Mapping[int, SessionFloor] | None = None) -> None:
-        """Learn the collection's statistics for ``text``'s terms when the cache lacks some (one
-        lexical round for one hit without its text): run while a weighted hybrid's text is embedded,
-        it saves that query a second round after the embedding. A failure here costs only that."""
+        """Learn the collection's statistics for ``text``'s terms when nothing is known of the
+        version yet (one lexical round for one hit without its text): run while a weighted hybrid's
+        text is embedded, it saves that first query a second round after the embedding. Later
+        queries go optimistically: a term the cache has not seen is sent as held by no document —
+        true of most such terms (numbers, names, typos), and when it is not, the shards' statistics
+        say so and the query is asked again. A failure here costs only that."""
         version = params.version or route.version
-        if self.cache.knows(version, text):
+        if self.cache.has_totals(version):
             return
         asked = SearchParams(1, version, with_text=False, lexical=True)
         targets = list(range(route.num_shards))
