@@ -2,7 +2,8 @@
 merged as the gateway merges, equals the exact top k of w·(cos+1)/2 + w'·BM25/bound over every
 live document — computed here from the definitions, over all of them — on every msmarco query
 with the real MiniLM vectors: as built, after upserts (one without a vector) and deletes, and
-after a compaction; with a filter; and for documents in neither leg's first candidates."""
+after a compaction; with a filter; for documents in neither leg's first candidates; and on an
+l2 collection."""
 
 import math
 from collections import Counter
@@ -59,9 +60,10 @@ def sharded(replicas: list[ShardVersions], vector, text, spec, filter_json=None)
 
 
 def reference(model: dict[str, tuple[str, str, np.ndarray | None, dict]], vector: np.ndarray, text: str,
-              spec: WeightedFusion, keep=lambda meta: True) -> list[tuple[str, float]]:
-    """Every live document scored from the definitions: cosine of the vectors in float64, BM25
-    (Lucene's idf, k1 1.2, b 0.75) over the live documents' terms, bound Σ idf·count·(k1+1)."""
+              spec: WeightedFusion, keep=lambda meta: True, metric: str = "ip") -> list[tuple[str, float]]:
+    """Every live document scored from the definitions: cosine of the vectors in float64 (l2: the
+    -L2² of unit vectors mapped from [-4, 0]), BM25 (Lucene's idf, k1 1.2, b 0.75) over the live
+    documents' terms, bound Σ idf·count·(k1+1)."""
     terms = {doc_id: Counter(document_terms(title, body)) for doc_id, (title, body, _, _) in model.items()}
     lengths = {doc_id: sum(c.values()) for doc_id, c in terms.items()}
     average = sum(lengths.values()) / len(lengths)
@@ -82,7 +84,12 @@ def reference(model: dict[str, tuple[str, str, np.ndarray | None, dict]], vector
     for doc_id, (_, _, doc_vector, meta) in model.items():
         if not keep(meta):
             continue
-        dense = (float(doc_vector.astype(np.float64) @ query) + 1) / 2 if doc_vector is not None else 0.0
+        if doc_vector is None:
+            dense = 0.0
+        elif metric == "l2":
+            dense = (4 - float(np.sum((doc_vector.astype(np.float64) - query) ** 2))) / 4
+        else:
+            dense = (float(doc_vector.astype(np.float64) @ query) + 1) / 2
         scores[doc_id] = spec.dense * dense + (spec.lexical * bm25[doc_id] / bound if bound else 0.0)
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:K]
 
@@ -176,6 +183,29 @@ def test_documents_neither_leg_ranks_high_are_found_by_their_bm25(tmp_path):
         directory, _ = resolve_version(tmp_path / str(shards), "c")
         replicas = [ShardVersions(Shard.load(shard_dir(directory, s), device="cpu")) for s in range(shards)]
         assert [row[1] for row in sharded(replicas, query, "apple", spec)] == [d for d, _ in want]
+
+
+def test_an_l2_collection_fuses_its_distances_as_unit_vectors_cosines(msmarco, tmp_path):
+    """An l2 collection: the dense leg's score is -L2², mapped from [-4, 0] (unit vectors) — the
+    same ranking as the cosine's, computed from the distances, sharded as unsharded."""
+    documents = msmarco.documents[:600]
+    vectors = msmarco.vectors[:600]
+    model = {d.doc_id: (d.title, d.text, vectors[i], {}) for i, d in enumerate(documents)}
+    spec = WeightedFusion(0.6, 0.4, 10)
+    layouts = []
+    for shards in (2, 1):
+        root = tmp_path / str(shards)
+        build_collection(root, documents, vectors, msmarco.version,
+                         BuildConfig("c", shards, factory="Flat", metric="l2"), show_progress=False)
+        directory, _ = resolve_version(root, "c")
+        layouts.append([ShardVersions(Shard.load(shard_dir(directory, s), device="cpu")) for s in range(shards)])
+    for i in range(0, len(msmarco.query_ids), 3):
+        vector, text = msmarco.query_vectors[i], msmarco.dataset.queries[msmarco.query_ids[i]]
+        want = reference(model, vector, text, spec, metric="l2")
+        for replicas in layouts:
+            got = sharded(replicas, vector, text, spec)
+            assert [row[1] for row in got] == [doc_id for doc_id, _ in want], text
+            assert np.allclose([row[0] for row in got], [score for _, score in want], rtol=1e-9, atol=1e-12)
 
 
 def test_a_batch_answers_each_query_as_alone(msmarco, tmp_path):
