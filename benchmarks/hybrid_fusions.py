@@ -1,0 +1,178 @@
+"""Which fusion of the dense and lexical legs could lift dbpedia to its dense ranking? nDCG@10 of
+several fusion functions, each tried over its own parameter grid, on msmarco and dbpedia (issue 36,
+acceptance 4: a hybrid at least the better single leg on both sets).
+
+    python -m benchmarks.hybrid_fusions          # ~1 min on 2 cores
+
+Offline and exact: per judged query, every document's cosine (the MiniLM vectors from the
+embedding cache, float64) and its BM25 under the whole corpus's statistics (the shards' own
+inverted index, ``index_shards.lexical``, and scorer) — the two full score matrices a sharded
+cluster ranks from. The REST figures of the shipped fusions are ``benchmarks.hybrid_quality``'s;
+this benchmark reproduces its dense, lexical and weighted numbers from the matrices (printed
+beside them) and asks whether *another* fusion function would do better. Functions:
+
+* ``weighted`` — shardrag's: w·(cos+1)/2 + (1−w)·BM25/bound (bound: the most BM25 can give);
+* ``weighted-rrf`` — w/(60+rank_dense) + (1−w)/(60+rank_lexical), each leg's top 100;
+* ``max-norm`` — BM25 divided by the query's best BM25 instead of its bound;
+* ``z-score`` — each leg standardized over its top 100 (DBSF-like);
+* ``min-max`` — each leg min-max scaled over its top 100 (the fusion shardrag had before);
+* ``dense-rerank`` — the weighted score, but only the dense top N can rank (a lexical re-rank);
+* ``bm25-threshold`` — BM25/bound counted only above t (a lexical match must be strong to count).
+
+For each the parameters best on msmarco are applied unchanged to dbpedia (as the acceptance asks),
+and the best dbpedia figure any of its parameters reaches is shown too. JSON:
+benchmarks/results/hybrid_fusions.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import data_dir, machine_info, write_result
+from index_shards.lexical import BaseLexicon, score
+from retrieval.analysis import query_terms
+from retrieval.bm25 import CorpusStats, score_bound
+from retrieval.datasets import load_beir
+from retrieval.embedding_cache import CachingEncoder, EmbeddingCache, default_cache_dir
+from retrieval.encoders import encode_documents, load_default_encoder
+from retrieval.ir_metrics import ndcg_at_k
+
+K = 10
+TOP = 100  # how deep the list-normalized fusions look at each leg
+WEIGHTS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+
+
+@dataclass
+class Matrices:
+    """Per judged query (rows) and document (columns): cosine, BM25, and BM25's bound per query."""
+
+    doc_ids: list[str]
+    query_ids: list[str]
+    cosine: np.ndarray
+    bm25: np.ndarray
+    bound: np.ndarray
+    qrels: dict[str, dict[str, int]]
+
+    @property
+    def unit_bm25(self) -> np.ndarray:
+        result: np.ndarray = self.bm25 / np.maximum(self.bound, 1e-12)[:, None]
+        return result
+
+    def ndcg(self, fused: np.ndarray) -> float:
+        ids = np.asarray(self.doc_ids)
+        rankings = {query: [str(ids[j]) for j in np.lexsort((ids, -fused[i]))[:K]]
+                    for i, query in enumerate(self.query_ids)}
+        return float(ndcg_at_k(rankings, self.qrels, K))
+
+
+def matrices(name: str, encoder: CachingEncoder) -> Matrices:
+    dataset = load_beir(data_dir() / name)
+    documents = dataset.corpus
+    vectors = encode_documents(encoder, documents, show_progress=True).astype(np.float64)
+    judged = dataset.judged_queries()
+    query_ids = list(judged)
+    query_vectors = encoder.encode_queries([judged[q] for q in query_ids]).astype(np.float64)
+    lexicon = BaseLexicon.build((row, d.title, d.text) for row, d in enumerate(documents))
+    corpus = CorpusStats(lexicon.count, lexicon.total_length, {})
+    bm25 = np.zeros((len(query_ids), len(documents)))
+    bound = np.zeros(len(query_ids))
+    for i, query in enumerate(query_ids):
+        terms = query_terms(judged[query])
+        stats = lexicon.stats([t for t, _ in terms], np.zeros(0, np.int64))
+        postings, weights = [], []
+        for term, count in terms:
+            weight = CorpusStats(corpus.docs, corpus.length, stats.df).idf(term) * count
+            if weight > 0:
+                rows, tfs = lexicon.postings(term)
+                postings.append((weight, rows, tfs))
+                weights.append(weight)
+        scored = score(postings, lexicon.lengths, lexicon.total_length / lexicon.count, lexicon.count)
+        bm25[i, scored.rows] = scored.scores
+        bound[i] = score_bound(weights)
+    return Matrices([d.doc_id for d in documents], query_ids, query_vectors @ vectors.T, bm25, bound,
+                    dataset.qrels)
+
+
+def ranks(scores: np.ndarray) -> np.ndarray:
+    order = np.argsort(-scores, axis=1, kind="stable")
+    result = np.empty_like(order)
+    np.put_along_axis(result, order, np.arange(1, scores.shape[1] + 1)[None, :], axis=1)
+    return result
+
+
+def dense_unit(m: Matrices) -> np.ndarray:
+    result: np.ndarray = (m.cosine + 1) / 2
+    return result
+
+
+def top_scaled(scores: np.ndarray, how: str) -> np.ndarray:
+    """A leg's scores standardized (z) or min-max scaled over its top ``TOP`` per query."""
+    top = -np.sort(-scores, axis=1)[:, :TOP]
+    if how == "z":
+        result: np.ndarray = (scores - top.mean(1)[:, None]) / (top.std(1)[:, None] + 1e-12)
+    else:
+        low, high = top[:, -1:], top[:, :1]
+        result = np.clip((scores - low) / (high - low + 1e-12), 0, None)
+    return result
+
+
+def fuse(family: str, m: Matrices, w: float, n: int = 0, t: float = 0.0) -> np.ndarray:
+    """The fused score matrix of one function (module docstring) at weight ``w`` (the dense leg's)."""
+    if family == "weighted":
+        return w * dense_unit(m) + (1 - w) * m.unit_bm25
+    if family == "weighted-rrf":
+        dense, lexical = ranks(m.cosine), ranks(m.bm25)
+        return w / (60 + dense) * (dense <= TOP) + (1 - w) / (60 + lexical) * ((lexical <= TOP) & (m.bm25 > 0))
+    if family == "max-norm":
+        by_best: np.ndarray = m.bm25 / np.maximum(m.bm25.max(1), 1e-12)[:, None]
+        return w * dense_unit(m) + (1 - w) * by_best
+    if family in ("z-score", "min-max"):
+        how = "z" if family == "z-score" else "min-max"
+        return w * top_scaled(m.cosine, how) + (1 - w) * top_scaled(m.bm25, how)
+    if family == "dense-rerank":
+        nth = -np.sort(-m.cosine, axis=1)[:, n - 1:n]
+        return np.where(m.cosine >= nth, w * dense_unit(m) + (1 - w) * m.unit_bm25, -1.0)
+    assert family == "bm25-threshold"
+    return w * dense_unit(m) + (1 - w) * np.maximum(m.unit_bm25 - t, 0)
+
+
+def grid() -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(family, parameters as text, fuse's keyword arguments) for every function and parameter tried."""
+    for w in WEIGHTS:
+        for family in ("weighted", "weighted-rrf", "max-norm", "z-score", "min-max"):
+            yield family, f"w={w}", {"w": w}
+        for n in (10, 20, 50):
+            yield "dense-rerank", f"w={w} N={n}", {"w": w, "n": n}
+        for t in (0.2, 0.3, 0.4):
+            yield "bm25-threshold", f"w={w} t={t}", {"w": w, "t": t}
+
+
+def main() -> None:
+    encoder = CachingEncoder(load_default_encoder(device="cpu"), EmbeddingCache(default_cache_dir()))
+    sets = {name: matrices(name, encoder) for name in ("msmarco", "dbpedia")}
+    legs = {name: {"dense": m.ndcg(m.cosine), "lexical": m.ndcg(m.bm25)} for name, m in sets.items()}
+    cells_of: dict[str, dict[str, dict[str, float]]] = {}
+    for family, params, knobs in grid():
+        cells_of.setdefault(family, {})[params] = {name: round(m.ndcg(fuse(family, m, **knobs)), 4)
+                                                   for name, m in sets.items()}
+    print(f"legs: {legs}")
+    print(f"\n{'fusion':>15} {'chosen on msmarco':>20} {'msmarco':>8} {'dbpedia':>8} {'best dbpedia':>13}"
+          f"   (dbpedia dense {legs['dbpedia']['dense']:.4f})")
+    summary = {}
+    for family, cells in cells_of.items():
+        chosen = max(cells, key=lambda p: (cells[p]["msmarco"], p))
+        best = max(cells, key=lambda p: cells[p]["dbpedia"])
+        summary[family] = {"chosen": chosen, **cells[chosen], "best_dbpedia": cells[best]["dbpedia"],
+                           "best_dbpedia_params": best}
+        print(f"{family:>15} {chosen:>20} {cells[chosen]['msmarco']:8.4f} {cells[chosen]['dbpedia']:8.4f} "
+              f"{cells[best]['dbpedia']:8.4f} ({best})")
+    results: dict[str, Any] = {"machine": machine_info(), "k": K, "legs": legs, "summary": summary, "grid": cells_of}
+    print(f"\nwrote {write_result('hybrid_fusions', results)}")
+
+
+if __name__ == "__main__":
+    main()
