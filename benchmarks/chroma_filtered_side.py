@@ -30,7 +30,8 @@ def main() -> None:
 
     work = Path(args.work)
     vectors = np.load(work / "vectors.npy", mmap_mode="r")
-    meta = np.load(work / "metadata.npz")
+    with np.load(work / "metadata.npz") as meta:  # each meta[key] reads the array again: read them once
+        topic, rank, uniform = meta["topic"], meta["rank"], meta["u"]
     queries = np.load(work / "queries.npy")
     plans = json.loads((work / "filters.json").read_text())  # per query: [[label, where], ...]
     client = chromadb.PersistentClient(path=str(work / "chroma"))
@@ -42,8 +43,8 @@ def main() -> None:
     for start in range(0, len(vectors), BATCH):
         rows = range(start, min(start + BATCH, len(vectors)))
         collection.add(ids=[f"d{i}" for i in rows], embeddings=np.asarray(vectors[start:rows.stop]),
-                       metadatas=[{"topic": int(meta["topic"][i]), "rank": int(meta["rank"][i]),
-                                   "u": int(meta["u"][i])} for i in rows])
+                       metadatas=[{"topic": int(topic[i]), "rank": int(rank[i]), "u": int(uniform[i])}
+                                  for i in rows])
         if rows.stop % 100_000 < BATCH:  # an ingest of 1M takes a while: say how far it is
             took = time.perf_counter() - started
             print(f"chroma: {rows.stop:,} / {len(vectors):,} added in {took:.0f} s", flush=True)
