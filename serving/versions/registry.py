@@ -190,8 +190,15 @@ class VersionRegistry:
     async def sync(self) -> bool:
         """Adopt the store's state if another gateway (or a restart) changed it: read on a worker
         thread (the store may be etcd), adopted on the loop (encoders are made there)."""
-        stored = await asyncio.to_thread(self.store.load)
-        current = self.state
+        while True:
+            before = self.state
+            stored = await asyncio.to_thread(self.store.load)
+            current = self.state
+            if current is before:
+                break
+            # This gateway adopted a state (its own rollout step) while the store was read: the read
+            # may predate that step, and adopting it would take the step back until the next poll
+            # (a retired version served again, its replicas already told to unload it). Read again.
         if stored is not None and (current is None or stored.generation != current.generation):
             self.apply(stored)
             return True

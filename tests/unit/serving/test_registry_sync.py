@@ -6,6 +6,7 @@ its encoder was being made on a worker thread."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import replace
 
 from clusterstate.local import LocalKV
@@ -48,4 +49,44 @@ def test_a_version_staged_elsewhere_gets_its_encoder_on_the_loop_by_every_path(t
         asyncio.run(run())
     finally:
         presence.stop()
+        registry.close()
+
+
+def test_a_read_of_the_store_older_than_this_gateways_own_step_is_not_adopted(tmp_path):
+    """CI caught it: `retire` answered, and the next `/admin/rollout` still showed the retired version
+    as previous — the background poll had read the store just before the step was recorded, and
+    adopted that read just after, taking the gateway back a generation until its next poll."""
+    state = ClusterState(LocalKV(tmp_path / "state.json"), "docs")
+    store = RolloutStoreOnKV(state)
+    store.update(lambda _: RolloutState(active="v1", previous="v0", generation=1))
+    registry = VersionRegistry([], None, store, encoders=None)  # type: ignore[arg-type]  # no replicas: no calls
+    registry.apply(store.load())
+    reading, release = threading.Event(), threading.Event()
+    real_load = store.load
+    reads: list[int] = []
+
+    def slow_load():  # the poll's read: done, then held until the gateway has recorded its own step
+        loaded = real_load()
+        reads.append(loaded.generation)
+        if len(reads) == 1:
+            reading.set()
+            assert release.wait(10)
+        return loaded
+
+    store.load = slow_load  # type: ignore[method-assign]
+
+    async def run() -> None:
+        poll = asyncio.ensure_future(registry.sync())
+        await asyncio.to_thread(reading.wait, 10)
+        # this gateway's own step, as Rollout._record does it: recorded in the store, then applied
+        registry.apply(store.update(lambda current: replace(current, previous=None,
+                                                            generation=current.generation + 1)))
+        release.set()
+        assert not await poll  # the stale read (generation 1) was read again, not adopted
+        assert reads == [1, 2]
+        assert registry.state.generation == 2 and registry.state.previous is None
+
+    try:
+        asyncio.run(run())
+    finally:
         registry.close()
