@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import REPO, data_dir, machine_info, write_result
+from benchmarks.common import REPO, data_dir, machine_info, scratch_dir, write_result
 from index_shards.build import BuildConfig, build_collection
 from retrieval.datasets import load_beir
 from retrieval.embedding_cache import CachingEncoder, EmbeddingCache, default_cache_dir
@@ -79,7 +78,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="shardrag-chaos-"))
+    work = scratch_dir("shardrag-chaos-")
     dataset = load_beir(data_dir() / "msmarco")
     cache = EmbeddingCache(default_cache_dir())
     v1_encoder = CachingEncoder(load_default_encoder(device="cpu"), cache)

@@ -3,9 +3,12 @@ result files."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +80,14 @@ def machine_busy_cpu_s() -> float:
 def machine_info() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new temporary folder for one benchmark run (collections, logs, request bodies), removed
+    when the run's process exits — a run builds hundreds of MB, and runs are many."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
+    return work
 
 
 def write_result(name: str, payload: dict[str, Any]) -> Path:

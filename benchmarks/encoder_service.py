@@ -26,14 +26,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import faiss
 
-from benchmarks.common import data_dir, load_corpus, machine_info, percentiles_ms, write_result
+from benchmarks.common import data_dir, load_corpus, machine_info, percentiles_ms, scratch_dir, write_result
 from benchmarks.query_latency import cluster_pids, run_load
 from index_shards.build import BuildConfig, build_collection
 from retrieval.datasets import load_beir
@@ -196,7 +195,7 @@ def main() -> None:
     texts = query_texts()
     print("in-process baselines ...", file=sys.stderr, flush=True)
     baseline = in_process(corpus, texts, args.duration)
-    work = Path(tempfile.mkdtemp(prefix="shardrag-encbench-"))
+    work = scratch_dir("shardrag-encbench-")
     build_collection(work / "root", corpus.documents, corpus.vectors, corpus.version,
                      BuildConfig("enc", 4, "hash", "Flat"), show_progress=False)
     bodies = work / "bodies.json"

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from benchmarks.common import machine_info, write_result
+from benchmarks.common import machine_info, scratch_dir, write_result
 from index_shards.faiss_index import gpu_count
 
 BATCHES = (1, 32, 256)
@@ -207,7 +206,7 @@ def main() -> int:
     result["ran"] = has_gpu
     result["factories"] = [compare_factory(f, vectors, queries, args.seconds, resources) for f in args.factories]
     if has_gpu and args.serve:
-        result["serve"] = serve_on_gpu(vectors, queries, Path(tempfile.mkdtemp(prefix="shardrag-gpu-")))
+        result["serve"] = serve_on_gpu(vectors, queries, scratch_dir("shardrag-gpu-"))
     if result["machine"]["cuda"]:
         result["encoder"] = encoder_on_cuda(args.seconds)
     report(result)

@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from benchmarks.common import load_corpus, machine_info, write_result
+from benchmarks.common import load_corpus, machine_info, scratch_dir, write_result
 from benchmarks.ray_backend import _errors, load
 from index_shards.build import BuildConfig, build_collection
 from serving.gateway.config import GatewayConfig
@@ -61,7 +60,7 @@ def main() -> None:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
 
     corpus = load_corpus()
-    work = Path(tempfile.mkdtemp(prefix="node-layout-bench-"))
+    work = scratch_dir("node-layout-bench-")
     build_collection(work / "root", corpus.documents, corpus.vectors, corpus.version, BuildConfig("bench", 2),
                      show_progress=False)
     bodies = work / "bodies.json"

@@ -17,14 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import faiss
 
-from benchmarks.common import data_dir, machine_info, percentiles_ms, write_result
+from benchmarks.common import data_dir, machine_info, percentiles_ms, scratch_dir, write_result
 from benchmarks.encoder_service import query_texts
 from retrieval.datasets import load_beir
 from retrieval.embedding_cache import CachingEncoder, EmbeddingCache, default_cache_dir
@@ -73,7 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-quality", action="store_true", help="speed only (skips encoding the corpora)")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="shardrag-onnx-bench-"))
+    work = scratch_dir("shardrag-onnx-bench-")
     exports: dict[str, float] = {}
     for precision in ("fp32", "int8"):
         began = time.perf_counter()

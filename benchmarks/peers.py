@@ -27,7 +27,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import data_dir, load_corpus, machine_info, percentiles_ms, write_result
+from benchmarks.common import data_dir, load_corpus, machine_info, percentiles_ms, scratch_dir, write_result
 from benchmarks.query_latency import VECTORS_ONLY, exact_top10, run_load
 from httpkit.serve import parse_ready_line
 from index_shards.build import BuildConfig, build_collection
@@ -157,7 +156,7 @@ def main() -> None:
     exact = exact_top10(corpus)
     texts = [load_beir(data_dir() / n).queries[q] for n in ("msmarco", "dbpedia")
              for q in sorted(load_beir(data_dir() / n).queries)]
-    work = Path(tempfile.mkdtemp(prefix="shardrag-peers-"))
+    work = scratch_dir("shardrag-peers-")
     results: dict[str, Any] = {"machine": machine_info(), "docs": len(corpus.doc_ids),
                                "queries": len(corpus.query_vectors), "engines": {}, "text_c1": {}}
 

@@ -18,7 +18,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from benchmarks.common import (
     machine_info,
     percentiles_ms,
     process_cpu_s,
+    scratch_dir,
     write_result,
 )
 from index_shards.build import BuildConfig, build_collection
@@ -142,7 +142,7 @@ def main() -> None:
 
     corpus = load_corpus()
     exact = exact_top10(corpus)
-    work = Path(tempfile.mkdtemp(prefix="shardrag-bench-"))
+    work = scratch_dir("shardrag-bench-")
     bodies = work / "bodies.json"
     bodies.write_text(json.dumps([{"vector": v.tolist(), "k": 10} for v in corpus.query_vectors]))
     vectors_npy = work / "queries.npy"

@@ -27,7 +27,6 @@ import argparse
 import http.client
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ import faiss
 import numpy as np
 import orjson
 
-from benchmarks.common import load_corpus, machine_busy_cpu_s, machine_info, process_cpu_s, write_result
+from benchmarks.common import load_corpus, machine_busy_cpu_s, machine_info, process_cpu_s, scratch_dir, write_result
 from index_shards.build import BuildConfig, build_collection
 from retrieval.wire import encode_vectors
 from serving.encoding.settings import EncoderSettings
@@ -147,7 +146,7 @@ def main() -> None:
 
     corpus = load_corpus()
     queries = corpus.query_vectors
-    work = Path(tempfile.mkdtemp(prefix="shardrag-profile-"))
+    work = scratch_dir("shardrag-profile-")
     results: dict[str, Any] = {"machine": machine_info(), "corpus_docs": len(corpus.doc_ids),
                                "queries_measured": args.queries, "points": []}
     for factory in factories:

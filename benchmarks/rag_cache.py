@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import data_dir, load_corpus, machine_info, percentiles_ms, write_result
+from benchmarks.common import data_dir, load_corpus, machine_info, percentiles_ms, scratch_dir, write_result
 from retrieval.datasets import load_beir
 from serving.answer.prompt import build_messages
 from serving.local.launcher import Child
@@ -182,7 +181,7 @@ def main() -> None:
 
     prompts = prompts_for(args.queries, args.seed)
     trace = zipf_trace(args.queries, args.requests, args.zipf, args.seed)
-    workdir = Path(tempfile.mkdtemp(prefix="rag-cache-"))
+    workdir = scratch_dir("rag-cache-")
     setups = {}
     for name in ("off", "local", "distributed"):
         setups[name] = run_setup(name, prompts, trace, workdir, max_new_tokens=args.max_new_tokens,

@@ -22,7 +22,6 @@ spills. JSON in benchmarks/results/rag_routing.json. The anchor: consistent-hash
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import machine_info, percentiles_ms, write_result
+from benchmarks.common import machine_info, percentiles_ms, scratch_dir, write_result
 from benchmarks.rag_cache import closed_loop, retrievals_for, start, zipf_trace
 from serving.answer.prompt import build_messages, passage_texts
 from serving.answer.routing import AffinityRouter
@@ -83,7 +82,7 @@ def main() -> None:
 
     retrievals = retrievals_for(args.queries, args.seed)
     trace = zipf_trace(args.queries, args.requests, args.zipf, args.seed)
-    workdir = Path(tempfile.mkdtemp(prefix="rag-routing-"))
+    workdir = scratch_dir("rag-routing-")
     policies = {name: run_policy(name, retrievals, trace, workdir, generators=args.generators, clients=args.clients,
                                  max_new_tokens=args.max_new_tokens, load_factor=args.load_factor)
                 for name in ("round robin", "affinity")}

@@ -17,12 +17,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, load_corpus, machine_info, write_result
+from benchmarks.common import REPO, load_corpus, machine_info, scratch_dir, write_result
 from index_shards.build import BuildConfig, build_collection
 from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
@@ -64,7 +63,7 @@ def main() -> None:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
 
     corpus = load_corpus()
-    work = Path(tempfile.mkdtemp(prefix="ray-bench-"))
+    work = scratch_dir("ray-bench-")
     build_collection(work / "root", corpus.documents, corpus.vectors, corpus.version, BuildConfig("bench", 2),
                      show_progress=False)
     bodies = work / "bodies.json"

@@ -28,7 +28,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import REPO, data_dir, machine_info, write_result
+from benchmarks.common import REPO, data_dir, machine_info, scratch_dir, write_result
 from index_shards.build import BuildConfig, build_collection
 from retrieval.datasets import load_beir
 from retrieval.embedding_cache import CachingEncoder, EmbeddingCache, default_cache_dir
@@ -129,7 +128,7 @@ def main() -> None:
     parser.add_argument("--quiet", type=float, default=4.0, help="seconds between two rollouts (default 4)")
     parser.add_argument("--name", default="rollout", help="results file name (default rollout)")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="shardrag-rollout-"))
+    work = scratch_dir("shardrag-rollout-")
     dataset = load_beir(data_dir() / "msmarco")
     cache = EmbeddingCache(default_cache_dir())
     v1_encoder = CachingEncoder(load_default_encoder(device="cpu"), cache)

@@ -39,7 +39,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -48,7 +47,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import REPO, RESULTS, load_corpus, machine_info, write_result
+from benchmarks.common import REPO, RESULTS, load_corpus, machine_info, scratch_dir, write_result
 from index_shards.build import BuildConfig, build_collection
 from retrieval.atomic import atomic_write_bytes
 from serving.gateway.config import ClusterSpec, GatewayConfig
@@ -239,7 +238,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown policy {sorted(unknown)}; use {', '.join(POLICIES)}")
     corpus = load_corpus()
-    work = Path(tempfile.mkdtemp(prefix="shardrag-tail-"))
+    work = scratch_dir("shardrag-tail-")
     bodies = work / "bodies.json"
     bodies.write_text(json.dumps([{"vector": v.tolist(), "k": 10} for v in corpus.query_vectors]))
     rows: list[dict[str, Any]] = []

@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,8 +36,10 @@ LOCAL_STATE_FILE = "cluster-state.json"  # the local coordinator's file, in a co
 
 
 class LocalKV(KV):
-    def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time, private: bool = False) -> None:
         self.path = Path(path)
+        # private: the folder is this process's own scratch (a lone gateway's state), removed on close
+        self._private = private
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_path = self.path.with_name(self.path.name + ".lock")
         self._clock = clock
@@ -44,6 +47,10 @@ class LocalKV(KV):
 
     def __repr__(self) -> str:
         return f"LocalKV({str(self.path)!r})"
+
+    def close(self) -> None:
+        if self._private:
+            shutil.rmtree(self.path.parent, ignore_errors=True)
 
     # -- the file ----------------------------------------------------------------------------
     @contextmanager

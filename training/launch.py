@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from retrieval.errors import ConfigError
@@ -56,7 +57,9 @@ def torchrun_command(config: TrainConfig, nproc: int, *, max_restarts: int = 3, 
         f"--nnodes={nodes.count}", f"--node-rank={nodes.rank}", f"--master-addr={nodes.master_addr}",
         f"--master-port={nodes.master_port}"]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *where,
-            f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "-m", "training.train", *config_args(config)]
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
+            # the ranks' log folders in the run directory (torchrun's default: a new /tmp folder per run, never removed)
+            f"--log-dir={Path(config.out) / 'torchrun-logs'}", "-m", "training.train", *config_args(config)]
 
 
 def interface_towards(address: str) -> str | None:

@@ -79,6 +79,7 @@ class Gateway:
         await self.answers.close()
         await self.writes.close()
         await self.client.close()
+        await asyncio.to_thread(self.cluster.state.kv.close)  # etcd's connection; a private local state's folder
 
 
 @dataclass(slots=True, frozen=True)
@@ -187,7 +188,7 @@ class GatewaySetup:
         elif legacy:  # (deprecated) gateways given one rollout.state_path share the local coordinator beside it
             kv = LocalKV(Path(legacy).with_name(LOCAL_STATE_FILE))
         else:  # a single gateway with nothing to share: a private local coordinator
-            kv = LocalKV(Path(tempfile.mkdtemp(prefix="shardrag-gateway-")) / LOCAL_STATE_FILE)
+            kv = LocalKV(Path(tempfile.mkdtemp(prefix="shardrag-gateway-")) / LOCAL_STATE_FILE, private=True)
         state = ClusterState(kv, collection)
         if legacy and Path(legacy).exists():
             await asyncio.to_thread(import_legacy_rollout, state, Path(legacy))

@@ -13,8 +13,10 @@ import asyncio
 import base64
 import itertools
 import json
+import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -44,11 +46,16 @@ class HeadlessChromium:
         self._session: Any = None
         self._socket: Any = None
         self.console: list[str] = []
+        self._scratch = ""
 
     async def __aenter__(self) -> HeadlessChromium:
         import aiohttp
 
-        self.process = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Chromium's own temporary folders (it leaves some behind) in one of ours, removed on exit;
+        # a short path, since Chromium puts Unix sockets there (108 bytes at most)
+        self._scratch = tempfile.mkdtemp(prefix="chromium-")
+        self.process = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        env={**os.environ, "TMPDIR": self._scratch})
         port_file = self.profile_dir / "DevToolsActivePort"
         deadline = time.monotonic() + 30
         while not port_file.exists() or not port_file.read_text().strip():
@@ -75,6 +82,9 @@ class HeadlessChromium:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait(timeout=10)
+        if self._scratch:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
     async def send(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         message_id = next(self._ids)

@@ -40,15 +40,16 @@ IDS_PER_CLIENT = 8
 
 class Gateway:
     """An extra gateway process (``shardrag gateway``) over the launcher's cluster spec, restarted on
-    an empty working directory each time."""
+    an empty working directory (under ``homes``, the test's own temporary folder) each time."""
 
-    def __init__(self, spec: Path, log: Path) -> None:
-        self.spec, self.log = spec, log
+    def __init__(self, spec: Path, log: Path, homes: Path) -> None:
+        self.spec, self.log, self.homes = spec, log, homes
         self.process: subprocess.Popen[str] | None = None
         self.url = ""
 
     def start(self) -> None:
-        home = tempfile.mkdtemp(prefix="gateway-home-")  # an empty disk: nothing of the last one
+        self.homes.mkdir(parents=True, exist_ok=True)
+        home = tempfile.mkdtemp(prefix="gateway-home-", dir=self.homes)  # an empty disk: nothing of the last one
         environment = {**os.environ, "HOME": home, "TMPDIR": home}
         with open(self.log, "a") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "serving", "gateway", "--cluster", str(self.spec),
@@ -146,7 +147,8 @@ def test_three_gateways_writes_through_kills_of_gateways_primaries_and_etcd_memb
                                           "cluster": {"coordinator": etcd.spec}})
         with LocalCluster(root, "many", replicas=3, gateway=config, workdir=tmp_path / "work",
                           shard_args=("--lease-s", "2")) as cluster:
-            extra = [Gateway(cluster.workdir / "cluster.json", tmp_path / f"gateway-{i}.log") for i in (1, 2)]
+            extra = [Gateway(cluster.workdir / "cluster.json", tmp_path / f"gateway-{i}.log", tmp_path / "homes")
+                     for i in (1, 2)]
             for gateway in extra:
                 gateway.start()
 
