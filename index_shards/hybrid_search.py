@@ -26,6 +26,7 @@ about one leg more than a dense query instead of two legs' lists of candidates w
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,19 +41,48 @@ from retrieval.filters import Filter
 from retrieval.fusion import DENSE, LEXICAL, dense_unit
 
 if TYPE_CHECKING:
-    from index_shards.segment import LiveShard
+    from index_shards.segment import DenseTop, LiveShard
 
 MAX_DEPTH = 4096  # how deep either leg is read at most (a shard's answer stays exact up to here)
 
 
 @dataclass(slots=True)
 class _Candidates:
-    """The documents either leg found, with both legs' scores."""
+    """The documents either leg found, with both legs' scores: base documents (by int id,
+    ascending) first, then segment ones (by doc id)."""
 
-    keys: list[tuple[bool, Any]]  # (in the segment?, doc id there / int id in the base)
+    base_ids: np.ndarray  # int64, unique, ascending
+    segment_ids: list[str]
     similarity: np.ndarray  # the dense leg's score (ip, or -L2²); NaN: stored without a vector
     bm25: np.ndarray  # 0: no term of the query
     segment: dict[str, Any]  # doc id → the segment's document
+
+    def plus(self, other: _Candidates) -> _Candidates:
+        """These and ``other``'s (none of which are among these), base ones first and ascending."""
+        nb, mb = self.base_ids.size, other.base_ids.size
+        base_ids = np.concatenate([self.base_ids, other.base_ids])
+        order = np.argsort(base_ids, kind="stable")
+
+        def joined(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+            return np.concatenate([np.concatenate([mine[:nb], theirs[:mb]])[order], mine[nb:], theirs[mb:]])
+
+        return _Candidates(base_ids[order], self.segment_ids + other.segment_ids,
+                           joined(self.similarity, other.similarity), joined(self.bm25, other.bm25),
+                           {**self.segment, **other.segment})
+
+    def key(self, i: int) -> tuple[bool, Any]:
+        """(in the segment?, its doc id there / its int id in the base) of candidate ``i``."""
+        nb = self.base_ids.size
+        return (False, int(self.base_ids[i])) if i < nb else (True, self.segment_ids[i - nb])
+
+
+@dataclass(slots=True, frozen=True)
+class _LexicalTop:
+    """The lexical leg's best ``depth`` (every tie at the last score too)."""
+
+    base_ids: np.ndarray
+    segment_ids: list[str]
+    scores: list[float]  # best first
 
 
 def fused_search(live: LiveShard, vectors: np.ndarray, queries: Sequence[LexicalQuery], k: int, *,
@@ -69,7 +99,8 @@ def fused_search(live: LiveShard, vectors: np.ndarray, queries: Sequence[Lexical
     chosen = []
     for vector, query, dense in zip(vectors, queries, batch, strict=True):
         chosen.append(_one(live, vector, query, dense, first, k, nprobe, ef_search, filter_))
-    base_ids = [found.keys[i][1] for found, _, picked, _, _ in chosen for i in picked.tolist() if not found.keys[i][0]]
+    base_ids = [int(found.base_ids[i]) for found, _, picked, _, _ in chosen for i in picked.tolist()
+                if i < found.base_ids.size]
     stored = live.base.docstore.get_many(base_ids, with_text=with_text, with_metadata=with_metadata)
     answers = []
     for found, fused, picked, leg_tops, own in chosen:
@@ -79,8 +110,8 @@ def fused_search(live: LiveShard, vectors: np.ndarray, queries: Sequence[Lexical
     return answers
 
 
-def _one(live: LiveShard, vector: np.ndarray, query: LexicalQuery, dense: list[tuple[float, tuple[bool, Any]]],
-         read: int, k: int, nprobe: int | None, ef_search: int | None,
+def _one(live: LiveShard, vector: np.ndarray, query: LexicalQuery, dense: DenseTop, read: int, k: int,
+         nprobe: int | None, ef_search: int | None,
          filter_: Filter | None) -> tuple[_Candidates, np.ndarray, np.ndarray, dict[str, list[float]], CorpusStats]:
     """One query's candidates, their fused scores, the ones that can make its top k (every tie at
     the k-th), its leg tops and the shard's statistics. ``dense``: its dense leg read ``read`` deep."""
@@ -92,17 +123,19 @@ def _one(live: LiveShard, vector: np.ndarray, query: LexicalQuery, dense: list[t
     lexical_top = _lexical_top(lexical, max(spec.depth, k))
     depth = read  # the batch's depth: at least this query's (a deeper dense list only raises the bar)
     while True:
-        found = _candidates(live, vector, [key for _, key in dense] + [key for _, key in lexical_top], lexical)
+        found = _candidates(live, vector, np.concatenate([dense.base_ids, lexical_top.base_ids]),
+                            dense.segment_ids + lexical_top.segment_ids, lexical)
         fused = _fused(found, spec.dense, per_bm25, live.metric)
         if per_bm25 == 0.0:  # the lexical leg adds nothing: the dense top k is the answer
             break
-        dense_full = len(dense) >= depth
-        floor = spec.dense * float(dense_unit(np.asarray([dense[-1][0]]), live.metric)[0]) if dense_full else 0.0
+        dense_full = dense.count >= depth
+        floor = spec.dense * float(dense_unit(np.asarray([dense.last]), live.metric)[0]) if dense_full else 0.0
         kth = float(np.partition(fused, fused.size - k)[fused.size - k]) if fused.size >= k else -np.inf
-        extra = _lexical_reaching(lexical, (kth - floor) / per_bm25, found.keys)
-        if len(extra) <= max(4 * depth, 64) or not dense_full or depth >= MAX_DEPTH:
+        extra_base, extra_segment = _lexical_reaching(lexical, (kth - floor) / per_bm25, found)
+        extra = extra_base.size + len(extra_segment)
+        if extra <= max(4 * depth, 64) or not dense_full or depth >= MAX_DEPTH:
             if extra:
-                found = _candidates(live, vector, found.keys + extra, lexical)
+                found = found.plus(_candidates(live, vector, extra_base, extra_segment, lexical))
                 fused = _fused(found, spec.dense, per_bm25, live.metric)
             break
         depth = min(depth * 4, MAX_DEPTH)
@@ -110,75 +143,83 @@ def _one(live: LiveShard, vector: np.ndarray, query: LexicalQuery, dense: list[t
     picked = np.arange(fused.size)
     if fused.size > k:  # every tie at the k-th score: ties resolve by doc id when the documents are read
         picked = np.flatnonzero(fused >= np.partition(fused, fused.size - k)[fused.size - k])
-    position = {key: i for i, key in enumerate(found.keys)}
-    similarities = np.sort(found.similarity[[position[key] for _, key in dense if key in position]])[::-1]
-    leg_tops = {DENSE: [float(s) for s in similarities[:spec.depth] if not np.isnan(s)],
-                LEXICAL: [score for score, _ in lexical_top[:spec.depth]]}
+    leg_tops = {DENSE: _dense_top_scores(found, dense, spec.depth), LEXICAL: lexical_top.scores[:spec.depth]}
     return found, fused, picked, leg_tops, lexical.own
 
 
+def _dense_top_scores(found: _Candidates, dense: DenseTop, depth: int) -> list[float]:
+    """The best ``depth`` similarities (as recomputed for the candidates) of the documents the
+    dense leg found, best first."""
+    nb = found.base_ids.size
+    rows = np.searchsorted(found.base_ids[:nb], dense.base_ids) if dense.base_ids.size else np.zeros(0, np.int64)
+    if dense.segment_ids:  # a segment document written away since is not a candidate
+        where = {doc_id: nb + i for i, doc_id in enumerate(found.segment_ids)}
+        rows = np.concatenate([rows, [where[d] for d in dense.segment_ids if d in where]]).astype(np.int64)
+    best = np.sort(found.similarity[rows])[::-1][:depth]  # NaN (no vector) sorts last, so comes first here
+    top: list[float] = best[~np.isnan(best)].tolist()
+    return top
+
+
 def _fused(found: _Candidates, dense_weight: float, per_bm25: float, metric: str) -> np.ndarray:
-    fused: np.ndarray = dense_weight * np.nan_to_num(dense_unit(found.similarity, metric), nan=0.0) + \
-        per_bm25 * found.bm25
+    unit = dense_unit(found.similarity, metric)
+    unit[np.isnan(unit)] = 0.0  # stored without a vector: the dense leg's minimum
+    fused: np.ndarray = dense_weight * unit + per_bm25 * found.bm25
     return fused
 
 
-def _lexical_reaching(lexical: LexicalScores, threshold: float, seen: list[tuple[bool, Any]]) -> list[tuple[bool, Any]]:
-    """The keys of documents whose BM25 is at least ``threshold`` and that are not ``seen``."""
+def _lexical_reaching(lexical: LexicalScores, threshold: float, seen: _Candidates) -> tuple[np.ndarray, list[str]]:
+    """Documents whose BM25 is at least ``threshold`` and that are not ``seen``: base int ids and
+    segment doc ids."""
     if not np.isfinite(threshold):
         threshold = -np.inf
-    seen_keys = set(seen)
-    rows = lexical.base_rows[lexical.base_scores >= threshold]
-    keys: list[tuple[bool, Any]] = [key for key in ((False, int_id) for int_id in lexical.base.int_ids[rows].tolist())
-                                    if key not in seen_keys]
-    keys += [key for key in ((True, doc_id) for value, doc_id, _ in lexical.segment if value >= threshold)
-             if key not in seen_keys]
-    return keys
+    int_ids = lexical.base.int_ids[lexical.base_rows[lexical.base_scores >= threshold]]
+    known = seen.base_ids
+    if known.size and int_ids.size:  # membership by binary search: the candidates' ids are sorted
+        slots = np.minimum(np.searchsorted(known, int_ids), known.size - 1)
+        int_ids = int_ids[known[slots] != int_ids]
+    base = int_ids
+    seen_segment = set(seen.segment_ids)
+    segment = [doc_id for value, doc_id, _ in lexical.segment if value >= threshold and doc_id not in seen_segment]
+    return base, segment
 
 
-def _lexical_top(lexical: LexicalScores, depth: int) -> list[tuple[float, tuple[bool, Any]]]:
-    """The lexical leg's best ``depth`` (every tie at the last score too), best first, as (score, key)."""
+def _lexical_top(lexical: LexicalScores, depth: int) -> _LexicalTop:
+    """The lexical leg's best ``depth`` (every tie at the last score too)."""
     rows, scores = lexical.base_rows, lexical.base_scores
     if rows.size > depth:
         threshold = np.partition(scores, rows.size - depth)[rows.size - depth]
         keep = scores >= threshold
         rows, scores = rows[keep], scores[keep]
-    found: list[tuple[float, tuple[bool, Any]]] = [
-        (value, (False, int_id)) for value, int_id in zip(scores.tolist(), lexical.base.int_ids[rows].tolist(),
-                                                          strict=True)]
-    found += [(value, (True, doc_id)) for value, doc_id, _ in lexical.segment]
-    found.sort(key=lambda item: -item[0])
-    if len(found) > depth:
-        last = found[depth - 1][0]
-        found = [item for item in found if item[0] >= last]
-    return found
+    segment_scores = np.asarray([value for value, _, _ in lexical.segment], dtype=np.float64)
+    segment_ids = [doc_id for _, doc_id, _ in lexical.segment]
+    values = np.concatenate([scores, segment_scores])
+    if values.size > depth:
+        last = np.partition(values, values.size - depth)[values.size - depth]
+        rows = rows[scores >= last]
+        segment_ids = [doc_id for doc_id, value in zip(segment_ids, segment_scores.tolist(), strict=True)
+                       if value >= last]
+        values = values[values >= last]
+    return _LexicalTop(lexical.base.int_ids[rows], segment_ids, np.sort(values)[::-1].tolist())
 
 
-def _candidates(live: LiveShard, vector: np.ndarray, keys: list[tuple[bool, Any]],
+def _candidates(live: LiveShard, vector: np.ndarray, base_ids: np.ndarray, segment_ids: list[str],
                 lexical: LexicalScores) -> _Candidates:
-    """The documents under ``keys`` (each once, in first-seen order; a segment one written away
-    since is left out), each with both scores: the similarity from its vector read back (the same
-    float64 arithmetic for every document, whichever leg found it and on whichever shard it
+    """The documents under ``base_ids`` and ``segment_ids`` (each once; a segment one written away
+    since is left out), each with both scores: the similarity from its vector read back (the
+    same float64 arithmetic for every document, whichever leg found it and on whichever shard it
     lives), the BM25 looked up."""
-    unique = list(dict.fromkeys(keys))
-    segment = live.segment_members([key for in_segment, key in unique if in_segment])
-    unique = [key for key in unique if not key[0] or key[1] in segment]
-    in_segment = np.asarray([key[0] for key in unique], dtype=bool)
-    base_ids = np.asarray([key for inside, key in unique if not inside], dtype=np.int64)
-    matrix = np.zeros((len(unique), live.dim), dtype=np.float32)
-    present = np.zeros(len(unique), dtype=bool)
-    bm25 = np.zeros(len(unique), dtype=np.float64)
-    base_rows = np.flatnonzero(~in_segment)
-    if base_rows.size:
-        matrix[base_rows], present[base_rows] = live.base_matrix(base_ids)
-        bm25[base_rows] = lexical.base_score_of(base_ids)
-    for row in np.flatnonzero(in_segment).tolist():
-        doc_id = unique[row][1]
-        doc_vector = segment[doc_id][1]
-        if doc_vector is not None:
-            matrix[row], present[row] = doc_vector, True
-        bm25[row] = lexical.segment_scores.get(doc_id, 0.0)
-    return _Candidates(unique, _similarity(matrix, present, vector, live.metric), bm25,
+    base = np.unique(np.asarray(base_ids, dtype=np.int64))
+    segment = live.segment_members(dict.fromkeys(segment_ids)) if segment_ids else {}
+    in_segment = [doc_id for doc_id in dict.fromkeys(segment_ids) if doc_id in segment]
+    matrix, present = live.base_matrix(base)
+    bm25 = lexical.base_score_of(base)
+    if in_segment:
+        vectors = [segment[doc_id][1] for doc_id in in_segment]
+        matrix = np.concatenate([matrix, np.asarray([v if v is not None else np.zeros(live.dim, np.float32)
+                                                     for v in vectors], dtype=np.float32)])
+        present = np.concatenate([present, [v is not None for v in vectors]])
+        bm25 = np.concatenate([bm25, [lexical.segment_scores.get(doc_id, 0.0) for doc_id in in_segment]])
+    return _Candidates(base, in_segment, _similarity(matrix, present, vector, live.metric), bm25,
                        {doc_id: doc for doc_id, (doc, _) in segment.items()})
 
 
@@ -187,7 +228,10 @@ def _similarity(matrix: np.ndarray, present: np.ndarray, query: np.ndarray, metr
     l2: -L2²), in float64; NaN for a document stored without a vector."""
     rows = matrix.astype(np.float64)
     q = np.asarray(query, dtype=np.float64)
-    out: np.ndarray = -np.sum((rows - q) ** 2, axis=1) if metric == "l2" else rows @ q
+    # each row's products summed by einsum's own loop, not by BLAS's matrix-vector product: BLAS
+    # gives a row different last bits by where it sits in the matrix (its kernels treat a block's
+    # last rows apart), and the candidates' matrix differs from query to query and shard to shard
+    out: np.ndarray = -np.sum((rows - q) ** 2, axis=1) if metric == "l2" else np.einsum("ij,j->i", rows, q)
     out[~present] = np.nan
     return out
 
@@ -201,13 +245,14 @@ def _columns(found: _Candidates, fused: np.ndarray, picked: np.ndarray, stored: 
         columns["metadata"] = []
     columns["legs"] = {DENSE: [], LEXICAL: []}
     rows = []
-    for i in picked.tolist():
-        in_segment, key = found.keys[i]
+    for i, value in zip(picked.tolist(), fused[picked].tolist(), strict=True):
+        in_segment, key = found.key(i)
         doc = found.segment.get(key) if in_segment else stored.get(key)
         if doc is None:
             raise IndexIntegrityError(f"a hybrid candidate ({key!r}) has no document in the shard")
-        rows.append((-float(fused[i]), doc.doc_id, i, doc))
+        rows.append((-value, doc.doc_id, i, doc))
     rows.sort(key=lambda row: (row[0], row[1]))
+    similarities, bm25s = found.similarity.tolist(), found.bm25.tolist()
     for negated, doc_id, i, doc in rows[:k]:
         columns["doc_ids"].append(doc_id)
         columns["scores"].append(-negated)
@@ -215,7 +260,7 @@ def _columns(found: _Candidates, fused: np.ndarray, picked: np.ndarray, stored: 
         columns["texts"].append(doc.text if with_text else "")
         if with_metadata:
             columns["metadata"].append(dict(doc.metadata or {}))
-        similarity, bm25 = float(found.similarity[i]), float(found.bm25[i])
-        columns["legs"][DENSE].append(None if np.isnan(similarity) else similarity)
+        similarity, bm25 = similarities[i], bm25s[i]
+        columns["legs"][DENSE].append(None if math.isnan(similarity) else similarity)
         columns["legs"][LEXICAL].append(bm25 if bm25 > 0 else None)
     return columns

@@ -34,9 +34,12 @@ from retrieval.bm25 import K1, B, CorpusStats
 __all__ = ["BaseLexicon", "Scored", "SegmentLexicon", "bm25_weights", "document_terms", "query_terms", "score"]
 
 
-def bm25_weights(weight: float, tf: np.ndarray, lengths: np.ndarray, average_length: float) -> np.ndarray:
-    """BM25's contribution of one term with ``weight`` (idf × its count in the query) to documents
-    holding it ``tf`` times with ``lengths`` tokens: weight · tf·(k1+1) / (tf + k1·(1 − b + b·len/avg))."""
+def bm25_weights(weight: float | np.ndarray, tf: np.ndarray, lengths: np.ndarray,
+                 average_length: float) -> np.ndarray:
+    """BM25's contribution of a term with ``weight`` (idf × its count in the query; or one weight
+    per posting) to documents holding it ``tf`` times with ``lengths`` tokens:
+    weight · tf·(k1+1) / (tf + k1·(1 − b + b·len/avg)). Element by element, so a document's
+    contribution has the same bits whether it is computed alone or among others."""
     tf = tf.astype(np.float64, copy=False)
     norm = K1 * (1.0 - B + B * (lengths.astype(np.float64, copy=False) / average_length))
     result: np.ndarray = weight * (tf * (K1 + 1.0)) / (tf + norm)
@@ -49,6 +52,7 @@ class Scored:
 
     rows: np.ndarray
     scores: np.ndarray
+    by_row: np.ndarray | None = None  # every row's score (0: no term), when the rows were scored in one array
 
 
 def score(postings: Sequence[tuple[float, np.ndarray, np.ndarray]], lengths: np.ndarray,
@@ -57,13 +61,17 @@ def score(postings: Sequence[tuple[float, np.ndarray, np.ndarray]], lengths: np.
     (weight, rows holding it, their tfs). Rows no term touches are left out."""
     if not postings:
         return Scored(np.zeros(0, np.int64), np.zeros(0, np.float64))
+    # every term's postings in one array (query order), each posting with its term's weight: one
+    # NumPy pass instead of one per term, the same arithmetic per element
     rows = np.concatenate([p[1] for p in postings])
-    weights = np.concatenate([bm25_weights(w, tf, lengths[r], average_length) for w, r, tf in postings])
+    tfs = np.concatenate([p[2] for p in postings])
+    weights = np.repeat(np.asarray([p[0] for p in postings], dtype=np.float64), [p[1].size for p in postings])
+    contributions = bm25_weights(weights, tfs, lengths[rows], average_length)
     # bincount adds in array order (term by term, as the query orders them): the same additions,
     # in the same order, for a document in a base or in a segment, on any shard.
-    totals = np.bincount(rows, weights=weights, minlength=size)
+    totals = np.bincount(rows, weights=contributions, minlength=size)
     touched = np.flatnonzero(totals > 0)  # every weight is positive (idf > 0 for a term any document holds)
-    return Scored(touched, totals[touched])
+    return Scored(touched, totals[touched], totals)
 
 
 class BaseLexicon:

@@ -47,21 +47,16 @@ class LexicalScores:
     base_rows: np.ndarray
     base_scores: np.ndarray
     segment: list[tuple[float, str, SegmentDoc]]  # (score, doc id, document), any order
-    all_base_rows: np.ndarray  # every base row any term touched (no filter, none hidden), ascending
-    all_base_scores: np.ndarray
+    all_base_scores: np.ndarray  # every base row's score (no filter, none hidden; 0: no term)
     segment_scores: dict[str, float]  # every segment document any term touched
 
     def base_score_of(self, int_ids: np.ndarray) -> np.ndarray:
         """The BM25 of base documents by int id (0 where no term touches one)."""
-        out = np.zeros(int_ids.size, dtype=np.float64)
-        if not self.all_base_rows.size or not int_ids.size:
-            return out
+        if not self.all_base_scores.size or not int_ids.size:
+            return np.zeros(int_ids.size, dtype=np.float64)
         slots = np.minimum(np.searchsorted(self.base.int_ids, int_ids), self.base.count - 1)
-        rows = np.where(self.base.int_ids[slots] == int_ids, slots, -1)
-        at = np.minimum(np.searchsorted(self.all_base_rows, rows), self.all_base_rows.size - 1)
-        found = (rows >= 0) & (self.all_base_rows[at] == rows)
-        out[found] = self.all_base_scores[at[found]]
-        return out
+        found: np.ndarray = np.where(self.base.int_ids[slots] == int_ids, self.all_base_scores[slots], 0.0)
+        return found
 
 
 def lexical_scores(live: LiveShard, text: str, corpus: CorpusStats | None,
@@ -79,7 +74,7 @@ def lexical_scores(live: LiveShard, text: str, corpus: CorpusStats | None,
     base = view.base
     if not weights or average <= 0:
         empty = np.zeros(0, np.int64), np.zeros(0, np.float64)
-        return LexicalScores(own, [], base, *empty, [], *empty, {})
+        return LexicalScores(own, [], base, *empty, [], empty[1], {})
     base_postings = []
     for term, weight in weights:
         rows, tfs = base.postings(term)
@@ -94,8 +89,9 @@ def lexical_scores(live: LiveShard, text: str, corpus: CorpusStats | None,
     segment_scores = _segment_scores(view, weights, average)
     segment = [(value, doc_id, view.docs[doc_id]) for doc_id, value in segment_scores.items()
                if filter_ is None or filter_.empty or filter_.matches(doc_id, view.docs[doc_id].metadata)]
+    every = scored.by_row if scored.by_row is not None else np.zeros(base.count, np.float64)
     return LexicalScores(own, [w for _, w in weights], base, scored.rows[keep], scored.scores[keep], segment,
-                         scored.rows, scored.scores, segment_scores)
+                         every, segment_scores)
 
 
 def shard_search(live: LiveShard, text: str, corpus: CorpusStats | None, k: int, *, with_text: bool = True,

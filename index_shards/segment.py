@@ -42,6 +42,17 @@ from retrieval.records import DELETE, NOOP, UPSERT, WalRecord, document_fingerpr
 
 
 @dataclass(slots=True, frozen=True)
+class DenseTop:
+    """One query's dense top k without its documents: base hits by int id, segment ones by doc id
+    (each in no particular order), how many hits in all, and the lowest score among them."""
+
+    base_ids: np.ndarray  # int64
+    segment_ids: list[str]
+    count: int
+    last: float  # -inf when there is none
+
+
+@dataclass(slots=True, frozen=True)
 class SegmentDoc:
     """A written document; its vector lives in the segment's matrix (SegmentRows), not here."""
 
@@ -298,6 +309,10 @@ class LiveShard:
         """Base documents' vectors as one matrix (rows of those stored without a vector are zero)
         and which rows hold one: :meth:`base_vectors` without a Python object per row."""
         bare = self.base.bare
+        if not bare.size and self._written is None:  # every base document has its vector in the index
+            if not int_ids.size:
+                return np.zeros((0, self.dim), dtype=np.float32), np.zeros(0, dtype=bool)
+            return self.base.filtered.vectors(int_ids), np.ones(int_ids.size, dtype=bool)
         present = ~np.isin(int_ids, bare) if bare.size else np.ones(int_ids.size, dtype=bool)
         matrix = np.zeros((int_ids.size, self.dim), dtype=np.float32)
         if present.any():
@@ -352,12 +367,11 @@ class LiveShard:
         return [_merge(row, _top(scores[q], candidates, view.rows, k, with_text, with_metadata), k)
                 for q, row in enumerate(base)]
 
-
     def dense_keys(self, queries: np.ndarray, k: int, *, nprobe: int | None = None, ef_search: int | None = None,
-                   filter_: Filter | None = None) -> list[list[tuple[float, tuple[bool, Any]]]]:
-        """Per query row, its dense top k as (score, key) without reading a document — key (False,
-        int id) for a base document, (True, doc id) for a segment one — best first (a weighted
-        hybrid reads only its final k documents). One index search for the batch."""
+                   filter_: Filter | None = None) -> list[DenseTop]:
+        """Per query row, its dense top k without reading a document (a weighted hybrid reads only
+        its final k documents): base documents by int id, segment ones by doc id. One index
+        search for the batch."""
         queries = np.asarray(queries, dtype=np.float32)
         tombstones: np.ndarray | None = None
         view = None
@@ -369,22 +383,29 @@ class LiveShard:
                     else None
         scores, ids = self.base.search_ids(queries, k, nprobe=nprobe, ef_search=ef_search, filter_=filter_,
                                            exclude=tombstones)
-        found: list[list[tuple[float, tuple[bool, Any]]]] = [
-            [(score, (False, int_id)) for score, int_id in zip(row_scores, row_ids, strict=True) if int_id >= 0]
-            for row_scores, row_ids in zip(scores.tolist(), ids.tolist(), strict=True)]
+        found = ids >= 0  # FAISS pads a short answer with -1, always after the hits
         if view is None or not view.count:
-            return found
+            return [DenseTop(row_ids[row_found], [], int(row_found.sum()),
+                             float(row_scores[row_found][-1]) if row_found.any() else -np.inf)
+                    for row_scores, row_ids, row_found in zip(scores, ids, found, strict=True)]
         pool = np.flatnonzero(view.alive & selected if selected is not None else view.alive)
         # matrix @ queries.T over the whole (contiguous) matrix beats gathering the pool's rows
         every = np.ascontiguousarray((view.matrix @ queries.T).T)[:, pool]
         if self.metric == "l2":
             every = -(np.sum(queries ** 2, axis=1)[:, None] - 2.0 * every + view.norms[pool][None, :])
+        tops = []
         for q, row in enumerate(every):
             best = np.argpartition(-row, k - 1)[:k] if row.size > k else np.arange(row.size)
-            found[q] += [(float(row[i]), (True, view.rows[int(pool[i])].doc_id)) for i in best.tolist()]
-            found[q].sort(key=lambda item: -item[0])
-            del found[q][k:]
-        return found
+            base_ids = ids[q][found[q]]
+            # base hits first, then the segment's, one stable order by score: the k best of both
+            merged = np.concatenate([scores[q][found[q]].astype(np.float64), row[best].astype(np.float64)])
+            order = np.argsort(-merged, kind="stable")[:k]
+            in_base = order < base_ids.size
+            segment_ids = [view.rows[int(pool[best[i - base_ids.size]])].doc_id for i in order[~in_base].tolist()]
+            tops.append(DenseTop(base_ids[order[in_base]], segment_ids, int(order.size),
+                                 float(merged[order[-1]]) if order.size else -np.inf))
+        return tops
+
 
 def _top(scores: np.ndarray, candidates: np.ndarray | None, segment: list[SegmentDoc], k: int, with_text: bool,
          with_metadata: bool) -> HitColumns:

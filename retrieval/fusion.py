@@ -17,6 +17,8 @@ only and applied unchanged to dbpedia (``benchmarks/hybrid_quality.py``; docs/hy
 
 from __future__ import annotations
 
+import bisect
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,7 +126,8 @@ def leg_rank(score: float, tops: Sequence[Sequence[float]], depth: int) -> int |
     for scores in tops:
         if len(scores) >= depth and scores[-1] > score:
             return None
-        above += sum(1 for s in scores if s > score)
+        # how many score higher: a binary search of the list (best first, so ascending by -score)
+        above += bisect.bisect_left(scores, -score, key=operator.neg)
     return above + 1
 
 

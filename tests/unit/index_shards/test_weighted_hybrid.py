@@ -244,3 +244,20 @@ def test_weighted_specs_travel_in_the_lexical_encoding_and_bad_ones_are_named():
     with pytest.raises(InvalidRequest) as bad:
         WeightedFusion.from_dict({"dense": 1}, field_name="body.queries.0.fuse")
     assert bad.value.field == "body.queries.0.fuse"
+
+
+def test_a_documents_similarity_has_the_same_bits_wherever_it_sits_among_the_candidates():
+    """The candidates' matrix differs per query and per shard; a BLAS matrix-vector product gives
+    a row different last bits by its position (its kernels treat a block's last rows apart)."""
+    from index_shards.hybrid_search import _similarity
+
+    rng = np.random.default_rng(7)
+    matrix = rng.standard_normal((37, 384)).astype(np.float32)
+    query = rng.standard_normal(384).astype(np.float32)
+    present = np.ones(37, dtype=bool)
+    for metric in ("ip", "l2"):
+        whole = _similarity(matrix, present, query, metric)
+        order = rng.permutation(37)
+        assert np.array_equal(_similarity(matrix[order], present, query, metric), whole[order])
+        for row in (0, 5, 36):
+            assert _similarity(matrix[row:row + 1], present[:1], query, metric)[0] == whole[row]
