@@ -2,7 +2,7 @@
 several fusion functions, each tried over its own parameter grid, on msmarco and dbpedia (issue 36,
 acceptance 4: a hybrid at least the better single leg on both sets).
 
-    python -m benchmarks.hybrid_fusions          # ~1 min on 2 cores
+    python -m benchmarks.hybrid_fusions          # ~2 min on 2 cores
 
 Offline and exact: per judged query, every document's cosine (the MiniLM vectors from the
 embedding cache, float64) and its BM25 under the whole corpus's statistics (the shards' own
@@ -20,8 +20,9 @@ beside them) and asks whether *another* fusion function would do better. Functio
 * ``bm25-threshold`` — BM25/bound counted only above t (a lexical match must be strong to count).
 
 For each the parameters best on msmarco are applied unchanged to dbpedia (as the acceptance asks),
-and the best dbpedia figure any of its parameters reaches is shown too. JSON:
-benchmarks/results/hybrid_fusions.json.
+and the best dbpedia figure any of its parameters reaches is shown too. Then BM25's own k1 and b
+(the shards use Lucene's 1.2 and 0.75) over a grid, chosen together with the weighted fusion's
+weight on msmarco. JSON: benchmarks/results/hybrid_fusions.json.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import numpy as np
 from benchmarks.common import data_dir, machine_info, write_result
 from index_shards.lexical import BaseLexicon, score
 from retrieval.analysis import query_terms
-from retrieval.bm25 import CorpusStats, score_bound
+from retrieval.bm25 import K1, B, CorpusStats, score_bound
 from retrieval.datasets import load_beir
 from retrieval.embedding_cache import CachingEncoder, EmbeddingCache, default_cache_dir
 from retrieval.encoders import encode_documents, load_default_encoder
@@ -44,6 +45,8 @@ from retrieval.ir_metrics import ndcg_at_k
 K = 10
 TOP = 100  # how deep the list-normalized fusions look at each leg
 WEIGHTS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+BM25_K1 = (0.4, 0.7, 0.9, 1.2, 1.6, 2.0, 3.0)  # BM25's own parameters tried beside the weight
+BM25_B = (0.2, 0.4, 0.6, 0.75, 0.9, 1.0)
 
 
 @dataclass
@@ -69,7 +72,20 @@ class Matrices:
         return float(ndcg_at_k(rankings, self.qrels, K))
 
 
-def matrices(name: str, encoder: CachingEncoder) -> Matrices:
+@dataclass
+class Corpus:
+    """One dataset's documents, judged queries, vectors and lexicon: what the matrices come from."""
+
+    name: str
+    doc_ids: list[str]
+    query_ids: list[str]
+    texts: list[str]  # the judged queries' texts
+    cosine: np.ndarray
+    lexicon: BaseLexicon
+    qrels: dict[str, dict[str, int]]
+
+
+def load(name: str, encoder: CachingEncoder) -> Corpus:
     dataset = load_beir(data_dir() / name)
     documents = dataset.corpus
     vectors = encode_documents(encoder, documents, show_progress=True).astype(np.float64)
@@ -77,24 +93,48 @@ def matrices(name: str, encoder: CachingEncoder) -> Matrices:
     query_ids = list(judged)
     query_vectors = encoder.encode_queries([judged[q] for q in query_ids]).astype(np.float64)
     lexicon = BaseLexicon.build((row, d.title, d.text) for row, d in enumerate(documents))
-    corpus = CorpusStats(lexicon.count, lexicon.total_length, {})
-    bm25 = np.zeros((len(query_ids), len(documents)))
-    bound = np.zeros(len(query_ids))
-    for i, query in enumerate(query_ids):
-        terms = query_terms(judged[query])
+    return Corpus(name, [d.doc_id for d in documents], query_ids, [judged[q] for q in query_ids],
+                  query_vectors @ vectors.T, lexicon, dataset.qrels)
+
+
+def matrices(corpus: Corpus, k1: float = K1, b: float = B) -> Matrices:
+    """The score matrices under BM25's ``k1`` and ``b`` (the shards use Lucene's 1.2 and 0.75)."""
+    lexicon = corpus.lexicon
+    stats_of_corpus = CorpusStats(lexicon.count, lexicon.total_length, {})
+    bm25 = np.zeros((len(corpus.query_ids), lexicon.count))
+    bound = np.zeros(len(corpus.query_ids))
+    for i, text in enumerate(corpus.texts):
+        terms = query_terms(text)
         stats = lexicon.stats([t for t, _ in terms], np.zeros(0, np.int64))
         postings, weights = [], []
         for term, count in terms:
-            weight = CorpusStats(corpus.docs, corpus.length, stats.df).idf(term) * count
+            weight = CorpusStats(stats_of_corpus.docs, stats_of_corpus.length, stats.df).idf(term) * count
             if weight > 0:
                 rows, tfs = lexicon.postings(term)
                 postings.append((weight, rows, tfs))
                 weights.append(weight)
-        scored = score(postings, lexicon.lengths, lexicon.total_length / lexicon.count, lexicon.count)
+        scored = score(postings, lexicon.lengths, lexicon.total_length / lexicon.count, lexicon.count, k1=k1, b=b)
         bm25[i, scored.rows] = scored.scores
-        bound[i] = score_bound(weights)
-    return Matrices([d.doc_id for d in documents], query_ids, query_vectors @ vectors.T, bm25, bound,
-                    dataset.qrels)
+        bound[i] = score_bound(weights, k1=k1)
+    return Matrices(corpus.doc_ids, corpus.query_ids, corpus.cosine, bm25, bound, corpus.qrels)
+
+
+def bm25_grid(corpora: dict[str, Corpus]) -> list[dict[str, Any]]:
+    """BM25's own parameters chosen together with the weighted fusion's weight on msmarco: per
+    (k1, b), each set's lexical nDCG, the weight best on msmarco, dbpedia under it, and the best
+    dbpedia any weight reaches."""
+    rows = []
+    weights = [round(w, 2) for w in np.arange(0.5, 0.951, 0.05)]
+    for k1 in BM25_K1:
+        for b in BM25_B:
+            sets = {name: matrices(corpus, k1, b) for name, corpus in corpora.items()}
+            cells = {w: {name: m.ndcg(fuse("weighted", m, w)) for name, m in sets.items()} for w in weights}
+            chosen = max(weights, key=lambda w: (cells[w]["msmarco"], w))
+            rows.append({"k1": k1, "b": b, "lexical": {name: round(m.ndcg(m.bm25), 4) for name, m in sets.items()},
+                         "w": chosen, "msmarco": round(cells[chosen]["msmarco"], 4),
+                         "dbpedia": round(cells[chosen]["dbpedia"], 4),
+                         "best_dbpedia": round(max(c["dbpedia"] for c in cells.values()), 4)})
+    return rows
 
 
 def ranks(scores: np.ndarray) -> np.ndarray:
@@ -153,7 +193,8 @@ def grid() -> Iterator[tuple[str, str, dict[str, Any]]]:
 
 def main() -> None:
     encoder = CachingEncoder(load_default_encoder(device="cpu"), EmbeddingCache(default_cache_dir()))
-    sets = {name: matrices(name, encoder) for name in ("msmarco", "dbpedia")}
+    corpora = {name: load(name, encoder) for name in ("msmarco", "dbpedia")}
+    sets = {name: matrices(corpus) for name, corpus in corpora.items()}
     legs = {name: {"dense": m.ndcg(m.cosine), "lexical": m.ndcg(m.bm25)} for name, m in sets.items()}
     cells_of: dict[str, dict[str, dict[str, float]]] = {}
     for family, params, knobs in grid():
@@ -170,7 +211,19 @@ def main() -> None:
                            "best_dbpedia_params": best}
         print(f"{family:>15} {chosen:>20} {cells[chosen]['msmarco']:8.4f} {cells[chosen]['dbpedia']:8.4f} "
               f"{cells[best]['dbpedia']:8.4f} ({best})")
-    results: dict[str, Any] = {"machine": machine_info(), "k": K, "legs": legs, "summary": summary, "grid": cells_of}
+    print("\nBM25's k1 and b chosen with the weight on msmarco (weighted fusion):")
+    print(f"{'k1':>4} {'b':>5} {'lexical ms':>10} {'lexical db':>10} {'w':>5} {'msmarco':>8} {'dbpedia':>8} "
+          f"{'best dbpedia':>12}")
+    parameters = bm25_grid(corpora)
+    for row in parameters:
+        print(f"{row['k1']:4.1f} {row['b']:5.2f} {row['lexical']['msmarco']:10.4f} {row['lexical']['dbpedia']:10.4f} "
+              f"{row['w']:5.2f} {row['msmarco']:8.4f} {row['dbpedia']:8.4f} {row['best_dbpedia']:12.4f}")
+    chosen_row = max(parameters, key=lambda row: row["msmarco"])
+    print(f"chosen on msmarco: k1 {chosen_row['k1']}, b {chosen_row['b']}, w {chosen_row['w']}: msmarco "
+          f"{chosen_row['msmarco']:.4f}, dbpedia {chosen_row['dbpedia']:.4f}; the best dbpedia any (k1, b, w) reaches: "
+          f"{max(row['best_dbpedia'] for row in parameters):.4f}")
+    results: dict[str, Any] = {"machine": machine_info(), "k": K, "legs": legs, "summary": summary, "grid": cells_of,
+                               "bm25_parameters": parameters}
     print(f"\nwrote {write_result('hybrid_fusions', results)}")
 
 

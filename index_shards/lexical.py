@@ -34,15 +34,15 @@ from retrieval.bm25 import K1, B, CorpusStats
 __all__ = ["BaseLexicon", "Scored", "SegmentLexicon", "bm25_weights", "document_terms", "query_terms", "score"]
 
 
-def bm25_weights(weight: float | np.ndarray, tf: np.ndarray, lengths: np.ndarray,
-                 average_length: float) -> np.ndarray:
+def bm25_weights(weight: float | np.ndarray, tf: np.ndarray, lengths: np.ndarray, average_length: float, *,
+                 k1: float = K1, b: float = B) -> np.ndarray:
     """BM25's contribution of a term with ``weight`` (idf × its count in the query; or one weight
     per posting) to documents holding it ``tf`` times with ``lengths`` tokens:
     weight · tf·(k1+1) / (tf + k1·(1 − b + b·len/avg)). Element by element, so a document's
     contribution has the same bits whether it is computed alone or among others."""
     tf = tf.astype(np.float64, copy=False)
-    norm = K1 * (1.0 - B + B * (lengths.astype(np.float64, copy=False) / average_length))
-    result: np.ndarray = weight * (tf * (K1 + 1.0)) / (tf + norm)
+    norm = k1 * (1.0 - b + b * (lengths.astype(np.float64, copy=False) / average_length))
+    result: np.ndarray = weight * (tf * (k1 + 1.0)) / (tf + norm)
     return result
 
 
@@ -56,9 +56,11 @@ class Scored:
 
 
 def score(postings: Sequence[tuple[float, np.ndarray, np.ndarray]], lengths: np.ndarray,
-          average_length: float, size: int) -> Scored:
+          average_length: float, size: int, *, k1: float = K1, b: float = B) -> Scored:
     """Sum each term's contributions per row. ``postings``: per query term in query order,
-    (weight, rows holding it, their tfs). Rows no term touches are left out."""
+    (weight, rows holding it, their tfs). Rows no term touches are left out. (``k1``, ``b``:
+    Lucene's defaults, which the shards use; other values for the offline study of
+    ``benchmarks/hybrid_fusions.py``.)"""
     if not postings:
         return Scored(np.zeros(0, np.int64), np.zeros(0, np.float64))
     # every term's postings in one array (query order), each posting with its term's weight: one
@@ -66,7 +68,7 @@ def score(postings: Sequence[tuple[float, np.ndarray, np.ndarray]], lengths: np.
     rows = np.concatenate([p[1] for p in postings])
     tfs = np.concatenate([p[2] for p in postings])
     weights = np.repeat(np.asarray([p[0] for p in postings], dtype=np.float64), [p[1].size for p in postings])
-    contributions = bm25_weights(weights, tfs, lengths[rows], average_length)
+    contributions = bm25_weights(weights, tfs, lengths[rows], average_length, k1=k1, b=b)
     # bincount adds in array order (term by term, as the query orders them): the same additions,
     # in the same order, for a document in a base or in a segment, on any shard.
     totals = np.bincount(rows, weights=contributions, minlength=size)

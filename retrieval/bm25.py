@@ -100,10 +100,10 @@ class CorpusStats:
         return cls.from_dict(data, field_name=field_name)
 
 
-def score_bound(term_weights: Iterable[float]) -> float:
+def score_bound(term_weights: Iterable[float], *, k1: float = K1) -> float:
     """The most BM25 could give any document for a query whose terms weigh ``term_weights`` (idf ×
     count): each term saturated, weight · (k1 + 1). A weighted hybrid divides by it."""
-    return float(sum(term_weights)) * (K1 + 1.0)
+    return float(sum(term_weights)) * (k1 + 1.0)
 
 
 MAX_LEXICAL_CHARS = 10_000  # a lexical query's text at a shard (the gateway's own limit is lower)

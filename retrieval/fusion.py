@@ -18,7 +18,7 @@ only and applied unchanged to dbpedia (``benchmarks/hybrid_quality.py``; docs/hy
 from __future__ import annotations
 
 import bisect
-import operator
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,18 +118,30 @@ def fuse_rrf(legs: Mapping[str, Sequence[Hit]], k: int, *, rrf_k: int = DEFAULT_
     return [FusedHit(first[doc_id], totals[doc_id], ranks[doc_id]) for doc_id in order]
 
 
+class LegTops:
+    """One leg's best scores on every shard (each shard's best ``depth``, best first), ready to give
+    a document's rank in that leg across the shards (:meth:`rank`)."""
+
+    def __init__(self, tops: Sequence[Sequence[float]], depth: int) -> None:
+        self._ascending = [sorted(-s for s in scores) for scores in tops]  # negated, for bisect
+        # a shard that filled its list may hold documents below its last score but above this one's
+        full = [scores[-1] for scores in tops if scores and len(scores) >= depth]
+        self._lowest_known = max(full) if full else -math.inf
+
+    def rank(self, score: float) -> int | None:
+        """1 + how many scores across the shards are higher than ``score`` — known when every
+        shard that filled its list ended at or below ``score`` (else None)."""
+        if score < self._lowest_known:
+            return None
+        return 1 + sum(bisect.bisect_left(negated, -score) for negated in self._ascending)
+
+
 def leg_rank(score: float, tops: Sequence[Sequence[float]], depth: int) -> int | None:
     """A document's rank in one leg across shards, from each shard's best ``depth`` scores of that
     leg (best first): 1 + how many score higher — known when every shard that filled its list
     ended at or below ``score`` (else a document past its list might score higher too)."""
-    above = 0
-    for scores in tops:
-        if len(scores) >= depth and scores[-1] > score:
-            return None
-        # how many score higher: a binary search of the list (best first, so ascending by -score)
-        above += bisect.bisect_left(scores, -score, key=operator.neg)
-    return above + 1
+    return LegTops(tops, depth).rank(score)
 
 
 __all__ = ["DEFAULT_FUSION", "DEFAULT_RRF_K", "DEFAULT_WEIGHTS", "DENSE", "LEGS", "LEXICAL", "RRF", "WEIGHTED",
-           "FusedHit", "LegRank", "WeightedFusion", "dense_unit", "fuse_rrf", "leg_rank", "weights_of"]
+           "FusedHit", "LegRank", "LegTops", "WeightedFusion", "dense_unit", "fuse_rrf", "leg_rank", "weights_of"]

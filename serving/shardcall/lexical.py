@@ -30,7 +30,7 @@ from retrieval.analysis import query_terms
 from retrieval.bm25 import CorpusStats, LexicalQuery
 from retrieval.contract import HitColumns, SearchParams, SessionFloor
 from retrieval.errors import ShardUnavailable, VersionConflict
-from retrieval.fusion import LEGS, FusedHit, LegRank, WeightedFusion, leg_rank
+from retrieval.fusion import LEGS, FusedHit, LegRank, LegTops, WeightedFusion
 from serving.shardcall.fanout import FanOut, FanOutResult, ShardCall, ShardRoute, floored, merge_answers, settle
 
 _NO_VECTORS = np.zeros((0, 0), dtype=np.float32)
@@ -270,17 +270,17 @@ def fused_hits(answers: list[tuple[HitColumns, ShardCall]], k: int, depth: int) 
     """The shards' fused lists merged (fused score, then doc id), each hit with every leg's score
     and its rank in that leg across the shards (from each shard's best ``depth`` scores of it)."""
     hits = merge_answers(answers, k)
-    tops = {leg: [columns.get("leg_tops", {}).get(leg, []) for columns, _ in answers] for leg in LEGS}
-    where = {(call.shard_id, doc_id): (columns, i) for columns, call in answers
-             for i, doc_id in enumerate(columns["doc_ids"])}
+    tops = {leg: LegTops([columns.get("leg_tops", {}).get(leg, []) for columns, _ in answers], depth) for leg in LEGS}
+    by_shard = {call.shard_id: columns for columns, call in answers}
     fused = []
     for hit in hits:
-        columns, i = where[(hit.shard_id, hit.doc_id)]
-        legs = {}
+        columns = by_shard[hit.shard_id]
+        i = columns["doc_ids"].index(hit.doc_id)
+        legs, scores_of = {}, columns.get("legs", {})
         for leg in LEGS:
-            score = columns.get("legs", {}).get(leg, [None] * (i + 1))[i]
+            score = scores_of[leg][i] if leg in scores_of else None
             if score is not None:
-                legs[leg] = LegRank(leg_rank(score, tops[leg], depth), score)
+                legs[leg] = LegRank(tops[leg].rank(score), score)
         fused.append(FusedHit(hit, hit.score, legs))
     return fused
 
