@@ -2,7 +2,7 @@
 several fusion functions, each tried over its own parameter grid, on msmarco and dbpedia (issue 36,
 acceptance 4: a hybrid at least the better single leg on both sets).
 
-    python -m benchmarks.hybrid_fusions          # ~2 min on 2 cores
+    python -m benchmarks.hybrid_fusions          # ~1–2 min on 2 cores
 
 Offline and exact: per judged query, every document's cosine (the MiniLM vectors from the
 embedding cache, float64) and its BM25 under the whole corpus's statistics (the shards' own
@@ -17,12 +17,19 @@ beside them) and asks whether *another* fusion function would do better. Functio
 * ``z-score`` — each leg standardized over its top 100 (DBSF-like);
 * ``min-max`` — each leg min-max scaled over its top 100 (the fusion shardrag had before);
 * ``dense-rerank`` — the weighted score, but only the dense top N can rank (a lexical re-rank);
-* ``bm25-threshold`` — BM25/bound counted only above t (a lexical match must be strong to count).
+* ``bm25-threshold`` — BM25/bound counted only above t (a lexical match must be strong to count);
+* three per-query gates on the weighted fusion's lexical weight, each from what a query's own
+  lists say about the legs: ``gate-top`` (times the best document's BM25/bound over a: a query
+  whose terms no document holds together leans on the vectors), ``gate-agree`` (times the overlap
+  of the legs' top 10 over a) and ``gate-dense-gap`` (times 1 − (the best cosine − the 10th)/a: a
+  confident dense leg is left alone).
 
 For each the parameters best on msmarco are applied unchanged to dbpedia (as the acceptance asks),
 and the best dbpedia figure any of its parameters reaches is shown too. Then BM25's own k1 and b
 (the shards use Lucene's 1.2 and 0.75) over a grid, chosen together with the weighted fusion's
-weight on msmarco. JSON: benchmarks/results/hybrid_fusions.json.
+weight on msmarco, and the title counted 1–4 times in a document's BM25 (dbpedia's documents have
+titles; msmarco's have none, so its figures and chosen weight stay). JSON:
+benchmarks/results/hybrid_fusions.json.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ TOP = 100  # how deep the list-normalized fusions look at each leg
 WEIGHTS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 BM25_K1 = (0.4, 0.7, 0.9, 1.2, 1.6, 2.0, 3.0)  # BM25's own parameters tried beside the weight
 BM25_B = (0.2, 0.4, 0.6, 0.75, 0.9, 1.0)
+GATES = {"gate-top": (0.3, 0.5, 0.7, 0.9), "gate-agree": (0.2, 0.4, 0.6, 0.8), "gate-dense-gap": (0.1, 0.2, 0.3, 0.5)}
+TITLE_COUNTS = (1, 2, 3, 4)  # how many times a title's terms count in its document's BM25
 
 
 @dataclass
@@ -85,14 +94,16 @@ class Corpus:
     qrels: dict[str, dict[str, int]]
 
 
-def load(name: str, encoder: CachingEncoder) -> Corpus:
+def load(name: str, encoder: CachingEncoder, title_count: int = 1) -> Corpus:
+    """``title_count``: how many times a title's terms count in its document's BM25 (the shards: once)."""
     dataset = load_beir(data_dir() / name)
     documents = dataset.corpus
     vectors = encode_documents(encoder, documents, show_progress=True).astype(np.float64)
     judged = dataset.judged_queries()
     query_ids = list(judged)
     query_vectors = encoder.encode_queries([judged[q] for q in query_ids]).astype(np.float64)
-    lexicon = BaseLexicon.build((row, d.title, d.text) for row, d in enumerate(documents))
+    lexicon = BaseLexicon.build((row, "\n".join([d.title] * title_count) if d.title else "", d.text)
+                                for row, d in enumerate(documents))
     return Corpus(name, [d.doc_id for d in documents], query_ids, [judged[q] for q in query_ids],
                   query_vectors @ vectors.T, lexicon, dataset.qrels)
 
@@ -137,6 +148,22 @@ def bm25_grid(corpora: dict[str, Corpus]) -> list[dict[str, Any]]:
     return rows
 
 
+def title_grid(corpora: dict[str, Corpus], encoder: CachingEncoder) -> list[dict[str, Any]]:
+    """dbpedia's titles counted 1–4 times in BM25 (msmarco has no titles: its weight, chosen on it,
+    stays): dbpedia's lexical nDCG, its weighted fusion under msmarco's weight, and its best."""
+    weights = [round(w, 2) for w in np.arange(0.5, 0.951, 0.05)]
+    msmarco = matrices(corpora["msmarco"])
+    chosen = max(weights, key=lambda w: (msmarco.ndcg(fuse("weighted", msmarco, w)), w))
+    rows = []
+    for count in TITLE_COUNTS:
+        dbpedia = matrices(corpora["dbpedia"] if count == 1 else load("dbpedia", encoder, count))
+        cells = {w: dbpedia.ndcg(fuse("weighted", dbpedia, w)) for w in weights}
+        rows.append({"title_count": count, "lexical": round(dbpedia.ndcg(dbpedia.bm25), 4), "w": chosen,
+                     "dbpedia": round(cells[chosen], 4), "best_dbpedia": round(max(cells.values()), 4),
+                     "best_w": max(cells, key=lambda w: cells[w])})
+    return rows
+
+
 def ranks(scores: np.ndarray) -> np.ndarray:
     order = np.argsort(-scores, axis=1, kind="stable")
     result = np.empty_like(order)
@@ -160,8 +187,26 @@ def top_scaled(scores: np.ndarray, how: str) -> np.ndarray:
     return result
 
 
-def fuse(family: str, m: Matrices, w: float, n: int = 0, t: float = 0.0) -> np.ndarray:
+def gate(family: str, m: Matrices, a: float) -> np.ndarray:
+    """Per query (a column), the factor on the lexical weight of one of the gated fusions."""
+    if family == "gate-top":
+        factor = m.unit_bm25.max(1) / a
+    elif family == "gate-agree":
+        dense, lexical = np.argsort(-m.cosine, axis=1)[:, :K], np.argsort(-m.bm25, axis=1)[:, :K]
+        factor = np.array([len(set(d.tolist()) & set(x.tolist())) / K for d, x in zip(dense, lexical, strict=True)]) / a
+    else:
+        assert family == "gate-dense-gap"
+        best = -np.sort(-m.cosine, axis=1)
+        factor = 1 - (best[:, 0] - best[:, K - 1]) / a
+    result: np.ndarray = np.clip(factor, 0, 1)[:, None]
+    return result
+
+
+def fuse(family: str, m: Matrices, w: float, n: int = 0, t: float = 0.0, a: float = 0.0) -> np.ndarray:
     """The fused score matrix of one function (module docstring) at weight ``w`` (the dense leg's)."""
+    if family in GATES:
+        gated: np.ndarray = w * dense_unit(m) + (1 - w) * gate(family, m, a) * m.unit_bm25
+        return gated
     if family == "weighted":
         return w * dense_unit(m) + (1 - w) * m.unit_bm25
     if family == "weighted-rrf":
@@ -189,6 +234,9 @@ def grid() -> Iterator[tuple[str, str, dict[str, Any]]]:
             yield "dense-rerank", f"w={w} N={n}", {"w": w, "n": n}
         for t in (0.2, 0.3, 0.4):
             yield "bm25-threshold", f"w={w} t={t}", {"w": w, "t": t}
+        for family, values in GATES.items():
+            for a in values:
+                yield family, f"w={w} a={a}", {"w": w, "a": a}
 
 
 def main() -> None:
@@ -222,8 +270,13 @@ def main() -> None:
     print(f"chosen on msmarco: k1 {chosen_row['k1']}, b {chosen_row['b']}, w {chosen_row['w']}: msmarco "
           f"{chosen_row['msmarco']:.4f}, dbpedia {chosen_row['dbpedia']:.4f}; the best dbpedia any (k1, b, w) reaches: "
           f"{max(row['best_dbpedia'] for row in parameters):.4f}")
+    print("\ndbpedia's titles counted several times in BM25 (weighted fusion, the weight chosen on msmarco):")
+    titles = title_grid(corpora, encoder)
+    for row in titles:
+        print(f"title ×{row['title_count']}: lexical {row['lexical']:.4f}, w {row['w']:.2f} → dbpedia "
+              f"{row['dbpedia']:.4f}; best {row['best_dbpedia']:.4f} (w {row['best_w']:.2f})")
     results: dict[str, Any] = {"machine": machine_info(), "k": K, "legs": legs, "summary": summary, "grid": cells_of,
-                               "bm25_parameters": parameters}
+                               "bm25_parameters": parameters, "title_counts": titles}
     print(f"\nwrote {write_result('hybrid_fusions', results)}")
 
 
