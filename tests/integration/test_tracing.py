@@ -45,6 +45,20 @@ def children(spans: list[ReceivedSpan], parent: ReceivedSpan) -> list[ReceivedSp
     return [s for s in spans if s.parent_id == parent.span_id]
 
 
+def whole_trace(receiver: OtlpReceiver, trace_id: str, caller: str, name: str, count: int) -> list[ReceivedSpan]:
+    """The trace's spans once the gateway's root span (the caller's child) and ``count`` spans
+    named ``name`` have arrived, or whatever arrived in 20 s. Every process exports on its own
+    (batches every 200 ms), so the gateway's root — which ends last, after its response — can
+    arrive after the replicas' spans: waiting for those alone once read the trace without it."""
+    deadline = time.monotonic() + 20
+    while True:
+        spans = receiver.trace(trace_id)
+        rooted = any(s.parent_id == caller for s in spans)
+        if (rooted and sum(s.name == name for s in spans) >= count) or time.monotonic() > deadline:
+            return spans
+        time.sleep(0.2)
+
+
 def test_one_text_query_is_one_trace_across_gateway_and_replicas_with_its_hedge(traced):
     cluster, receiver = traced
     http = httpx.Client(base_url=cluster.gateway_url, timeout=30)
@@ -61,13 +75,7 @@ def test_one_text_query_is_one_trace_across_gateway_and_replicas_with_its_hedge(
             break
     assert hedged_trace is not None, "no query was hedged"
     trace_id, caller = hedged_trace
-    deadline = time.monotonic() + 20
-    while True:  # every process exports in small batches; the slowed replica answers 600 ms late
-        spans = receiver.trace(trace_id)
-        if sum(s.name == "POST /v1/search" for s in spans) >= 3 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-
+    spans = whole_trace(receiver, trace_id, caller, "POST /v1/search", 3)  # the slowed replica answers 600 ms late
     (root,) = [s for s in spans if s.parent_id == caller]
     assert (root.service, root.name, root.kind) == ("shardrag-gateway", "POST /v1/query", 2)  # 2: SERVER
     assert {s.name for s in children(spans, root)} >= {"encode", "fanout"}
@@ -101,12 +109,7 @@ def test_one_write_is_one_trace_through_the_primary_to_its_replica(traced):
                                                  "write_ack": "all"},
                           headers={"traceparent": f"00-{trace_id}-{caller}-01"})
     assert reply.status_code == 200, reply.text
-    deadline = time.monotonic() + 20
-    while True:
-        spans = receiver.trace(trace_id)
-        if sum(s.name == "replica.apply" for s in spans) >= 1 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    spans = whole_trace(receiver, trace_id, caller, "replica.apply", 1)
     (root,) = [s for s in spans if s.parent_id == caller]
     assert (root.service, root.name) == ("shardrag-gateway", "POST /v1/documents")
     (shard_write,) = [s for s in children(spans, root) if s.name == "write.shard"]
