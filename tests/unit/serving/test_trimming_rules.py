@@ -12,6 +12,7 @@ import faiss
 import numpy as np
 import pytest
 
+from index_shards.faiss_index import skip_polysemous_training
 from serving.shardcall.fanout import trimmed_k, trimming_blocker
 
 K = 100
@@ -27,12 +28,21 @@ def shard_and_queries(msmarco, dbpedia):
     return vectors[:: SHARDS], queries  # one hash-like quarter: what one of 4 shards holds
 
 
+@pytest.fixture(autouse=True)
+def one_faiss_thread():
+    """One FAISS thread while a test here trains and searches, the process's setting afterwards."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(before)
+
+
 def not_a_prefix(factory: str, shard: np.ndarray, queries: np.ndarray) -> int:
     """Queries whose top trimmed_k(K, 4) on this index is not the first hits of its top K, up to
     the order of equal scores (the merge orders by score, then id) and to which of several hits tied
     at the trimmed list's last score it kept (such a shard is asked again for the full k)."""
-    faiss.omp_set_num_threads(1)
     index = faiss.index_factory(shard.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    skip_polysemous_training(index)  # as the shards' builds do (index_shards.faiss_index.build_index)
     index.train(shard)
     index.add(shard)
     if factory.startswith("HNSW"):
