@@ -91,6 +91,8 @@ class FilteredSearcher:
         self._positions: IdPositions | None = None
         self._id_map: np.ndarray | None = None
         self._lists: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # IVF: ids sorted, their lists, sizes
+        self._flat: np.ndarray | None = None  # flat storage's vectors, viewed in place (see _flat_matrix)
+        self._flat_checked = False
 
     def search(self, queries: np.ndarray, k: int, allowed: np.ndarray, *, nprobe: int | None = None,
                ef_search: int | None = None, exact: bool = False,
@@ -333,6 +335,22 @@ class FilteredSearcher:
             return None
         return storage, positions.of(allowed)
 
+    def _flat_matrix(self) -> np.ndarray | None:
+        """Every stored vector of a flat storage (Flat, HNSW over Flat) under a plain id map on this
+        host, as a read-only NumPy view of FAISS's own array (made once; the index is never
+        changed after load, and ``self.searchable`` keeps it alive); None for other indexes. A
+        weighted hybrid reads its candidates' vectors from here on every query."""
+        if not self._flat_checked:  # (two threads may both look: they find the same view)
+            whole = self._whole_storage(np.zeros(0, dtype=np.int64)) if self._ivf is None else None
+            if whole is not None:
+                storage = whole[0]
+                view = faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * storage.d)
+                view = view.reshape(storage.ntotal, storage.d)
+                view.flags.writeable = False
+                self._flat = view
+            self._flat_checked = True
+        return self._flat
+
     def _position_map(self) -> IdPositions | None:
         """Int id → storage position under a plain id map (None: ids are positions), built once."""
         if self._positions is None and has_id_map(self.searchable.index):
@@ -352,6 +370,12 @@ class FilteredSearcher:
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         """The stored vectors of these int ids (for PQ/SQ indexes: decoded from their codes)."""
+        flat = self._flat_matrix()
+        if flat is not None:  # the same floats reconstruct_batch copies out, without a FAISS call per read
+            positions = self._position_map()
+            assert positions is not None  # _flat_matrix requires a plain id map
+            gathered: np.ndarray = flat[positions.of(ids)]
+            return gathered
         index = self.searchable.index
         if self._ivf is not None and self._refine is None and not self._direct_map_ready:
             with self._lock:  # a hash table id → list entry, built once, on the first filtered query

@@ -190,6 +190,8 @@ def _lexical_top(lexical: LexicalScores, depth: int) -> _LexicalTop:
         threshold = np.partition(scores, rows.size - depth)[rows.size - depth]
         keep = scores >= threshold
         rows, scores = rows[keep], scores[keep]
+    if not lexical.segment:  # no written document holds a term: the base's best are the leg's
+        return _LexicalTop(lexical.base.int_ids[rows], [], np.sort(scores)[::-1].tolist())
     segment_scores = np.asarray([value for value, _, _ in lexical.segment], dtype=np.float64)
     segment_ids = [doc_id for _, doc_id, _ in lexical.segment]
     values = np.concatenate([scores, segment_scores])

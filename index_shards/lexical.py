@@ -133,6 +133,8 @@ class BaseLexicon:
 
     def rows_of(self, int_ids: np.ndarray) -> np.ndarray:
         """The rows of those of ``int_ids`` that are in the base, ascending."""
+        if not int_ids.size:
+            return np.zeros(0, dtype=np.int64)
         slots = np.searchsorted(self.int_ids, int_ids)
         inside = slots < self.int_ids.size
         slots, wanted = slots[inside], int_ids[inside]
@@ -141,11 +143,16 @@ class BaseLexicon:
     def stats(self, terms: Iterable[str], hidden_rows: np.ndarray) -> CorpusStats:
         """Statistics of the base's live documents (all but ``hidden_rows``, sorted) for ``terms``."""
         df: dict[str, int] = {}
+        if not hidden_rows.size:  # every base document live: a term's count is its postings' length
+            starts, vocabulary = self.starts, self.vocabulary
+            for term in terms:
+                number = vocabulary.get(term)
+                df[term] = 0 if number is None else int(starts[number + 1] - starts[number])
+            return CorpusStats(self.count, self.total_length, df)
         for term in terms:
             rows, _ = self.postings(term)
-            hidden = int(np.isin(rows, hidden_rows, assume_unique=True).sum()) if hidden_rows.size else 0
-            df[term] = int(rows.size) - hidden
-        hidden_length = int(self.lengths[hidden_rows].sum()) if hidden_rows.size else 0
+            df[term] = int(rows.size) - int(np.isin(rows, hidden_rows, assume_unique=True).sum())
+        hidden_length = int(self.lengths[hidden_rows].sum())
         return CorpusStats(self.count - int(hidden_rows.size), self.total_length - hidden_length, df)
 
 
