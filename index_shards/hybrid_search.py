@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from index_shards.hybrid_sealed import MAX_DEPTH, MIN_SEALED_BATCH, sealed, sealed_batch, similarity_f64
 from index_shards.lexical_search import LexicalScores, lexical_scores
 from retrieval.bm25 import CorpusStats, LexicalQuery, score_bound
 from retrieval.contract import HitColumns
@@ -42,8 +43,6 @@ from retrieval.fusion import DENSE, LEXICAL, dense_unit
 
 if TYPE_CHECKING:
     from index_shards.segment import DenseTop, LiveShard
-
-MAX_DEPTH = 4096  # how deep either leg is read at most (a shard's answer stays exact up to here)
 
 
 @dataclass(slots=True)
@@ -95,12 +94,21 @@ def fused_search(live: LiveShard, vectors: np.ndarray, queries: Sequence[Lexical
     specs = [query.fuse for query in queries]
     assert all(spec is not None for spec in specs)  # the caller routes only weighted hybrid queries here
     first = max(max(spec.depth, k) for spec in specs if spec is not None)
-    batch = live.dense_keys(vectors, first, nprobe=nprobe, ef_search=ef_search, filter_=filter_)
-    chosen = []
-    for vector, query, dense in zip(vectors, queries, batch, strict=True):
-        chosen.append(_one(live, vector, query, dense, first, k, nprobe, ef_search, filter_))
-    base_ids = [int(found.base_ids[i]) for found, _, picked, _, _ in chosen for i in picked.tolist()
-                if i < found.base_ids.size]
+    finished = sealed_batch(live, vectors, queries, k, first, nprobe=nprobe, ef_search=ef_search, filter_=filter_) \
+        if len(queries) >= MIN_SEALED_BATCH and sealed(live) else [None] * len(queries)
+    chosen: list[tuple[_Candidates, np.ndarray, np.ndarray, dict[str, list[float]], CorpusStats]] = []
+    rest = [i for i, answer in enumerate(finished) if answer is None]
+    if rest:  # a shard with writes since its base, or a query the batch pass could not finish
+        batch = dict(zip(rest, live.dense_keys(vectors[rest], first, nprobe=nprobe, ef_search=ef_search,
+                                               filter_=filter_), strict=True))
+    for i, (vector, query, answer) in enumerate(zip(vectors, queries, finished, strict=True)):
+        if answer is None:
+            chosen.append(_one(live, vector, query, batch[i], first, k, nprobe, ef_search, filter_))
+        else:
+            chosen.append((_Candidates(answer.base_ids, [], answer.similarity, answer.bm25, {}), answer.fused,
+                           answer.picked, answer.leg_tops, answer.own))
+    base_ids = [i for found, _, picked, _, _ in chosen
+                for i in found.base_ids[picked[picked < found.base_ids.size]].tolist()]
     stored = live.base.docstore.get_many(base_ids, with_text=with_text, with_metadata=with_metadata)
     answers = []
     for found, fused, picked, leg_tops, own in chosen:
@@ -226,14 +234,9 @@ def _candidates(live: LiveShard, vector: np.ndarray, base_ids: np.ndarray, segme
 
 
 def _similarity(matrix: np.ndarray, present: np.ndarray, query: np.ndarray, metric: str) -> np.ndarray:
-    """Each row's score against ``query`` as the dense leg reports it (ip: the inner product;
-    l2: -L2²), in float64; NaN for a document stored without a vector."""
-    rows = matrix.astype(np.float64)
-    q = np.asarray(query, dtype=np.float64)
-    # each row's products summed by einsum's own loop, not by BLAS's matrix-vector product: BLAS
-    # gives a row different last bits by where it sits in the matrix (its kernels treat a block's
-    # last rows apart), and the candidates' matrix differs from query to query and shard to shard
-    out: np.ndarray = -np.sum((rows - q) ** 2, axis=1) if metric == "l2" else np.einsum("ij,j->i", rows, q)
+    """Each row's score against ``query`` in float64 (``similarity_f64``); NaN for a document
+    stored without a vector."""
+    out = similarity_f64(matrix.astype(np.float64), np.asarray(query, dtype=np.float64), metric)
     out[~present] = np.nan
     return out
 
@@ -242,27 +245,25 @@ def _columns(found: _Candidates, fused: np.ndarray, picked: np.ndarray, stored: 
              with_text: bool, with_metadata: bool) -> HitColumns:
     """The best ``k`` of ``picked`` by fused score (ties by doc id), with their documents (base
     ones from ``stored``) and each leg's score."""
-    columns: HitColumns = {"doc_ids": [], "scores": [], "titles": [], "texts": []}
-    if with_metadata:
-        columns["metadata"] = []
-    columns["legs"] = {DENSE: [], LEXICAL: []}
+    nb = found.base_ids.size
+    base_ids = found.base_ids[picked[picked < nb]].tolist()  # picked is ascending: base ones first
     rows = []
-    for i, value in zip(picked.tolist(), fused[picked].tolist(), strict=True):
-        in_segment, key = found.key(i)
-        doc = found.segment.get(key) if in_segment else stored.get(key)
+    for j, (i, value) in enumerate(zip(picked.tolist(), fused[picked].tolist(), strict=True)):
+        key: Any = base_ids[j] if i < nb else found.segment_ids[i - nb]
+        doc = stored.get(key) if i < nb else found.segment.get(key)
         if doc is None:
             raise IndexIntegrityError(f"a hybrid candidate ({key!r}) has no document in the shard")
-        rows.append((-value, doc.doc_id, i, doc))
-    rows.sort(key=lambda row: (row[0], row[1]))
-    similarities, bm25s = found.similarity.tolist(), found.bm25.tolist()
-    for negated, doc_id, i, doc in rows[:k]:
-        columns["doc_ids"].append(doc_id)
-        columns["scores"].append(-negated)
-        columns["titles"].append(doc.title if with_text else "")
-        columns["texts"].append(doc.text if with_text else "")
-        if with_metadata:
-            columns["metadata"].append(dict(doc.metadata or {}))
-        similarity, bm25 = similarities[i], bm25s[i]
-        columns["legs"][DENSE].append(None if math.isnan(similarity) else similarity)
-        columns["legs"][LEXICAL].append(bm25 if bm25 > 0 else None)
+        rows.append((-value, doc.doc_id, j, doc))
+    rows.sort()  # (fused score, doc id); j is unique, so documents are never compared
+    best = rows[:k]
+    chosen = picked[[j for _, _, j, _ in best]]
+    similarities, bm25s = found.similarity[chosen].tolist(), found.bm25[chosen].tolist()
+    columns: HitColumns = {"doc_ids": [doc_id for _, doc_id, _, _ in best],
+                           "scores": [-negated for negated, *_ in best],
+                           "titles": [doc.title if with_text else "" for *_, doc in best],
+                           "texts": [doc.text if with_text else "" for *_, doc in best]}
+    if with_metadata:
+        columns["metadata"] = [dict(doc.metadata or {}) for *_, doc in best]
+    columns["legs"] = {DENSE: [None if math.isnan(similarity) else similarity for similarity in similarities],
+                       LEXICAL: [bm25 if bm25 > 0 else None for bm25 in bm25s]}
     return columns

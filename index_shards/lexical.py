@@ -34,12 +34,14 @@ from retrieval.bm25 import K1, B, CorpusStats
 __all__ = ["BaseLexicon", "Scored", "SegmentLexicon", "bm25_weights", "document_terms", "query_terms", "score"]
 
 
-def bm25_weights(weight: float | np.ndarray, tf: np.ndarray, lengths: np.ndarray, average_length: float, *,
+def bm25_weights(weight: float | np.ndarray, tf: np.ndarray, lengths: np.ndarray,
+                 average_length: float | np.ndarray, *,
                  k1: float = K1, b: float = B) -> np.ndarray:
     """BM25's contribution of a term with ``weight`` (idf × its count in the query; or one weight
     per posting) to documents holding it ``tf`` times with ``lengths`` tokens:
     weight · tf·(k1+1) / (tf + k1·(1 − b + b·len/avg)). Element by element, so a document's
-    contribution has the same bits whether it is computed alone or among others."""
+    contribution has the same bits whether it is computed alone or among others (``weight`` and
+    ``average_length`` may be one per posting: a batch of queries scored in one pass)."""
     tf = tf.astype(np.float64, copy=False)
     norm = k1 * (1.0 - b + b * (lengths.astype(np.float64, copy=False) / average_length))
     result: np.ndarray = weight * (tf * (k1 + 1.0)) / (tf + norm)

@@ -159,19 +159,27 @@ def test_the_shards_fused_lists_are_the_exact_weighted_top_k_through_writes_and_
     check([replicas], queries[:20])
 
 
+def axis_query(dim: int = 8) -> np.ndarray:
+    """The unit query vector along the first axis."""
+    query = np.zeros(dim, dtype=np.float32)
+    query[0] = 1.0
+    return query
+
+
+def unit_at(rng: np.random.Generator, cosine: float, dim: int = 8) -> np.ndarray:
+    """A random unit vector at ``cosine`` to :func:`axis_query`."""
+    side = rng.standard_normal(dim - 1)
+    side *= math.sqrt(1 - cosine ** 2) / np.linalg.norm(side)
+    return np.concatenate([[cosine], side]).astype(np.float32)
+
+
 def test_documents_neither_leg_ranks_high_are_found_by_their_bm25(tmp_path):
     """30 documents close to the query without its word, 30 far from it with the word three
     times, and 10 fairly close with the word once — the 10 are the fused top 10 at 0.5 / 0.5 but
     in neither leg's top 30: a shard must look past both legs' first candidates (at every document
     whose BM25 could lift it past the 10th) to find them."""
     rng = np.random.default_rng(5)
-    query = np.zeros(8, dtype=np.float32)
-    query[0] = 1.0
-
-    def unit_at(cosine: float) -> np.ndarray:
-        side = rng.standard_normal(7)
-        side *= math.sqrt(1 - cosine ** 2) / np.linalg.norm(side)
-        return np.concatenate([[cosine], side]).astype(np.float32)
+    query = axis_query()
 
     groups = [("near", 30, 0.95, "orchard harvest season"), ("worded", 30, 0.0, "apple apple apple"),
               ("both", 10, 0.9, "apple orchard harvest season")]
@@ -179,7 +187,7 @@ def test_documents_neither_leg_ranks_high_are_found_by_their_bm25(tmp_path):
     for name, count, cosine, body in groups:
         for i in range(count):
             documents.append(Document(f"{name}-{i:02d}", body, ""))
-            vectors.append(unit_at(cosine))
+            vectors.append(unit_at(rng, cosine))
     model = {d.doc_id: ("", d.text, v, {}) for d, v in zip(documents, vectors, strict=True)}
     spec = WeightedFusion(0.5, 0.5, 10)
     want = reference(model, query, "apple", spec)
