@@ -104,34 +104,37 @@ def _pass(live: LiveShard, vectors: np.ndarray, queries: Sequence[LexicalQuery],
     # scored in one pass (bincount adds per document in array order: term by term, as per query)
     owns: list[CorpusStats] = []
     per_bm25 = np.zeros(size, dtype=np.float64)
-    rows_parts, tfs_parts, weight_parts, average_parts, offsets, counts = [], [], [], [], [], []
+    firsts, ends, weight_parts, average_parts, offsets = [], [], [], [], []
     for q, (query, spec) in enumerate(zip(queries, specs, strict=True)):
         assert spec is not None
         terms = query_terms(query.text)
-        own = lexicon.stats([term for term, _ in terms], _NO_ROWS)
+        names = [term for term, _ in terms]
+        own = lexicon.stats(names, _NO_ROWS)
         owns.append(own)
         stats = query.corpus if query.corpus is not None else own
         average = stats.average_length
-        weighted = [(term, stats.idf(term) * count) for term, count in terms]
-        weighted = [(term, weight) for term, weight in weighted if weight > 0]
+        weighted = [(span, stats.idf(term) * count) for (term, count), span in zip(terms, lexicon.spans(names))]
+        weighted = [(span, weight) for span, weight in weighted if weight > 0]
         if not weighted or average <= 0:
             continue  # no term to score: BM25 0 everywhere, the fused score the dense leg's alone
         per_bm25[q] = spec.lexical / score_bound([weight for _, weight in weighted])
-        for term, weight in weighted:
-            rows, tfs = lexicon.postings(term)
-            if rows.size:
-                rows_parts.append(rows)
-                tfs_parts.append(tfs)
+        for (first, end), weight in weighted:
+            if end > first:
+                firsts.append(first)
+                ends.append(end)
                 weight_parts.append(weight)
                 average_parts.append(average)
                 offsets.append(q * n)
-                counts.append(rows.size)
-    if rows_parts:
-        rows = np.concatenate(rows_parts)
-        repeat = np.asarray(counts)
-        cells = rows + np.repeat(np.asarray(offsets, dtype=np.int64), repeat)
-        contributions = bm25_weights(np.repeat(np.asarray(weight_parts), repeat), np.concatenate(tfs_parts),
-                                     lexicon.lengths[rows], np.repeat(np.asarray(average_parts), repeat))
+    if firsts:
+        counts = np.asarray(ends) - np.asarray(firsts)
+        total = int(counts.sum())
+        # every term's postings in one gather: position = its term's first + its place in the run
+        runs = np.cumsum(counts) - counts
+        positions = np.arange(total) + np.repeat(np.asarray(firsts) - runs, counts)
+        rows = lexicon.rows[positions]
+        cells = rows + np.repeat(np.asarray(offsets, dtype=np.int64), counts)
+        contributions = bm25_weights(np.repeat(np.asarray(weight_parts), counts), lexicon.tfs[positions],
+                                     lexicon.lengths[rows], np.repeat(np.asarray(average_parts), counts))
         bm25 = np.bincount(cells, weights=contributions, minlength=size * n).reshape(size, n)
     else:
         bm25 = np.zeros((size, n), dtype=np.float64)

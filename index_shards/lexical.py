@@ -91,6 +91,7 @@ class BaseLexicon:
         self.rows = rows  # postings: rows, grouped by term
         self.tfs = tfs  # postings: term frequencies
         self.total_length = int(lengths.sum())
+        self._starts: list[int] | None = None  # starts as Python ints, made on the first lookup
 
     @classmethod
     def build(cls, documents: Iterable[tuple[int, str, str]]) -> BaseLexicon:
@@ -126,6 +127,18 @@ class BaseLexicon:
         """The arrays' memory (the vocabulary dict's is measured in benchmarks/lexical_engines.py)."""
         return sum(a.nbytes for a in (self.int_ids, self.lengths, self.starts, self.rows, self.tfs))
 
+    def spans(self, terms: Iterable[str]) -> list[tuple[int, int]]:
+        """Each term's postings as [first, end) positions in ``rows`` and ``tfs`` ((0, 0): no
+        document holds it); end − first is its document count."""
+        if self._starts is None:  # Python ints: a term's bounds without NumPy scalars
+            self._starts = self.starts.tolist()
+        starts, vocabulary = self._starts, self.vocabulary
+        spans = []
+        for term in terms:
+            number = vocabulary.get(term)
+            spans.append((0, 0) if number is None else (starts[number], starts[number + 1]))
+        return spans
+
     def postings(self, term: str) -> tuple[np.ndarray, np.ndarray]:
         number = self.vocabulary.get(term)
         if number is None:
@@ -146,11 +159,9 @@ class BaseLexicon:
         """Statistics of the base's live documents (all but ``hidden_rows``, sorted) for ``terms``."""
         df: dict[str, int] = {}
         if not hidden_rows.size:  # every base document live: a term's count is its postings' length
-            starts, vocabulary = self.starts, self.vocabulary
-            for term in terms:
-                number = vocabulary.get(term)
-                df[term] = 0 if number is None else int(starts[number + 1] - starts[number])
-            return CorpusStats(self.count, self.total_length, df)
+            terms = list(terms)
+            return CorpusStats(self.count, self.total_length,
+                               {term: end - first for term, (first, end) in zip(terms, self.spans(terms), strict=True)})
         for term in terms:
             rows, _ = self.postings(term)
             df[term] = int(rows.size) - int(np.isin(rows, hidden_rows, assume_unique=True).sum())

@@ -78,18 +78,25 @@ class CorpusStats:
         """Validated: an error names ``field_name`` and the bad part."""
         if not isinstance(data, Mapping):
             raise InvalidRequest(f"{field_name} must be an object with docs, length and df", field=field_name)
-        counts = {name: data.get(name) for name in ("docs", "length")}
-        for name, value in counts.items():
+        for name in ("docs", "length"):
+            value = data.get(name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidRequest(f"{field_name}.{name} must be a non-negative integer",
                                      field=f"{field_name}.{name}")
-        docs, length, df = int(counts["docs"] or 0), int(counts["length"] or 0), data.get("df", {})
-        if not isinstance(df, Mapping) or not all(
-                isinstance(t, str) and isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= docs
-                for t, n in df.items()):
+        docs, length, df = int(data["docs"]), int(data["length"]), data.get("df", {})
+        # a loop, not a generator and a second dict built from it: every shard reply and lexical
+        # query carries one (the gateway reads four or more of them a query)
+        if not isinstance(df, Mapping):
             raise InvalidRequest(f"{field_name}.df must map terms to document counts between 0 and docs",
                                  field=f"{field_name}.df")
-        return cls(docs, length, {str(t): int(n) for t, n in df.items()})
+        for term, count in df.items():
+            if type(term) is not str or type(count) is not int or not 0 <= count <= docs:
+                if isinstance(term, str) and isinstance(count, int) and not isinstance(count, bool) \
+                        and 0 <= count <= docs:
+                    continue  # a str or int subclass: accepted, as before
+                raise InvalidRequest(f"{field_name}.df must map terms to document counts between 0 and docs",
+                                     field=f"{field_name}.df")
+        return cls(docs, length, {str(t): int(n) for t, n in df.items()} if type(df) is not dict else dict(df))
 
     @classmethod
     def from_canonical(cls, text: str, *, field_name: str = "corpus") -> CorpusStats:

@@ -123,7 +123,7 @@ class LegTops:
     a document's rank in that leg across the shards (:meth:`rank`)."""
 
     def __init__(self, tops: Sequence[Sequence[float]], depth: int) -> None:
-        self._ascending = [sorted(-s for s in scores) for scores in tops]  # negated, for bisect
+        self._ascending = sorted(-s for scores in tops for s in scores)  # every shard's, negated, for bisect
         # a shard that filled its list may hold documents below its last score but above this one's
         full = [scores[-1] for scores in tops if scores and len(scores) >= depth]
         self._lowest_known = max(full) if full else -math.inf
@@ -133,7 +133,7 @@ class LegTops:
         shard that filled its list ended at or below ``score`` (else None)."""
         if score < self._lowest_known:
             return None
-        return 1 + sum(bisect.bisect_left(negated, -score) for negated in self._ascending)
+        return 1 + bisect.bisect_left(self._ascending, -score)
 
 
 def leg_rank(score: float, tops: Sequence[Sequence[float]], depth: int) -> int | None:
