@@ -32,7 +32,8 @@ class LexicalView:
 
     def stats(self) -> CorpusStats:
         """The shard's statistics (live documents only) for the view's terms."""
-        return self.base.stats(self.holders, self.hidden_rows) + self.segment_stats
+        base = self.base.stats(self.holders, self.hidden_rows)
+        return base + self.segment_stats if self.segment_stats.docs else base
 
 
 @dataclass(slots=True)

@@ -35,10 +35,14 @@ from index_shards.lexical import SegmentLexicon
 from index_shards.lexical_search import LexicalView
 from index_shards.segment_rows import SegmentRows
 from index_shards.shard import Shard, _empty
+from retrieval.bm25 import CorpusStats
 from retrieval.contract import HitColumns
 from retrieval.errors import DimensionMismatch, InvalidRequest
 from retrieval.filters import Filter
 from retrieval.records import DELETE, NOOP, UPSERT, WalRecord, document_fingerprint
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_STATS = CorpusStats(0, 0, {})
 
 
 @dataclass(slots=True, frozen=True)
@@ -178,6 +182,8 @@ class LiveShard:
         """What a lexical query reads of the live state, taken at one applied seq: the base rows
         hidden by writes, and the segment's documents holding any of ``terms`` with its statistics."""
         base = self.base.lexicon  # built before the lock: writes are not held up by a first build
+        if not self._docs and not self._tombstones:  # nothing written since the base: no segment to read
+            return LexicalView(base, _NO_ROWS, {term: [] for term in terms}, {}, {}, _NO_STATS)
         with self._lock:
             if self._lexicon is None:
                 self._lexicon = SegmentLexicon()
