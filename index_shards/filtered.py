@@ -368,6 +368,16 @@ class FilteredSearcher:
                     self._id_map = faiss.vector_to_array(self.searchable.index.id_map)  # type: ignore[attr-defined]
         return self._id_map
 
+    def flat_storage(self) -> tuple[np.ndarray, IdPositions] | None:
+        """Where :meth:`vectors` reads a flat storage from: its matrix (a read-only view) and the
+        int id → position map; None for other indexes."""
+        flat = self._flat_matrix()
+        if flat is None:
+            return None
+        positions = self._position_map()
+        assert positions is not None  # _flat_matrix requires a plain id map
+        return flat, positions
+
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         """The stored vectors of these int ids (for PQ/SQ indexes: decoded from their codes)."""
         flat = self._flat_matrix()

@@ -183,10 +183,9 @@ def _pass(live: LiveShard, vectors: np.ndarray, queries: Sequence[LexicalQuery],
         if extra.size:
             extra_per_query = np.bincount(extra // n, minlength=size)
             deeper = (extra_per_query > max(4 * read, 64)) & (counted >= read) & (read < MAX_DEPTH)
-            added = extra[~deeper[extra // n]]
+            added = extra[~deeper[extra // n]]  # ascending and distinct, as the scored documents are
             if added.size:
-                scored = scored.plus(live, queries64, keys, added, bm25, dense_weight, per_bm25, k)
-                keys = np.union1d(keys, added)
+                keys, scored = scored.plus(live, queries64, keys, added, bm25, dense_weight, per_bm25, k)
 
     # each query's picks (every tie at its k-th), its dense leg's best similarities (as recomputed)
     # and its lexical leg's best scores, best first, for the gateway's leg ranks
@@ -248,9 +247,9 @@ class _Scored:
         return cls(ids, similarity, cand_bm25, fused, starts, kth)
 
     def plus(self, live: LiveShard, queries: np.ndarray, keys: np.ndarray, added: np.ndarray, bm25: np.ndarray,
-             dense_weight: np.ndarray, per_bm25: np.ndarray, k: int) -> _Scored:
-        """These candidates (under ``keys``) and the ``added`` ones (none of them among these), in
-        key order; only the added ones scored."""
+             dense_weight: np.ndarray, per_bm25: np.ndarray, k: int) -> tuple[np.ndarray, _Scored]:
+        """These candidates (under ``keys``) and the ``added`` ones (none of them among these):
+        the keys and the candidates in key order, only the added ones scored."""
         size, n = bm25.shape
         ids, similarity, cand_bm25, fused, _ = _scores(live, queries, added, bm25, dense_weight, per_bm25)
         merged = np.concatenate([keys, added])
@@ -262,8 +261,9 @@ class _Scored:
         merged = merged[order]
         joined_fused = joined(self.fused, fused)
         starts = np.searchsorted(merged // n, np.arange(size + 1))
-        return _Scored(joined(self.ids, ids), joined(self.similarity, similarity), joined(self.bm25, cand_bm25),
-                       joined_fused, starts, _kth(joined_fused, merged // n, starts, size, k))
+        return merged, _Scored(joined(self.ids, ids), joined(self.similarity, similarity),
+                               joined(self.bm25, cand_bm25), joined_fused, starts,
+                               _kth(joined_fused, merged // n, starts, size, k))
 
 
 def _scores(live: LiveShard, queries: np.ndarray, keys: np.ndarray, bm25: np.ndarray, dense_weight: np.ndarray,
@@ -273,7 +273,7 @@ def _scores(live: LiveShard, queries: np.ndarray, keys: np.ndarray, bm25: np.nda
     size, n = bm25.shape
     cand_q, cand_rows = keys // n, keys % n
     ids = live.base.lexicon.int_ids[cand_rows]
-    matrix, present = live.base_matrix(ids)
+    matrix, present = live.base_row_matrix(cand_rows)
     starts = np.searchsorted(cand_q, np.arange(size + 1))
     rows = matrix.astype(np.float64)
     # each query's rows against it in hybrid_search's own arithmetic (einsum's loop per query, not

@@ -26,7 +26,6 @@ about one leg more than a dense query instead of two legs' lists of candidates w
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -257,13 +256,16 @@ def _columns(found: _Candidates, fused: np.ndarray, picked: np.ndarray, stored: 
     rows.sort()  # (fused score, doc id); j is unique, so documents are never compared
     best = rows[:k]
     chosen = picked[[j for _, _, j, _ in best]]
-    similarities, bm25s = found.similarity[chosen].tolist(), found.bm25[chosen].tolist()
-    columns: HitColumns = {"doc_ids": [doc_id for _, doc_id, _, _ in best],
-                           "scores": [-negated for negated, *_ in best],
-                           "titles": [doc.title if with_text else "" for *_, doc in best],
-                           "texts": [doc.text if with_text else "" for *_, doc in best]}
+    columns: HitColumns = {"doc_ids": [], "scores": [], "titles": [], "texts": []}
+    doc_ids, scores, titles, texts = columns["doc_ids"], columns["scores"], columns["titles"], columns["texts"]
+    for negated, doc_id, _, doc in best:
+        doc_ids.append(doc_id)
+        scores.append(-negated)
+        titles.append(doc.title if with_text else "")
+        texts.append(doc.text if with_text else "")
     if with_metadata:
         columns["metadata"] = [dict(doc.metadata or {}) for *_, doc in best]
-    columns["legs"] = {DENSE: [None if math.isnan(similarity) else similarity for similarity in similarities],
-                       LEXICAL: [bm25 if bm25 > 0 else None for bm25 in bm25s]}
+    columns["legs"] = {DENSE: [None if similarity != similarity else similarity  # NaN: no vector
+                               for similarity in found.similarity[chosen].tolist()],
+                       LEXICAL: [bm25 if bm25 > 0 else None for bm25 in found.bm25[chosen].tolist()]}
     return columns

@@ -116,6 +116,7 @@ class LiveShard:
         self._tombstone_array = np.zeros(0, dtype=np.int64)
         self._lexicon: SegmentLexicon | None = None  # made on the first lexical query, then kept by every write
         self._lock = threading.RLock()
+        self._row_table: tuple[np.ndarray, np.ndarray] | bool | None = None  # base_row_matrix's (False: none)
 
     @property
     def version_id(self) -> str:
@@ -329,6 +330,38 @@ class LiveShard:
                 if original is not None:
                     matrix[row] = original
         return matrix, present
+
+    def base_row_matrix(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`base_matrix` of base documents by lexicon row (rows are the base's documents in
+        int-id order): the same floats, read through a row → storage position table made once
+        where the storage is a flat array and no written document's original overrides it."""
+        table = self._row_positions() if self._written is None else None
+        if table is None:
+            return self.base_matrix(self.base.lexicon.int_ids[rows])
+        flat, positions = table
+        at = positions[rows]
+        present = at >= 0
+        if present.all():
+            return flat[at], present
+        matrix = np.zeros((rows.size, self.dim), dtype=np.float32)
+        matrix[present] = flat[at[present]]
+        return matrix, present
+
+    def _row_positions(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(the flat storage, each lexicon row's position in it; -1: stored without a vector),
+        made on first use (the base never changes under a LiveShard); None for other storages."""
+        if self._row_table is None:
+            storage = self.base.filtered.flat_storage()
+            if storage is None:
+                self._row_table = False
+            else:
+                flat, id_positions = storage
+                int_ids = self.base.lexicon.int_ids
+                vectored = ~np.isin(int_ids, self.base.bare) if self.base.bare.size else np.ones(int_ids.size, bool)
+                positions = np.full(int_ids.size, -1, dtype=np.int64)
+                positions[vectored] = id_positions.of(int_ids[vectored])
+                self._row_table = (flat, positions)
+        return self._row_table if isinstance(self._row_table, tuple) else None
 
     def base_vectors(self, int_ids: np.ndarray) -> list[np.ndarray | None]:
         """Base documents' vectors: a written one's original where the base kept it, else the

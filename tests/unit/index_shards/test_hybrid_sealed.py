@@ -158,6 +158,12 @@ def test_an_l2_collection_and_a_base_holding_a_document_without_a_vector(msmarco
     legs = [(doc_id, dense) for columns, _ in hits
             for doc_id, dense in zip(columns["doc_ids"], columns["legs"]["dense"], strict=True)]
     assert ("no-vector", None) in legs  # found by its words alone, with no dense score
+    # the batch pass reads candidates' vectors by row: the same floats as by int id, none for it
+    over_base = LiveShard(live.base)
+    rows = np.arange(live.base.lexicon.count)
+    by_row, present = over_base.base_row_matrix(rows)
+    by_id, present_by_id = over_base.base_matrix(live.base.lexicon.int_ids)
+    assert np.array_equal(by_row, by_id) and np.array_equal(present, present_by_id) and (~present).sum() == 1
 
 
 @pytest.mark.parametrize("cells", [200, 1 << 22])
