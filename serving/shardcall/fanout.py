@@ -170,6 +170,12 @@ class FanOut:
         # batches never mix versions: the version is part of the batch key
         self._batchers: list[NaturalBatcher[SearchParams, _Item, _Answer]] = self.batchers(self._caller)
 
+    def record(self, call: ShardCall) -> None:
+        """Report one shard call (a coalesced batch counts once) to the gateway's metrics: every
+        call of every mode — dense, lexical, hybrid — comes through here."""
+        if self._on_call is not None:
+            self._on_call(call)
+
     def batchers(self, caller: Callable[[int], Callable[[SearchParams, list[Any]], Awaitable[Sequence[Any]]]],
                  ) -> list[NaturalBatcher[SearchParams, Any, Any]]:
         """One batcher per shard around ``caller(shard_id)``, with this fan-out's batch limits (the
@@ -260,8 +266,7 @@ class FanOut:
             info = ShardCall(shard_id, result.reply.version, result.replica, result.latency_ms,
                              result.reply.server_ms, len(items),
                              result.attempts, result.hedged, result.hedge_won)
-            if self._on_call is not None:
-                self._on_call(info)
+            self.record(info)
             return [(columns, info) for columns in result.reply.results]
 
         return call

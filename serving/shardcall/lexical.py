@@ -86,6 +86,7 @@ class _Round:
 class LexicalFanOut:
     def __init__(self, fanout: FanOut) -> None:
         self.caller = fanout.caller
+        self._record = fanout.record
         self.cache = CorpusStatsCache()
         self._batchers = fanout.batchers(self._call_for)
         self._hybrid_batchers = fanout.batchers(self._hybrid_call_for)
@@ -226,6 +227,7 @@ class LexicalFanOut:
                                        f"lexical queries of {len(items)}", shard=shard_id)
             info = ShardCall(shard_id, reply.version, result.replica, result.latency_ms, reply.server_ms, len(items),
                              result.attempts, result.hedged, result.hedge_won)
+            self._record(info)
             return [(hits, stats, info) for hits, stats in zip(reply.results, reply.stats, strict=True)]
 
         return call
@@ -244,8 +246,10 @@ class LexicalFanOut:
         if reply.stats is None or not len(reply.stats) == len(reply.results) == len(items):
             raise ShardUnavailable(f"shard {shard_id} ({result.replica}) did not answer the {len(items)} "
                                    f"queries of a {what} call", shard=shard_id)
-        return reply, ShardCall(shard_id, reply.version, result.replica, result.latency_ms, reply.server_ms,
-                                len(items), result.attempts, result.hedged, result.hedge_won)
+        info = ShardCall(shard_id, reply.version, result.replica, result.latency_ms, reply.server_ms, len(items),
+                         result.attempts, result.hedged, result.hedge_won)
+        self._record(info)
+        return reply, info
 
     def _hybrid_call_for(self, shard_id: int) -> Callable[[SearchParams, list[Any]], Any]:
         async def call(params: SearchParams, items: list[_HybridItem]) -> Sequence[_HybridAnswer]:

@@ -5,6 +5,8 @@ and says where each leg ranked each hit; a filter holds on both legs; bad input 
 naming the field. nDCG@10 of every mode is reported (the acceptance table and the choice of
 weights: benchmarks/hybrid_quality.py)."""
 
+import re
+
 import httpx
 import numpy as np
 import pytest
@@ -127,6 +129,13 @@ def test_lexical_ranking_equals_unsharded_bm25_through_writes_and_compaction(wri
     all_equal("after compaction")
 
 
+def queries_called(http: httpx.Client) -> float:
+    """How many queries the gateway has sent to shards, summed over its calls (its batch-size
+    histogram: every mode's calls are recorded there)."""
+    metrics = http.get("/metrics").text
+    return float(re.search(r"^shardrag_gateway_shard_batch_size_queries_sum (\S+)$", metrics, re.MULTILINE)[1])
+
+
 def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
     corpus, _, http, _ = setup
     queries = corpus.dataset.judged_queries()
@@ -138,6 +147,7 @@ def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
     for label, extra in {"dense": {}, "lexical": {"mode": "lexical"}, "rrf": {"mode": "hybrid", "fusion": "rrf"},
                          "weighted": {"mode": "hybrid"}}.items():
         rankings = {}
+        called = queries_called(http)
         for query_id, text in queries.items():
             answer = query(http, text, **extra)
             rankings[query_id] = [hit["doc_id"] for hit in answer["hits"]]
@@ -178,6 +188,8 @@ def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
                 assert fresh["diagnostics"]["encode_ms"] > 0 and again["diagnostics"]["encode_ms"] == 0
                 assert [(h["doc_id"], h["score"], h["legs"]) for h in again["hits"]] == \
                     [(h["doc_id"], h["score"], h["legs"]) for h in fresh["hits"]]
+        # every query reached every shard, and each of those calls shows in the gateway's metrics
+        assert queries_called(http) - called >= len(queries) * SHARDS, label
         scores[label] = ndcg_at_k(rankings, corpus.dataset.qrels, 10)
     REPORT.append(f"nDCG@10 through REST ({corpus.dataset.name}, {SHARDS} shards): " +
                   ", ".join(f"{label} {value:.4f}" for label, value in scores.items()))
