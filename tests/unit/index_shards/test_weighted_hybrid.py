@@ -276,3 +276,28 @@ def test_a_documents_similarity_has_the_same_bits_wherever_it_sits_among_the_can
         assert np.array_equal(_similarity(matrix[order], present, query, metric), whole[order])
         for row in (0, 5, 36):
             assert _similarity(matrix[row:row + 1], present[:1], query, metric)[0] == whole[row]
+
+
+def test_a_shards_hits_are_ordered_by_fused_score_then_doc_id_and_a_missing_document_is_named():
+    """Ties at the k-th fused score are all picked; the shard keeps the lowest doc ids among them
+    (the gateway merges by (score, doc id), so it must), base and segment documents alike."""
+    from index_shards.docstore import StoredDoc
+    from index_shards.hybrid_search import _Candidates, _columns
+    from retrieval.errors import IndexIntegrityError
+
+    base_ids = np.asarray([3, 5, 8, 9], dtype=np.int64)
+    stored = {3: StoredDoc("d", "t3", "x3"), 5: StoredDoc("b", "t5", "x5"), 8: StoredDoc("z", "t8", "x8"),
+              9: StoredDoc("a", "t9", "x9")}
+    similarity, bm25 = np.asarray([0.1, 0.2, 0.3, np.nan, 0.5]), np.asarray([0.0, 2.0, 1.0, 3.0, 0.0])
+    found = _Candidates(base_ids, ["c"], similarity, bm25, {"c": StoredDoc("c", "tc", "xc")})
+    fused = np.asarray([0.5, 0.7, 0.7, 0.5, 0.7])
+    columns = _columns(found, fused, np.arange(5), stored, 4, True, False)
+    assert columns["doc_ids"] == ["b", "c", "z", "a"]  # 0.7 by doc id (the segment's "c" among them), then 0.5
+    assert columns["scores"] == [0.7, 0.7, 0.7, 0.5]
+    assert columns["titles"] == ["t5", "tc", "t8", "t9"] and columns["texts"] == ["x5", "xc", "x8", "x9"]
+    assert columns["legs"] == {"dense": [0.2, 0.5, 0.3, None], "lexical": [2.0, None, 1.0, 3.0]}
+    bare = _columns(found, fused, np.asarray([1, 2, 4]), stored, 2, False, False)
+    assert bare["doc_ids"] == ["b", "c"] and bare["titles"] == ["", ""] and bare["texts"] == ["", ""]
+    del stored[8]
+    with pytest.raises(IndexIntegrityError, match="8"):
+        _columns(found, fused, np.arange(5), stored, 4, True, False)
