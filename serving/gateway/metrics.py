@@ -27,6 +27,15 @@ class GatewayMetrics:
     partial_responses: Counter
     rollout_events: Counter
     _call_children: dict[tuple[int, str], Any] = field(default_factory=dict)
+    _query_children: dict[str, Any] = field(default_factory=dict)
+
+    def observe_query(self, mode: str, latency_s: float) -> None:
+        """One answered /v1/query (or /v1/answer's retrieval), by how it ranked: ``dense``,
+        ``lexical``, ``hybrid_rrf`` or ``hybrid_weighted`` — so a dashboard shows what hybrid costs."""
+        child = self._query_children.get(mode)
+        if child is None:
+            child = self._query_children[mode] = self.query_latency.labels(mode=mode)
+        child.observe(latency_s)
 
     def observe_shard_call(self, shard_id: int, replica: str, latency_s: float, batch_size: int) -> None:
         """One gateway→replica call (a coalesced batch counts once)."""
@@ -44,8 +53,9 @@ class GatewayMetrics:
             registry=registry,
             requests=Counter("shardrag_gateway_requests_total", "Gateway requests by endpoint and status",
                              ["endpoint", "status"], registry=registry),
-            query_latency=Histogram("shardrag_gateway_query_latency_seconds", "End-to-end /v1/query latency",
-                                    buckets=_LATENCY_BUCKETS_S, registry=registry),
+            query_latency=Histogram("shardrag_gateway_query_latency_seconds",
+                                    "End-to-end /v1/query latency by mode: dense, lexical, hybrid_rrf, hybrid_weighted",
+                                    ["mode"], buckets=_LATENCY_BUCKETS_S, registry=registry),
             encode_latency=Histogram("shardrag_gateway_encode_latency_seconds", "Query text embedding time",
                                      buckets=_LATENCY_BUCKETS_S, registry=registry),
             shard_call_latency=Histogram("shardrag_gateway_shard_call_latency_seconds",

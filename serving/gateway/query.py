@@ -213,7 +213,8 @@ class QueryService:
         if missing:
             self.metrics.partial_responses.inc()
         took_ms = (time.perf_counter() - started) * 1000.0
-        self.metrics.query_latency.observe(took_ms / 1000.0)
+        self.metrics.observe_query(request.mode if request.mode != "hybrid" else f"hybrid_{request.fusion}",
+                                   took_ms / 1000.0)
         return {
             "hits": legs.hits,
             "version": result.version,

@@ -129,11 +129,15 @@ def test_lexical_ranking_equals_unsharded_bm25_through_writes_and_compaction(wri
     all_equal("after compaction")
 
 
-def queries_called(http: httpx.Client) -> float:
-    """How many queries the gateway has sent to shards, summed over its calls (its batch-size
-    histogram: every mode's calls are recorded there)."""
+def counted(http: httpx.Client, mode: str) -> tuple[float, float]:
+    """From the gateway's metrics: the queries it has sent to shards, summed over its calls (the
+    batch-size histogram, where every mode's calls are recorded), and the queries of ``mode``
+    answered (the query latency histogram's label)."""
     metrics = http.get("/metrics").text
-    return float(re.search(r"^shardrag_gateway_shard_batch_size_queries_sum (\S+)$", metrics, re.MULTILINE)[1])
+    sent = re.search(r"^shardrag_gateway_shard_batch_size_queries_sum (\S+)$", metrics, re.MULTILINE)
+    answered = re.search(rf'^shardrag_gateway_query_latency_seconds_count{{mode="{mode}"}} (\S+)$', metrics,
+                         re.MULTILINE)
+    return float(sent[1]) if sent else 0.0, float(answered[1]) if answered else 0.0
 
 
 def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
@@ -147,7 +151,8 @@ def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
     for label, extra in {"dense": {}, "lexical": {"mode": "lexical"}, "rrf": {"mode": "hybrid", "fusion": "rrf"},
                          "weighted": {"mode": "hybrid"}}.items():
         rankings = {}
-        called = queries_called(http)
+        metric_mode = {"rrf": "hybrid_rrf", "weighted": "hybrid_weighted"}.get(label, label)
+        sent, answered = counted(http, metric_mode)
         for query_id, text in queries.items():
             answer = query(http, text, **extra)
             rankings[query_id] = [hit["doc_id"] for hit in answer["hits"]]
@@ -188,8 +193,11 @@ def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
                 assert fresh["diagnostics"]["encode_ms"] > 0 and again["diagnostics"]["encode_ms"] == 0
                 assert [(h["doc_id"], h["score"], h["legs"]) for h in again["hits"]] == \
                     [(h["doc_id"], h["score"], h["legs"]) for h in fresh["hits"]]
-        # every query reached every shard, and each of those calls shows in the gateway's metrics
-        assert queries_called(http) - called >= len(queries) * SHARDS, label
+        # every query reached every shard, and each of those calls shows in the gateway's metrics, as
+        # does each query's latency under its mode (its fresh and cached repeats too)
+        sent_after, answered_after = counted(http, metric_mode)
+        assert sent_after - sent >= len(queries) * SHARDS, label
+        assert answered_after - answered >= len(queries), label
         scores[label] = ndcg_at_k(rankings, corpus.dataset.qrels, 10)
     REPORT.append(f"nDCG@10 through REST ({corpus.dataset.name}, {SHARDS} shards): " +
                   ", ".join(f"{label} {value:.4f}" for label, value in scores.items()))
