@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from index_shards.lexical import bm25_weights
+from index_shards.lexical import BaseLexicon, bm25_weights
 from retrieval.analysis import query_terms
 from retrieval.bm25 import CorpusStats, LexicalQuery, score_bound
 from retrieval.errors import IndexIntegrityError
@@ -102,39 +102,18 @@ def _pass(live: LiveShard, vectors: np.ndarray, queries: Sequence[LexicalQuery],
 
     # the lexical leg: each query's term weights under its statistics, then every query's postings
     # scored in one pass (bincount adds per document in array order: term by term, as per query)
-    owns: list[CorpusStats] = []
-    per_bm25 = np.zeros(size, dtype=np.float64)
-    firsts, ends, weight_parts, average_parts, offsets = [], [], [], [], []
-    for q, (query, spec) in enumerate(zip(queries, specs, strict=True)):
-        assert spec is not None
-        terms = query_terms(query.text)
-        names = [term for term, _ in terms]
-        own = lexicon.stats(names, _NO_ROWS)
-        owns.append(own)
-        stats = query.corpus if query.corpus is not None else own
-        average = stats.average_length
-        weighted = [(span, stats.idf(term) * count) for (term, count), span in zip(terms, lexicon.spans(names))]
-        weighted = [(span, weight) for span, weight in weighted if weight > 0]
-        if not weighted or average <= 0:
-            continue  # no term to score: BM25 0 everywhere, the fused score the dense leg's alone
-        per_bm25[q] = spec.lexical / score_bound([weight for _, weight in weighted])
-        for (first, end), weight in weighted:
-            if end > first:
-                firsts.append(first)
-                ends.append(end)
-                weight_parts.append(weight)
-                average_parts.append(average)
-                offsets.append(q * n)
-    if firsts:
-        counts = np.asarray(ends) - np.asarray(firsts)
+    plan = term_plan(lexicon, queries)
+    owns, per_bm25 = plan.owns, plan.per_bm25
+    if plan.firsts:
+        counts = np.asarray(plan.ends) - np.asarray(plan.firsts)
         total = int(counts.sum())
         # every term's postings in one gather: position = its term's first + its place in the run
         runs = np.cumsum(counts) - counts
-        positions = np.arange(total) + np.repeat(np.asarray(firsts) - runs, counts)
+        positions = np.arange(total) + np.repeat(np.asarray(plan.firsts) - runs, counts)
         rows = lexicon.rows[positions]
-        cells = rows + np.repeat(np.asarray(offsets, dtype=np.int64), counts)
-        contributions = bm25_weights(np.repeat(np.asarray(weight_parts), counts), lexicon.tfs[positions],
-                                     lexicon.lengths[rows], np.repeat(np.asarray(average_parts), counts))
+        cells = rows + np.repeat(np.asarray(plan.queries, dtype=np.int64) * n, counts)
+        contributions = bm25_weights(np.repeat(np.asarray(plan.weights), counts), lexicon.tfs[positions],
+                                     lexicon.lengths[rows], np.repeat(np.asarray(plan.averages), counts))
         bm25 = np.bincount(cells, weights=contributions, minlength=size * n).reshape(size, n)
     else:
         bm25 = np.zeros((size, n), dtype=np.float64)
@@ -215,6 +194,56 @@ def _pass(live: LiveShard, vectors: np.ndarray, queries: Sequence[LexicalQuery],
                                     scored.fused[start:end], picked[picked_bounds[q]:picked_bounds[q + 1]] - start,
                                     leg_tops, owns[q]))
     return answers
+
+
+@dataclass(slots=True)
+class TermPlan:
+    """A batch's lexical work: per query the shard's own statistics for its terms and its BM25
+    weight in the fused score (w_lexical / bound; 0: no term to score), and every scored term —
+    query by query, in each query's term order — with its postings' bounds in the lexicon, its
+    weight (idf × count) and the average length it is scored under, and its query."""
+
+    owns: list[CorpusStats]
+    per_bm25: np.ndarray
+    firsts: list[int]
+    ends: list[int]
+    weights: list[float]
+    averages: list[float]
+    queries: list[int]
+
+
+def term_plan(lexicon: BaseLexicon, queries: Sequence[LexicalQuery]) -> TermPlan:
+    """Each query's terms under the statistics it carries (its own shard's when none), as the
+    per-query path weighs them: a term no document holds, or with a zero weight, is not scored."""
+    owns: list[CorpusStats] = []
+    per_bm25 = np.zeros(len(queries), dtype=np.float64)
+    firsts: list[int] = []
+    ends: list[int] = []
+    weights: list[float] = []
+    averages: list[float] = []
+    of_query: list[int] = []
+    for q, query in enumerate(queries):
+        spec = query.fuse
+        assert spec is not None  # fused_search's callers send weighted queries only
+        terms = query_terms(query.text)
+        names = [term for term, _ in terms]
+        own = lexicon.stats(names, _NO_ROWS)
+        owns.append(own)
+        stats = query.corpus if query.corpus is not None else own
+        average = stats.average_length
+        weighted = [(span, stats.idf(term) * count) for (term, count), span in zip(terms, lexicon.spans(names))]
+        weighted = [(span, weight) for span, weight in weighted if weight > 0]
+        if not weighted or average <= 0:
+            continue  # no term to score: BM25 0 everywhere, the fused score the dense leg's alone
+        per_bm25[q] = spec.lexical / score_bound([weight for _, weight in weighted])
+        for (first, end), weight in weighted:
+            if end > first:
+                firsts.append(first)
+                ends.append(end)
+                weights.append(weight)
+                averages.append(average)
+                of_query.append(q)
+    return TermPlan(owns, per_bm25, firsts, ends, weights, averages, of_query)
 
 
 def _unique(keys: np.ndarray) -> np.ndarray:
