@@ -24,11 +24,12 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 
-from benchmarks.common import load_corpus, machine_info, write_result
+from benchmarks.common import Corpus, load_corpus, machine_info, write_result
 from benchmarks.hybrid_latency import texts
 from index_shards.build import BuildConfig, build_collection
 from index_shards.layout import resolve_version, shard_dir
@@ -50,18 +51,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="passes over the queries per cell")
     parser.add_argument("--label", default="", help="suffix of the result file (before / after)")
     args = parser.parse_args()
-    corpus = load_corpus()
-    queries = texts()
-    vectors = np.asarray(corpus.query_vectors, dtype=np.float32)
+    corpus, queries, vectors = inputs()
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        build_collection(root, corpus.documents, corpus.vectors, corpus.version,
-                         BuildConfig("c", SHARDS, factory="Flat"), show_progress=False)
-        directory, _ = resolve_version(root, "c")
-        replicas = [ShardVersions(Shard.load(shard_dir(directory, s), device="cpu"), data_dir=root / f"data-{s}")
-                    for s in range(SHARDS)]
-        stats = [CorpusStats.total(replica.get(None).lexical_view([t for t, _ in query_terms(text)]).stats()
-                                   for replica in replicas) for text in queries]
+        replicas, stats = shards_and_statistics(Path(tmp), corpus, queries)
         replica = replicas[0]
         cells: dict[str, list[float]] = {}
         for _ in range(args.rounds):
@@ -69,19 +61,46 @@ def main() -> None:
                 for mode in ("dense", "weighted"):
                     took = run(replica, vectors, queries, stats, mode, batch, args.repeat)
                     cells.setdefault(f"{mode} b{batch}", []).append(took)
-        for batch in (1, 7):
-            for mode in ("dense", "weighted"):
-                runs = cells[f"{mode} b{batch}"]
-                print(f"{mode:8} calls of {batch}: {', '.join(f'{t:.3f}' for t in runs)} ms a query "
-                      f"(median {statistics.median(runs):.3f}, worst {max(runs):.3f})")
-            ratio = [w / d for w, d in zip(cells[f"weighted b{batch}"], cells[f"dense b{batch}"], strict=True)]
-            print(f"weighted ÷ dense, calls of {batch}: median {statistics.median(ratio):.2f}, worst {max(ratio):.2f}")
-    summary = {name: {"runs_ms": runs, "median_ms": statistics.median(runs), "worst_ms": max(runs)}
-               for name, runs in cells.items()}
+    summary = report(cells, ("dense", "weighted"))
     written = write_result("hybrid_shard" + (f"_{args.label}" if args.label else ""),
                            {"machine": machine_info(), "docs_on_shard": replicas[0].get(None).base.lexicon.count,
                             "spec": SPEC.to_dict(), "cells": summary})
     print(f"wrote {written}")
+
+
+def report(cells: dict[str, list[float]], names: tuple[str, str]) -> dict[str, dict[str, Any]]:
+    """Print each cell's rounds (ms a query) for calls of 1 and 7, and the second name's ÷ the
+    first's; the cells with their median and worst, for the JSON."""
+    for batch in (1, 7):
+        for name in names:
+            runs = cells[f"{name} b{batch}"]
+            print(f"{name:8} calls of {batch}: {', '.join(f'{t:.3f}' for t in runs)} ms a query "
+                  f"(median {statistics.median(runs):.3f}, worst {max(runs):.3f})")
+        ratio = [b / a for a, b in zip(cells[f"{names[0]} b{batch}"], cells[f"{names[1]} b{batch}"], strict=True)]
+        print(f"{names[1]} ÷ {names[0]}, calls of {batch}: median {statistics.median(ratio):.2f}, "
+              f"worst {max(ratio):.2f}")
+    return {name: {"runs_ms": runs, "median_ms": statistics.median(runs), "worst_ms": max(runs)}
+            for name, runs in cells.items()}
+
+
+def inputs() -> tuple[Corpus, list[str], np.ndarray]:
+    """The corpus, the 100 real query texts and their vectors."""
+    corpus = load_corpus()
+    return corpus, texts(), np.asarray(corpus.query_vectors, dtype=np.float32)
+
+
+def shards_and_statistics(root: Path, corpus: Corpus, queries: list[str]) -> tuple[list[ShardVersions],
+                                                                                    list[CorpusStats]]:
+    """The corpus built into :data:`SHARDS` Flat shards under ``root``, loaded, and each query's
+    statistics summed over them (what the gateway sends)."""
+    build_collection(root, corpus.documents, corpus.vectors, corpus.version,
+                     BuildConfig("c", SHARDS, factory="Flat"), show_progress=False)
+    directory, _ = resolve_version(root, "c")
+    replicas = [ShardVersions(Shard.load(shard_dir(directory, s), device="cpu"), data_dir=root / f"data-{s}")
+                for s in range(SHARDS)]
+    stats = [CorpusStats.total(replica.get(None).lexical_view([t for t, _ in query_terms(text)]).stats()
+                               for replica in replicas) for text in queries]
+    return replicas, stats
 
 
 def run(replica: ShardVersions, vectors: np.ndarray, queries: list[str], stats: list[CorpusStats], mode: str,
