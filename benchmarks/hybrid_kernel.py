@@ -39,6 +39,7 @@ from retrieval.filters import Filter
 from retrieval.fusion import DENSE, LEXICAL
 
 try:
+    import numba
     from numba import njit
 except ImportError:  # the message is the point
     raise SystemExit("numba is not installed: .venv/bin/pip install numba==0.68.0 (not a shardrag dependency)") \
@@ -258,7 +259,8 @@ def main() -> None:
     summary = report(cells, ("shipped", "kernel"))
     print(f"the kernel's own time, calls of 7: {kernel_alone_us:.1f} µs a query")
     written = write_result("hybrid_kernel", {
-        "machine": machine_info(), "spec": SPEC.to_dict(), "same_documents": same, "queries": len(queries),
+        "machine": machine_info(), "numba": numba.__version__, "spec": SPEC.to_dict(), "same_documents": same,
+        "queries": len(queries),
         "score_drift": drift, "first_call_s": first_call_s, "kernel_alone_us_per_query_b7": kernel_alone_us,
         "cells": summary})
     print(f"wrote {written}")
