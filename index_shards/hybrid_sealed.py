@@ -140,7 +140,7 @@ def _pass(live: LiveShard, vectors: np.ndarray, queries: Sequence[LexicalQuery],
     dense_rows = np.minimum(np.searchsorted(lexicon.int_ids, dense_ids[found]), n - 1)
     if not np.array_equal(lexicon.int_ids[dense_rows], dense_ids[found]):
         raise IndexIntegrityError("a dense hit of a hybrid query is not in the shard's document store")
-    keys = _unique(np.concatenate([dense_q * n + dense_rows, touched_q[in_top] * n + touched_rows[in_top]]))
+    keys = distinct(np.concatenate([dense_q * n + dense_rows, touched_q[in_top] * n + touched_rows[in_top]]))
     queries64 = np.asarray(vectors, dtype=np.float64)
     scored = _Scored.of(live, queries64, keys, bm25, dense_weight, per_bm25, k)
 
@@ -246,13 +246,13 @@ def term_plan(lexicon: BaseLexicon, queries: Sequence[LexicalQuery]) -> TermPlan
     return TermPlan(owns, per_bm25, firsts, ends, weights, averages, of_query)
 
 
-def _unique(keys: np.ndarray) -> np.ndarray:
+def distinct(keys: np.ndarray) -> np.ndarray:
     """The distinct ``keys``, ascending (np.unique's hashing costs more on a few hundred)."""
     ordered = np.sort(keys)
     if ordered.size < 2:
         return ordered
-    distinct: np.ndarray = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
-    return distinct
+    kept: np.ndarray = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+    return kept
 
 
 @dataclass(slots=True, frozen=True)

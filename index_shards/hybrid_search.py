@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from index_shards.hybrid_sealed import MAX_DEPTH, MIN_SEALED_BATCH, sealed, sealed_batch, similarity_f64
+from index_shards.hybrid_sealed import MAX_DEPTH, MIN_SEALED_BATCH, distinct, sealed, sealed_batch, similarity_f64
 from index_shards.lexical_search import LexicalScores, lexical_scores
 from retrieval.bm25 import CorpusStats, LexicalQuery, score_bound
 from retrieval.contract import HitColumns
@@ -217,11 +217,14 @@ def _candidates(live: LiveShard, vector: np.ndarray, base_ids: np.ndarray, segme
     since is left out), each with both scores: the similarity from its vector read back (the
     same float64 arithmetic for every document, whichever leg found it and on whichever shard it
     lives), the BM25 looked up."""
-    base = np.unique(np.asarray(base_ids, dtype=np.int64))
+    base = distinct(np.asarray(base_ids, dtype=np.int64))
     segment = live.segment_members(dict.fromkeys(segment_ids)) if segment_ids else {}
     in_segment = [doc_id for doc_id in dict.fromkeys(segment_ids) if doc_id in segment]
-    matrix, present = live.base_matrix(base)
-    bm25 = lexical.base_score_of(base)
+    rows = np.searchsorted(lexical.base.int_ids, base)  # base documents: the lexicon holds a row for each
+    if rows.size and not np.array_equal(lexical.base.int_ids[np.minimum(rows, lexical.base.count - 1)], base):
+        raise IndexIntegrityError("a hybrid candidate is not in the shard's base")
+    matrix, present = live.base_row_matrix(rows)
+    bm25 = lexical.all_base_scores[rows] if lexical.all_base_scores.size else np.zeros(rows.size, dtype=np.float64)
     if in_segment:
         vectors = [segment[doc_id][1] for doc_id in in_segment]
         matrix = np.concatenate([matrix, np.asarray([v if v is not None else np.zeros(live.dim, np.float32)

@@ -51,14 +51,6 @@ class LexicalScores:
     all_base_scores: np.ndarray  # every base row's score (no filter, none hidden; 0: no term)
     segment_scores: dict[str, float]  # every segment document any term touched
 
-    def base_score_of(self, int_ids: np.ndarray) -> np.ndarray:
-        """The BM25 of base documents by int id (0 where no term touches one)."""
-        if not self.all_base_scores.size or not int_ids.size:
-            return np.zeros(int_ids.size, dtype=np.float64)
-        slots = np.minimum(np.searchsorted(self.base.int_ids, int_ids), self.base.count - 1)
-        found: np.ndarray = np.where(self.base.int_ids[slots] == int_ids, self.all_base_scores[slots], 0.0)
-        return found
-
 
 def lexical_scores(live: LiveShard, text: str, corpus: CorpusStats | None,
                    filter_: Filter | None = None) -> LexicalScores:
