@@ -6,7 +6,8 @@ placed on it at run time (``node``, ``python -m index_shards node``) and its sha
 collection (``placement``: replica r of shard i on node (i + r) mod N), the flags both processes
 share (``server_flags``), the lexical leg (``lexical``: the inverted index of a base and of a
 segment; ``lexical_search``: a shard's BM25 top k under the collection's statistics, with its
-own; ``hybrid_search``: a weighted hybrid's exact fused top k of the shard's documents;
+own; ``lexical_warm``: when a replica builds a base's index — ahead of the queries once it has
+served a lexical one; ``hybrid_search``: a weighted hybrid's exact fused top k of the shard's documents;
 ``hybrid_sealed``: the same for a batch in whole-batch passes, on a shard with no writes since
 its base), and
 corpora and filters grown from real embeddings for tests and benchmarks at sizes the shipped data

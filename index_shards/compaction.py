@@ -239,7 +239,7 @@ def _compact(versions: ShardVersions, slot: VersionSlot) -> dict[str, float | in
     versions.crash_point("after_checkpoint")  # named by the checkpoint; the WAL is still whole
     base = load_base(base_dir, live.base, device=versions.device, mmap=versions.mmap,
                      filter_exact_max=versions.filter_exact_max)
-    if live.base.has_lexicon:
+    if live.base.has_lexicon or versions.lexical_warmth.wanted:
         base.lexicon  # noqa: B018 - built here, off the query path: lexical queries never wait for it
     with slot.write_lock:  # the writes applied while the base was built move to the new segment
         current = slot.live

@@ -90,6 +90,7 @@ class ShardServerConfig:
     lease_s: float = 3.0  # the primary's lease: how long after it stops renewing a replica takes over
     replica_id: str | None = None  # this replica's stable id (default: its data dir's name)
     replication: int = 0  # the shard's configured replicas, which write_ack counts (0: as many as registered)
+    lexical_warm: str = "auto"  # when a base's lexical index is built (index_shards.lexical_warm)
 
 
 CATCH_UP_WAIT_S = 0.5  # how long a session read waits for this replica to apply the write it needs
@@ -133,7 +134,7 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
         shard, max_versions=config.max_versions, device=config.device, filter_exact_max=config.filter_exact_max,
         data_dir=config.data_dir, compact_after=config.compact_after, wal_retain=config.wal_retain,
         wal_file_bytes=config.wal_file_bytes, crash_point=faults.crash_point, mmap=config.mmap,
-        ignore_terms=lambda: faults.config.ignore_terms)
+        ignore_terms=lambda: faults.config.ignore_terms, lexical_warm=config.lexical_warm)
     replica = config.replica_id or (Path(config.data_dir).name if config.data_dir else "local")
     role = ShardRole(versions, replica, state, peers or HttpPeers(), replication=config.replication,
                      lease_s=config.lease_s, shared_lease=lease)

@@ -42,6 +42,13 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--filter-exact-max", type=int, default=4096,
                         help="filtered searches matching at most this many documents are scored exactly; more "
                              "take the index's own filtered search (default 4096)")
+    parser.add_argument("--lexical-warm", choices=("auto", "always", "lazy"),
+                        default=env.read("SHARDRAG_LEXICAL_WARM", "auto"),
+                        help="when a base's lexical (BM25) index is built: auto = ahead of the queries once this "
+                             "replica has served a lexical query (remembered in its data dir), so a restart, a "
+                             "rollout or a snapshot restore does not make the next hybrid query wait for it (about a "
+                             "minute per million documents); always = ahead of the queries from the start; lazy = on "
+                             "the first lexical query (default auto) [env SHARDRAG_LEXICAL_WARM]")
     parser.add_argument("--faults", default=env.read("SHARDRAG_FAULTS", ""),
                         help="fault injection spec, e.g. 'stall=0.05:100,latency=lognormal:1:0.5' "
                              "(see index_shards/faults.py; default off) [env SHARDRAG_FAULTS]")
@@ -70,7 +77,8 @@ def server_config_from(args: argparse.Namespace) -> ShardServerConfig:
                              faults=faults, max_versions=args.max_versions, device=args.device,
                              mmap=not args.no_mmap, filter_exact_max=args.filter_exact_max,
                              compact_after=args.compact_after, wal_retain=args.wal_retain,
-                             wal_file_bytes=int(args.wal_file_mb * 2**20), lease_s=args.lease_s)
+                             wal_file_bytes=int(args.wal_file_mb * 2**20), lease_s=args.lease_s,
+                             lexical_warm=args.lexical_warm)
 
 
 def add_built_flags(parser: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ from index_shards.faiss_index import SearchableIndex, read_index, wants_gpu
 from index_shards.filtered import FilteredSearcher
 from index_shards.layout import BARE_FILE, DOCSTORE_FILE, INDEX_FILE
 from index_shards.lexical import BaseLexicon
+from index_shards.lexical_warm import build_base_lexicon
 from index_shards.manifest import ShardManifest, verify_shard_dir
 from index_shards.payload import PayloadIndex
 from index_shards.search_defaults import read_search_defaults
@@ -57,13 +58,14 @@ class Shard:
 
     @property
     def lexicon(self) -> BaseLexicon:
-        """The base's inverted index (index_shards.lexical), built on first use in one pass over
-        docs.sqlite: derived from the documents, so whatever carries them carries it."""
+        """The base's inverted index (index_shards.lexical), built on first use — or ahead of it
+        (index_shards.lexical_warm, which also builds a large one in a child process) — in one
+        pass over docs.sqlite: derived from the documents, so whatever carries them carries it."""
         if self._lexicon is None:
             with self._lexicon_lock:
                 if self._lexicon is None:
                     started = time.perf_counter()
-                    lexicon = BaseLexicon.build((i, d.title, d.text) for i, d in self.docstore.iter_all())
+                    lexicon = build_base_lexicon(self.docstore)
                     logger.info("lexical index of %s: %d docs, %d terms, %.1f MiB, built in %.1f s", self.directory,
                                 lexicon.count, len(lexicon.vocabulary), lexicon.nbytes / 2**20,
                                 time.perf_counter() - started)
@@ -73,6 +75,13 @@ class Shard:
     @property
     def has_lexicon(self) -> bool:
         return self._lexicon is not None
+
+    @property
+    def lexicon_state(self) -> str:
+        """``built``, ``building`` (a query or a warm-up holds the build) or ``none``."""
+        if self._lexicon is not None:
+            return "built"
+        return "building" if self._lexicon_lock.locked() else "none"
 
     @classmethod
     def load(cls, directory: str | Path, *, device: str = "auto", mmap: bool = True) -> Shard:

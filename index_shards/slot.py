@@ -63,7 +63,8 @@ class VersionSlot:
             search_defaults=dict(self.shard.index.defaults) or None,
             last_term=last.term if last is not None else None,
             last_checksum=last.checksum if last is not None else None,
-            source_version=build.source_version, source_seqs=build.source_seqs)
+            source_version=build.source_version, source_seqs=build.source_seqs,
+            lexical_index=self.shard.lexicon_state)
 
 
 def load_base(directory: Path, build: Shard, *, device: str, mmap: bool, filter_exact_max: int | None) -> Shard:

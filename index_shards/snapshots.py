@@ -68,6 +68,7 @@ def restore(versions: ShardVersions, version: str, snapshot: Snapshot, *, force:
                               written=compaction.read_written(base_dir))
         slot.shard = base
     compaction.remove_leftovers(wal_dir, keep=base_dir.name)
+    versions.lexical_warmth.warm_soon(base)  # not under the write lock: writes resume at once
     logger.warning("version %s restored from a peer's snapshot at seq %d (%d documents; was at seq %d%s)",
                    slot.version_id, snapshot.seq, len(documents), was, ", diverged" if force else "")
     return snapshot.seq

@@ -28,6 +28,7 @@ import numpy as np
 from index_shards.hybrid_search import fused_search
 from index_shards.layout import INDEX_FILE
 from index_shards.lexical_search import shard_search
+from index_shards.lexical_warm import LexicalWarmth
 from index_shards.manifest import SHARD_MANIFEST
 from index_shards.segment import LiveShard
 from index_shards.shard import Shard
@@ -86,13 +87,14 @@ class ShardVersions:
                  data_dir: str | Path | None = None, compact_after: int = COMPACT_AFTER,
                  wal_retain: int = WAL_RETAIN, wal_file_bytes: int = SEGMENT_BYTES,
                  crash_point: Callable[[str], None] | None = None, mmap: bool = True,
-                 ignore_terms: Callable[[], bool] | None = None) -> None:
+                 ignore_terms: Callable[[], bool] | None = None, lexical_warm: str = "auto") -> None:
         """``data_dir``: where this replica keeps its write-ahead logs and compacted bases (one folder
         per version), held by this process alone (a second one is refused, naming the holder);
         None: the replica is read-only. ``compact_after``: segment documents plus tombstones that
         start a background compaction (writes are refused with 503 past 4× that while it runs: the
         segment's memory is bounded). ``crash_point``: the fault injector's hook, called at named
-        points of the write path (index_shards.faults)."""
+        points of the write path (index_shards.faults). ``lexical_warm``: when a base's lexical
+        index is built (index_shards.lexical_warm)."""
         manifest = first.manifest
         self.data_dir = Path(data_dir) if data_dir is not None else None
         if compact_after < 1:
@@ -116,6 +118,8 @@ class ShardVersions:
         self.memory_headroom = memory_headroom
         self._lock = threading.Lock()
         self._dir_lock = DirLock(self.data_dir, "replica data dir").acquire() if self.data_dir is not None else None
+        self.lexical_warmth = LexicalWarmth(lexical_warm, self.data_dir)
+        self.warming: threading.Thread | None = None  # the first version's lexical index, built in the background
         self._term_lock = threading.Lock()
         self.term = self._read_term()
         self.role: Callable[[], RoleInfo | None] = lambda: None  # set by the shard's role (index_shards.role)
@@ -128,6 +132,8 @@ class ShardVersions:
             self.close()
             raise
         self._slots: dict[str, VersionSlot] = {first.version_id: slot}
+        assert slot.shard is not None
+        self.warming = self.lexical_warmth.warm_soon(slot.shard)  # dense queries are served meanwhile
 
     def _open(self, slot: VersionSlot, build: Shard) -> None:
         open_live(slot, build, self.data_dir, device=self.device, mmap=self.mmap,
@@ -210,6 +216,8 @@ class ShardVersions:
                                 f"the read needs a write of term {params.min_term}", field="min_term",
                                 shard=self.shard_id)
         filter_ = filter_from_canonical(params.filter) if params.filter else None
+        if params.lexical:
+            self.lexical_warmth.note_used()
         if params.lexical and any(query.fuse is not None for query in lexical):
             if not all(query.fuse is not None for query in lexical) or len(vectors) != len(lexical):
                 raise InvalidRequest("a weighted hybrid call fuses every query, each with its vector", field="body")
@@ -330,6 +338,8 @@ class ShardVersions:
                     f"{slot.directory} is shard {m.shard_id}/{m.num_shards} of {m.collection!r}; this replica "
                     f"serves shard {self.shard_id}/{self.num_shards} of {self.collection!r}")
             self._open(slot, build)
+            assert slot.shard is not None
+            self.lexical_warmth.warm_now(slot.shard)  # ready with it: the rollout's first hybrid query never waits
             self.builds[slot.version_id] = build
         except ShardragError as exc:
             slot.state, slot.error = FAILED, exc.message

@@ -188,6 +188,7 @@ class VersionInfo:
     last_checksum: int | None = None  # them with its own to tell a lagging replica from a diverged one)
     source_version: str | None = None  # built from a live collection: that version, and per shard of it
     source_seqs: tuple[int, ...] | None = None  # the seq the build read (a rollout replays what came after)
+    lexical_index: str | None = None  # the base's lexical index: built | building | none
 
     @property
     def ready(self) -> bool:
@@ -206,7 +207,7 @@ class VersionInfo:
         if self.load_s is not None:
             out["load_s"] = self.load_s
         for name in ("applied_seq", "segment", "tombstones", "search_defaults", "last_term", "last_checksum",
-                     "source_version"):
+                     "source_version", "lexical_index"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         if self.source_seqs is not None:
@@ -231,6 +232,7 @@ class VersionInfo:
             last_term=_int_or_none(data.get("last_term")), last_checksum=_int_or_none(data.get("last_checksum")),
             source_version=data.get("source_version"),
             source_seqs=tuple(int(x) for x in data["source_seqs"]) if data.get("source_seqs") is not None else None,
+            lexical_index=data.get("lexical_index"),
         )
 
 

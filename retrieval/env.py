@@ -38,6 +38,7 @@ VARIABLES: dict[str, str] = {
     "SHARDRAG_PORT": "port the shard server binds (0 = any free port)",
     "SHARDRAG_DEVICE": "where FAISS searches: auto, cpu, gpu",
     "SHARDRAG_FAULTS": "fault injection spec of the shard server (index_shards.faults)",
+    "SHARDRAG_LEXICAL_WARM": "when a replica builds a base's lexical index: auto, always, lazy (lexical_warm)",
     "SHARDRAG_COORDINATOR": "the cluster state of shard servers and gateways: etcd://HOST:PORT[,...] or file:///PATH",
     "SHARDRAG_ADVERTISE_URL": "the URL a shard server is reached at by gateways and its shard's other replicas",
     "SHARDRAG_REPLICA_ID": "a shard server's stable name in its shard's in-sync set (default: its data dir's name)",

@@ -5,7 +5,10 @@ and says where each leg ranked each hit; a filter holds on both legs; bad input 
 naming the field. nDCG@10 of every mode is reported (the acceptance table and the choice of
 weights: benchmarks/hybrid_quality.py)."""
 
+import os
 import re
+import signal
+import time
 
 import httpx
 import numpy as np
@@ -127,6 +130,27 @@ def test_lexical_ranking_equals_unsharded_bm25_through_writes_and_compaction(wri
             assert done.status_code == 200 and done.json()["compacted"] > 0, done.text
     compaction.compact(reference.replica, reference.version)
     all_equal("after compaction")
+
+    # kill -9 every replica: each comes back (the supervisor restarts it) having remembered that it
+    # serves lexical queries, and builds its lexical index before any lexical query asks for it
+    pids = [child.process.pid for group in cluster.shards for child in group if child.process is not None]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 90
+    for urls in cluster.shard_urls:
+        for url in urls:
+            while True:
+                try:
+                    versions = httpx.get(f"{url}/admin/versions", timeout=5).json()["versions"]
+                except (httpx.HTTPError, ValueError):
+                    versions = []
+                if versions and all(v.get("lexical_index") == "built" for v in versions):
+                    break
+                assert time.monotonic() < deadline, f"{url} did not come back with its lexical index: {versions}"
+                time.sleep(0.2)
+    assert all(child.process is not None and child.process.pid not in pids for group in cluster.shards
+               for child in group)  # every replica answering is a restarted process
+    all_equal("after every replica restarted")
 
 
 def counted(http: httpx.Client, mode: str) -> tuple[float, float]:

@@ -31,7 +31,8 @@ from retrieval.types import EmbeddingVersion
 
 VERSION = EmbeddingVersion("m", "ab" * 32, 4)
 LOADED = VersionInfo(VERSION.id, "ready", embedding_version=VERSION, count=10, dim=4, metric="ip", factory="Flat",
-                     partitioner="kmeans", num_shards=2, centroid=(0.5, 0.5, 0.0, 0.0), on_gpu=False, load_s=0.2)
+                     partitioner="kmeans", num_shards=2, centroid=(0.5, 0.5, 0.0, 0.0), on_gpu=False, load_s=0.2,
+                     lexical_index="building")
 LOADING = VersionInfo("other.w00.p00", "loading")
 FAILED = VersionInfo("bad.w00.p00", "failed", error="index.faiss: checksum mismatch")
 
