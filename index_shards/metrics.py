@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from retrieval.contract import VersionInfo
 
 _LATENCY_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -19,8 +23,11 @@ class ShardMetrics:
     expired: Counter
 
     @classmethod
-    def create(cls, shard_id: int) -> ShardMetrics:
+    def create(cls, shard_id: int, versions: Callable[[], Iterable[VersionInfo]] | None = None) -> ShardMetrics:
+        """``versions``: what the replica holds, read at each scrape (the lexical index gauges)."""
         registry = CollectorRegistry()
+        if versions is not None:
+            registry.register(LexicalIndexCollector(versions))
         labels = {"shard": str(shard_id)}
         metrics = cls(
             registry=registry,
@@ -36,3 +43,29 @@ class ShardMetrics:
                             "Searches dropped because the caller's deadline had passed", registry=registry),
         )
         return metrics
+
+
+class LexicalIndexCollector:
+    """Per version held, its base's lexical index — read from the versions at scrape time, so the
+    gauges never disagree with ``GET /admin/versions``: whether it is being built (a replica
+    building one is slow to answer its first lexical query), its arrays' bytes and how long the
+    build took (0 while not built)."""
+
+    def __init__(self, versions: Callable[[], Iterable[VersionInfo]]) -> None:
+        self._versions = versions
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        building = GaugeMetricFamily("shardrag_shard_lexical_index_building",
+                                     "1 while the version's lexical (BM25) index is being built", labels=["version"])
+        size = GaugeMetricFamily("shardrag_shard_lexical_index_bytes",
+                                 "Bytes of the version's built lexical index arrays (0: not built)", labels=["version"])
+        took = GaugeMetricFamily("shardrag_shard_lexical_index_build_seconds",
+                                 "How long building the version's lexical index took (0: not built)",
+                                 labels=["version"])
+        for info in self._versions():
+            if info.lexical_index is None:
+                continue
+            building.add_metric([info.id], 1.0 if info.lexical_index == "building" else 0.0)
+            size.add_metric([info.id], float(info.lexical_index_bytes or 0))
+            took.add_metric([info.id], info.lexical_index_build_s or 0.0)
+        yield from (building, size, took)

@@ -139,7 +139,7 @@ def create_server(shard: Shard | ShardVersions, config: ShardServerConfig | None
     role = ShardRole(versions, replica, state, peers or HttpPeers(), replication=config.replication,
                      lease_s=config.lease_s, shared_lease=lease)
     shard_id = versions.shard_id
-    metrics = ShardMetrics.create(shard_id)
+    metrics = ShardMetrics.create(shard_id, versions.describe)
     metrics.documents.labels(shard=str(shard_id)).set(versions.get(versions.ready_ids()[0]).manifest.count)
     started_at = time.time()
 

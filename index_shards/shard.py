@@ -46,6 +46,7 @@ class Shard:
         self.filter_plans: Counter[str] = Counter()  # filtered searches by strategy (none / exact / index)
         self._lexicon: BaseLexicon | None = None  # built on the first lexical query (or warmed by a compaction)
         self._lexicon_lock = threading.Lock()
+        self.lexicon_build_s: float | None = None  # how long building it took (None: not built)
 
     @property
     def payload(self) -> PayloadIndex:
@@ -66,9 +67,10 @@ class Shard:
                 if self._lexicon is None:
                     started = time.perf_counter()
                     lexicon = build_base_lexicon(self.docstore)
+                    self.lexicon_build_s = time.perf_counter() - started
                     logger.info("lexical index of %s: %d docs, %d terms, %.1f MiB, built in %.1f s", self.directory,
                                 lexicon.count, len(lexicon.vocabulary), lexicon.nbytes / 2**20,
-                                time.perf_counter() - started)
+                                self.lexicon_build_s)
                     self._lexicon = lexicon
         return self._lexicon
 
@@ -82,6 +84,12 @@ class Shard:
         if self._lexicon is not None:
             return "built"
         return "building" if self._lexicon_lock.locked() else "none"
+
+    @property
+    def lexicon_bytes(self) -> int | None:
+        """The built lexical index's arrays, in bytes (None: not built)."""
+        lexicon = self._lexicon
+        return lexicon.nbytes if lexicon is not None else None
 
     @classmethod
     def load(cls, directory: str | Path, *, device: str = "auto", mmap: bool = True) -> Shard:

@@ -52,6 +52,7 @@ class VersionSlot:
         live, log = self.live, self.log
         writable = live is not None and log is not None
         last = log.last_mark() if log is not None else None
+        lexicon_bytes = self.shard.lexicon_bytes
         return VersionInfo(
             self.version_id, self.state, error=self.error, embedding_version=m.embedding_version, count=m.count,
             dim=m.dim, metric=m.metric, factory=m.factory, partitioner=m.partitioner, num_shards=m.num_shards,
@@ -64,7 +65,8 @@ class VersionSlot:
             last_term=last.term if last is not None else None,
             last_checksum=last.checksum if last is not None else None,
             source_version=build.source_version, source_seqs=build.source_seqs,
-            lexical_index=self.shard.lexicon_state)
+            lexical_index=self.shard.lexicon_state, lexical_index_bytes=lexicon_bytes,
+            lexical_index_build_s=self.shard.lexicon_build_s if lexicon_bytes is not None else None)
 
 
 def load_base(directory: Path, build: Shard, *, device: str, mmap: bool, filter_exact_max: int | None) -> Shard:

@@ -189,6 +189,8 @@ class VersionInfo:
     source_version: str | None = None  # built from a live collection: that version, and per shard of it
     source_seqs: tuple[int, ...] | None = None  # the seq the build read (a rollout replays what came after)
     lexical_index: str | None = None  # the base's lexical index: built | building | none
+    lexical_index_bytes: int | None = None  # built: its arrays' size
+    lexical_index_build_s: float | None = None  # built: how long building it took
 
     @property
     def ready(self) -> bool:
@@ -207,7 +209,7 @@ class VersionInfo:
         if self.load_s is not None:
             out["load_s"] = self.load_s
         for name in ("applied_seq", "segment", "tombstones", "search_defaults", "last_term", "last_checksum",
-                     "source_version", "lexical_index"):
+                     "source_version", "lexical_index", "lexical_index_bytes", "lexical_index_build_s"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         if self.source_seqs is not None:
@@ -233,6 +235,8 @@ class VersionInfo:
             source_version=data.get("source_version"),
             source_seqs=tuple(int(x) for x in data["source_seqs"]) if data.get("source_seqs") is not None else None,
             lexical_index=data.get("lexical_index"),
+            lexical_index_bytes=_int_or_none(data.get("lexical_index_bytes")),
+            lexical_index_build_s=_float_or_none(data.get("lexical_index_build_s")),
         )
 
 
@@ -389,3 +393,7 @@ def _versions(rows: Sequence[Mapping[str, Any]]) -> tuple[VersionInfo, ...]:
 
 def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)

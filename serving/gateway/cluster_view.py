@@ -50,7 +50,8 @@ class ClusterView:
         role = info.role
         return {"url": replica, "healthy": True,
                 "versions": [{k: v for k, v in row.to_dict().items()
-                              if k in ("id", "state", "count", "error", "applied_seq", "segment", "tombstones")}
+                              if k in ("id", "state", "count", "error", "applied_seq", "segment", "tombstones",
+                                       "lexical_index", "lexical_index_bytes")}
                              for row in info.versions],
                 "role": ("primary" if role.is_primary else "replica") if role is not None else None,
                 "term": role.term if role is not None else None,

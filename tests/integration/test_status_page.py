@@ -1,6 +1,7 @@
 """The gateway's status page in a real headless Chromium against a real cluster with API keys:
 the page asks for the key, shows the shards × replicas grid, sees a replica killed with -9 go
-down and come back with its restart count, and draws traffic. A screenshot is saved (set
+down and come back with its restart count, shows a lexical index once a lexical query built it,
+and draws traffic. A screenshot is saved (set
 STATUS_SCREENSHOT=docs/status-page.png to refresh the one the docs show)."""
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ def test_status_page_in_a_real_browser(cluster, msmarco, tmp_path):
                     assert await browser.evaluate(f"document.body.innerText.includes({child.ready['url']!r})")
             assert await browser.evaluate("document.getElementById('summary').innerText.includes('every shard')")
             assert await browser.evaluate("sessionStorage.getItem('shardrag_key')") == READ_KEY
+            # a lexical query builds the replicas' BM25 indexes; each cell that served it shows its size
+            assert not await browser.evaluate(f"[...{cells}].some(c => c.innerText.includes('lexical'))")
+            httpx.post(cluster.gateway_url + "/v1/query", json={"text": "what is a shard", "mode": "lexical"},
+                       headers={"authorization": f"Bearer {READ_KEY}"}, timeout=30).raise_for_status()
+            await browser.wait_for(f"poll().then(() => [...{cells}].some(c => /lexical [0-9.]+ MiB/"
+                                   ".test(c.innerText)))", timeout_s=30)
 
             victim = cluster.shards[0][1]
             os.kill(victim.process.pid, signal.SIGKILL)

@@ -67,7 +67,10 @@ def test_a_replica_that_served_a_lexical_query_comes_back_with_its_index_built(b
     restarted.warming.join(timeout=60)
     base = served_base(restarted)
     assert base.has_lexicon and base.lexicon_state == "built"
-    assert restarted.describe()[0].lexical_index == "built"
+    described = restarted.describe()[0]
+    assert described.lexical_index == "built"
+    assert described.lexical_index_bytes == base.lexicon.nbytes > 0
+    assert described.lexical_index_build_s is not None and described.lexical_index_build_s > 0
     assert lexical_search(restarted) == before  # the same index, only built earlier
     restarted.close()
 
@@ -80,7 +83,9 @@ def test_lazy_replicas_build_on_first_use_and_always_ones_from_the_start(built, 
     replica.close()
     lazy = open_replica(directory, data_dir, lexical_warm="lazy")  # the marker is there; lazy ignores it
     assert lazy.warming is None and served_base(lazy).lexicon_state == "none"
-    assert lazy.describe()[0].lexical_index == "none"
+    described = lazy.describe()[0]
+    assert described.lexical_index == "none"
+    assert described.lexical_index_bytes is None and described.lexical_index_build_s is None
     lazy.close()
 
     fresh = open_replica(directory, tmp_path / "fresh", lexical_warm="always")  # no lexical query ever served
@@ -147,3 +152,28 @@ def test_a_base_built_in_a_child_process_is_the_same_index(built, caplog):
     for name in ("int_ids", "lengths", "starts", "rows", "tfs"):
         mine, theirs = getattr(here, name), getattr(apart, name)
         assert theirs.dtype == mine.dtype and np.array_equal(theirs, mine), name
+
+
+def test_the_shard_server_reports_its_lexical_index_in_metrics_and_versions(built, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from index_shards.server import ShardServerConfig, create_app
+
+    _, directory, _, _ = built
+    replica = open_replica(directory, tmp_path / "data", lexical_warm="lazy")
+    version = replica.ready_ids()[0]
+    with TestClient(create_app(replica, ShardServerConfig())) as client:
+        def gauge(name: str) -> float:
+            line = next(row for row in client.get("/metrics").text.splitlines()
+                        if row.startswith(f'{name}{{version="{version}"}}'))
+            return float(line.rsplit(" ", 1)[1])
+
+        assert gauge("shardrag_shard_lexical_index_bytes") == 0.0  # not built: nothing asked for it
+        assert gauge("shardrag_shard_lexical_index_building") == 0.0
+        assert client.get("/admin/versions").json()["versions"][0]["lexical_index"] == "none"
+        lexical_search(replica)
+        base = served_base(replica)
+        assert gauge("shardrag_shard_lexical_index_bytes") == base.lexicon.nbytes > 0
+        assert gauge("shardrag_shard_lexical_index_build_seconds") == pytest.approx(base.lexicon_build_s)
+        row = client.get("/admin/versions").json()["versions"][0]
+        assert row["lexical_index"] == "built" and row["lexical_index_bytes"] == base.lexicon.nbytes

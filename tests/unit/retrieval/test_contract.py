@@ -34,11 +34,14 @@ LOADED = VersionInfo(VERSION.id, "ready", embedding_version=VERSION, count=10, d
                      partitioner="kmeans", num_shards=2, centroid=(0.5, 0.5, 0.0, 0.0), on_gpu=False, load_s=0.2,
                      lexical_index="building")
 LOADING = VersionInfo("other.w00.p00", "loading")
+BUILT = VersionInfo(VERSION.id, "ready", embedding_version=VERSION, count=10, dim=4, metric="ip", factory="Flat",
+                    partitioner="kmeans", num_shards=2, lexical_index="built", lexical_index_bytes=4096,
+                    lexical_index_build_s=0.25)
 FAILED = VersionInfo("bad.w00.p00", "failed", error="index.faiss: checksum mismatch")
 
 
 @pytest.mark.parametrize("record", [
-    LOADED, LOADING, FAILED,
+    LOADED, LOADING, FAILED, BUILT,
     ReplicaInfo("docs", 1, 2, (LOADED, LOADING), pid=42, started_at=1.5, uptime_s=3.0),
     ReplicaInfo("docs", 0, 2, (FAILED,)),
     HealthInfo(1, (VERSION.id,)),
