@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from retrieval.contract import VersionInfo
 
@@ -45,7 +46,7 @@ class ShardMetrics:
         return metrics
 
 
-class LexicalIndexCollector:
+class LexicalIndexCollector(Collector):
     """Per version held, its base's lexical index — read from the versions at scrape time, so the
     gauges never disagree with ``GET /admin/versions``: whether it is being built (a replica
     building one is slow to answer its first lexical query), its arrays' bytes and how long the

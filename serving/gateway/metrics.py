@@ -26,8 +26,10 @@ class GatewayMetrics:
     ejections: Counter
     partial_responses: Counter
     rollout_events: Counter
+    lexical_rounds: Counter
     _call_children: dict[tuple[int, str], Any] = field(default_factory=dict)
     _query_children: dict[str, Any] = field(default_factory=dict)
+    _round_children: dict[int, Any] = field(default_factory=dict)
 
     def observe_query(self, mode: str, latency_s: float) -> None:
         """One answered /v1/query (or /v1/answer's retrieval), by how it ranked: ``dense``,
@@ -36,6 +38,15 @@ class GatewayMetrics:
         if child is None:
             child = self._query_children[mode] = self.query_latency.labels(mode=mode)
         child.observe(latency_s)
+
+    def count_lexical_rounds(self, rounds: int) -> None:
+        """A lexical or hybrid query answered in ``rounds`` shard rounds: 1 when the statistics the
+        gateway sent were the shards', 2 when it was asked again under their sums (a term the
+        gateway had not seen, or a write since) — a share of 2s is a share of doubled latency."""
+        child = self._round_children.get(rounds)
+        if child is None:
+            child = self._round_children[rounds] = self.lexical_rounds.labels(rounds=str(rounds))
+        child.inc()
 
     def observe_shard_call(self, shard_id: int, replica: str, latency_s: float, batch_size: int) -> None:
         """One gateway→replica call (a coalesced batch counts once)."""
@@ -70,6 +81,10 @@ class GatewayMetrics:
                                       "Query answers missing at least one shard", registry=registry),
             rollout_events=Counter("shardrag_gateway_rollout_events_total",
                                    "Rollout transitions recorded by this gateway (VersionStaged, ...)", ["kind"],
+                                   registry=registry),
+            lexical_rounds=Counter("shardrag_gateway_lexical_rounds_total",
+                                   "Lexical and hybrid queries by shard rounds: 1 (the gateway's statistics were "
+                                   "the shards'), 2 (asked again under the shards' sums)", ["rounds"],
                                    registry=registry),
         )
 

@@ -71,7 +71,7 @@ class QueryService:
         self.fanout = fanout
         self.metrics = metrics
         self.recent_queries: deque[str] = deque(maxlen=recent_queries)  # the quality gate's default sample
-        self.modes = SearchModes(self, LexicalFanOut(fanout))  # mode lexical and hybrid
+        self.modes = SearchModes(self, LexicalFanOut(fanout, metrics.count_lexical_rounds))  # lexical and hybrid
 
     @staticmethod
     def parse(body: bytes) -> QueryRequest:

@@ -84,14 +84,16 @@ class _Round:
 
 
 class LexicalFanOut:
-    def __init__(self, fanout: FanOut) -> None:
+    def __init__(self, fanout: FanOut, on_rounds: Callable[[int], None] = lambda rounds: None) -> None:
+        """``on_rounds``: told, per lexical or hybrid query, in how many rounds it was answered (the
+        gateway's metrics)."""
         self.caller = fanout.caller
         self._record = fanout.record
         self.cache = CorpusStatsCache()
         self._batchers = fanout.batchers(self._call_for)
         self._hybrid_batchers = fanout.batchers(self._hybrid_call_for)
         self._weighted_batchers = fanout.batchers(self._weighted_call_for)
-        self.rounds = {"one": 0, "again": 0}  # queries answered in one round / asked again
+        self._on_rounds = on_rounds
 
     async def search(self, text: str, params: SearchParams, route: ShardRoute, *, timeout_s: float,
                      session: Mapping[int, SessionFloor] | None = None) -> FanOutResult:
@@ -141,13 +143,13 @@ class LexicalFanOut:
         summed = CorpusStats.total(stats for _, stats, _ in result.answers.values())
         if not agrees(sent, summed):
             self.cache.learn(version, summed)
-            self.rounds["again"] += 1
+            self._on_rounds(2)
             first = result
             result = await self._weighted_round(LexicalQuery(text, summed, spec), vector, both, route,
                                                 [s for s in targets if s in first.answers], deadline, session)
             result.missing.update(first.missing)
         else:
-            self.rounds["one"] += 1
+            self._on_rounds(1)
         answers = [(result.answers[s][0], result.answers[s][2]) for s in targets if s in result.answers]
         fused = fused_hits(answers, asked.k, spec.depth)
         return FanOutResult([item.hit for item in fused], route.version, route.num_shards, targets,
@@ -186,12 +188,12 @@ class LexicalFanOut:
         result = first
         if not agrees(sent, summed):
             self.cache.learn(asked.version or route.version, summed)
-            self.rounds["again"] += 1
+            self._on_rounds(2)
             answered = [s for s in targets if s in first.answers]
             result = await self._round(LexicalQuery(text, summed), asked, route, answered, deadline, session)
             result.missing.update(first.missing)
         else:
-            self.rounds["one"] += 1
+            self._on_rounds(1)
         answers = [(result.answers[s][0], result.answers[s][2]) for s in targets if s in result.answers]
         return FanOutResult(merge_answers(answers, asked.k), route.version, route.num_shards, targets,
                             [call for _, call in answers], result.missing, asked.k, (),

@@ -164,6 +164,14 @@ def counted(http: httpx.Client, mode: str) -> tuple[float, float]:
     return float(sent[1]) if sent else 0.0, float(answered[1]) if answered else 0.0
 
 
+def lexical_rounds(http: httpx.Client) -> tuple[float, float]:
+    """The gateway's count of lexical and hybrid queries answered in one round, and in two."""
+    metrics = http.get("/metrics").text
+    found = [re.search(rf'^shardrag_gateway_lexical_rounds_total{{rounds="{n}"}} (\S+)$', metrics, re.MULTILINE)
+             for n in (1, 2)]
+    return float(found[0][1]) if found[0] else 0.0, float(found[1][1]) if found[1] else 0.0
+
+
 def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
     corpus, _, http, _ = setup
     queries = corpus.dataset.judged_queries()
@@ -177,6 +185,7 @@ def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
         rankings = {}
         metric_mode = {"rrf": "hybrid_rrf", "weighted": "hybrid_weighted"}.get(label, label)
         sent, answered = counted(http, metric_mode)
+        rounds = lexical_rounds(http)
         for query_id, text in queries.items():
             answer = query(http, text, **extra)
             rankings[query_id] = [hit["doc_id"] for hit in answer["hits"]]
@@ -222,6 +231,14 @@ def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
         sent_after, answered_after = counted(http, metric_mode)
         assert sent_after - sent >= len(queries) * SHARDS, label
         assert answered_after - answered >= len(queries), label
+        # every lexical and hybrid query is counted by its rounds (the first to meet a term takes two:
+        # the gateway had not seen it), and the weighted fresh texts' unseen words take two
+        one, two = (after - before for after, before in zip(lexical_rounds(http), rounds, strict=True))
+        if label == "dense":
+            assert (one, two) == (0, 0)
+        else:
+            assert one + two >= len(queries), label
+            assert label != "weighted" or (one >= len(queries) and two >= 1)
         scores[label] = ndcg_at_k(rankings, corpus.dataset.qrels, 10)
     REPORT.append(f"nDCG@10 through REST ({corpus.dataset.name}, {SHARDS} shards): " +
                   ", ".join(f"{label} {value:.4f}" for label, value in scores.items()))
