@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from httpkit.api import ERROR_RESPONSES, JSON_INTEGER, ErrorDetail, ErrorResponse, FiniteFloat, PositiveInt
 from retrieval.fusion import DEFAULT_WEIGHTS, DENSE, LEXICAL
@@ -23,6 +24,13 @@ class LegWeights(BaseModel):
 
     dense: Annotated[float, Field(ge=0, le=1000)] = DEFAULT_WEIGHTS[DENSE]
     lexical: Annotated[float, Field(ge=0, le=1000)] = DEFAULT_WEIGHTS[LEXICAL]
+
+    @model_validator(mode="after")
+    def _some_leg_counts(self) -> LegWeights:
+        # both at 0 would score every document 0: a ranking by doc id, never what was meant
+        if self.dense == 0 and self.lexical == 0:
+            raise PydanticCustomError("weights", "at least one leg must weigh more than 0")
+        return self
 
 
 class LegRankModel(BaseModel):
@@ -71,8 +79,8 @@ class QueryRequest(BaseModel):
         "document) or rrf (reciprocal rank fusion of the legs' top `candidates`)")
     rrf_k: Annotated[int, Field(ge=0, le=10_000), JSON_INTEGER] = Field(
         60, description="rrf: a document scores Σ 1/(rrf_k + rank) over the legs")
-    weights: LegWeights | None = Field(None, description="weighted: per-leg weights (default: the ones "
-                                       "chosen on msmarco, docs/hybrid.md)")
+    weights: LegWeights | None = Field(None, description="weighted: per-leg weights, 0–1000 each, not both 0 "
+                                       "(default: the ones chosen on msmarco, docs/hybrid.md)")
     candidates: Annotated[int, Field(ge=1, le=1000), JSON_INTEGER] | None = Field(
         None, description="hybrid: rrf — hits each leg contributes to the fusion; weighted — how deep each leg is "
         "read first, and how deep leg ranks are reported (default max(k, 20))")

@@ -254,6 +254,7 @@ def test_bad_mode_input_is_refused_naming_the_field(setup):
         ({"mode": "sparse", "text": "x"}, "mode"),
         ({"mode": "hybrid", "text": "x", "fusion": "max"}, "fusion"),
         ({"mode": "hybrid", "text": "x", "fusion": "weighted", "weights": {"dense": -1}}, "weights.dense"),
+        ({"mode": "hybrid", "text": "x", "weights": {"dense": 0, "lexical": 0}}, "weights"),  # all scores 0
         ({"mode": "hybrid", "text": "x", "top_m": 1}, "top_m"),
         ({"mode": "hybrid", "text": "x", "rrf_k": -1}, "rrf_k"),
         ({"mode": "hybrid", "text": "x", "candidates": 0}, "candidates"),
