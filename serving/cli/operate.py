@@ -40,12 +40,15 @@ def render_status(cluster: dict[str, Any]) -> tuple[str, bool]:
         for replica in shard["replicas"]:
             versions = ", ".join(f"{v['id']}:{v['state']}" for v in replica.get("versions", [])) or \
                 replica.get("error", "")
+            # a replica building a BM25 index makes its next lexical query wait: say so past the cut
+            building = [v["id"] for v in replica.get("versions", []) if v.get("lexical_index") == "building"]
             ejected = "yes" if (replica.get("ejection") or {}).get("ejected") else "no"
             latency = f"{replica['latency_ms']:.1f}" if "latency_ms" in replica else "-"
             exit_code = replica.get("last_exit_code")
             lines.append(f"{shard['shard']:>5} {replica['url']:<28} {'up' if replica['healthy'] else 'DOWN':<8} "
                          f"{ejected:<8} {latency:>8} {replica.get('restarts', 0):>8} "
-                         f"{'-' if exit_code is None else exit_code:>5}  {versions[:60]}")
+                         f"{'-' if exit_code is None else exit_code:>5}  {versions[:60]}"
+                         + (f"  (lexical index building: {', '.join(building)})" if building else ""))
         if shard["healthy_replicas"] == 0:
             lines.append(f"{'':>5} ! shard {shard['shard']} has no healthy replica: its documents are not served")
     hedging = cluster.get("hedging") or {}

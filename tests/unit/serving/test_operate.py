@@ -33,6 +33,15 @@ def test_the_table_names_every_replica_and_flags_a_shard_without_one_healthy():
     assert not served and "shard 1 has no healthy replica" in table
 
 
+
+def test_a_replica_building_its_lexical_index_says_so():
+    cluster = cluster_json([[True, True]])
+    assert "lexical index building" not in render_status(cluster)[0]
+    cluster["shards"][0]["replicas"][1]["versions"][0]["lexical_index"] = "building"
+    rows = [row for row in render_status(cluster)[0].splitlines() if "lexical index building: v1" in row]
+    assert len(rows) == 1 and ":9001" in rows[0]
+
+
 def test_the_demo_sample_spreads_over_modules_and_the_full_corpus_keeps_module_docstrings():
     everything = python_docs_corpus()
     ids = {d.doc_id for d in everything}
