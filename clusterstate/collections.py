@@ -67,6 +67,7 @@ class CollectionSpec:
     factory: str = "Flat"
     partitioner: str = "hash"
     tenant_field: str | None = None  # the payload field a tenant-scoped key is confined to
+    lexical_language: str = "english"  # how lexical and hybrid search analyse its texts (retrieval.analysis)
     quotas: Quotas = field(default_factory=Quotas)
     placement: tuple[tuple[str, ...], ...] = ()  # shard → the node ids holding its replicas
     uid: str = ""
@@ -86,7 +87,7 @@ class CollectionSpec:
         return {"name": self.name, "dim": self.dim, "metric": self.metric, "model": self.model,
                 "version": self.version, "shards": self.shards, "replicas": self.replicas,
                 "factory": self.factory, "partitioner": self.partitioner,
-                "tenant_field": self.tenant_field,
+                "tenant_field": self.tenant_field, "lexical_language": self.lexical_language,
                 "quotas": self.quotas.to_dict(), "placement": [list(p) for p in self.placement],
                 "uid": self.uid, "created_at": self.created_at, "versions": [dict(v) for v in self.versions],
                 "retired": list(self.retired)}
@@ -99,6 +100,7 @@ class CollectionSpec:
                    shards=int(data.get("shards", 1)), replicas=int(data.get("replicas", 1)),
                    factory=str(data.get("factory", "Flat")), partitioner=str(data.get("partitioner", "hash")),
                    tenant_field=data.get("tenant_field"),
+                   lexical_language=str(data.get("lexical_language", "english")),
                    quotas=Quotas(int(quotas.get("max_documents", 0)), float(quotas.get("max_rps", 0.0))),
                    placement=tuple(tuple(p) for p in data.get("placement", ())),
                    uid=str(data.get("uid", "")), created_at=float(data.get("created_at", 0.0)),

@@ -29,6 +29,7 @@ from index_shards.manifest import (
     sha256_file,
 )
 from index_shards.partition import make_partitioner
+from retrieval.analysis import DEFAULT_LANGUAGE, check_language
 from retrieval.atomic import fsync_dir, fsync_tree
 from retrieval.encoders import Encoder, encode_documents
 from retrieval.errors import BuildError, ConfigError, IndexIntegrityError
@@ -48,6 +49,7 @@ class BuildConfig:
     source_version: str | None = None  # built from a live collection: the version read ...
     source_seqs: tuple[int, ...] | None = None  # ... and the seq each of its shards was read at
     partition_field: str | None = None  # a tenant field: searches pinned to one value score only its documents
+    lexical_language: str = DEFAULT_LANGUAGE  # how the lexical leg analyses the texts (retrieval.analysis)
 
     def validate(self) -> None:
         if not self.collection or "/" in self.collection or self.collection.startswith("."):
@@ -56,6 +58,7 @@ class BuildConfig:
             raise ConfigError(f"num_shards must be ≥ 1, got {self.num_shards}", field="num_shards")
         metric_code(self.metric)
         make_partitioner(self.partitioner)
+        check_language(self.lexical_language)
 
 
 def build_collection(
@@ -110,6 +113,7 @@ def build_collection(
             shard_manifest_sha256=tuple(
                 sha256_file(shard_dir(staging, m.shard_id) / SHARD_MANIFEST) for m in shard_manifests
             ),
+            lexical_language=config.lexical_language,
         )
         collection.write(staging)  # last: its presence marks the version complete
         fsync_tree(staging)
@@ -150,7 +154,7 @@ def _build_shard(
         centroid=tuple(float(x) for x in centroid) if centroid is not None else None,
         files={name: FileEntry.of(directory / name) for name in (INDEX_FILE, DOCSTORE_FILE)},
         source_version=config.source_version, source_seqs=config.source_seqs,
-        partition_field=config.partition_field,
+        partition_field=config.partition_field, lexical_language=config.lexical_language,
     )
     manifest.write(directory)
     return manifest

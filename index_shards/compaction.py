@@ -141,7 +141,7 @@ def write_base(wal_dir: Path, build: Shard, documents: Iterable[StoredDocument],
             collection=template.collection, shard_id=template.shard_id, num_shards=template.num_shards,
             embedding_version=template.embedding_version, metric=template.metric, factory=template.factory,
             count=len(docs), partitioner=template.partitioner, centroid=template.centroid,
-            partition_field=template.partition_field,
+            partition_field=template.partition_field, lexical_language=template.lexical_language,
             files={name: FileEntry.of(staging / name) for name in (INDEX_FILE, DOCSTORE_FILE, SEQS_FILE,
                                                                    WRITTEN_FILE, BARE_FILE)})
         manifest.write(staging)  # last inside the directory, as a build does

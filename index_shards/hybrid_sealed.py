@@ -225,7 +225,7 @@ def term_plan(lexicon: BaseLexicon, queries: Sequence[LexicalQuery]) -> TermPlan
     for q, query in enumerate(queries):
         spec = query.fuse
         assert spec is not None  # fused_search's callers send weighted queries only
-        terms = query_terms(query.text)
+        terms = query_terms(query.text, lexicon.language)
         names = [term for term, _ in terms]
         own = lexicon.stats(names, _NO_ROWS)
         owns.append(own)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from retrieval.analysis import document_terms, query_terms
+from retrieval.analysis import DEFAULT_LANGUAGE, document_terms, query_terms
 from retrieval.bm25 import K1, B, CorpusStats
 
 __all__ = ["BaseLexicon", "Scored", "SegmentLexicon", "bm25_weights", "document_terms", "query_terms", "score"]
@@ -83,7 +83,8 @@ class BaseLexicon:
     index's order, so a filter's mask applies as is)."""
 
     def __init__(self, int_ids: np.ndarray, lengths: np.ndarray, vocabulary: dict[str, int], starts: np.ndarray,
-                 rows: np.ndarray, tfs: np.ndarray) -> None:
+                 rows: np.ndarray, tfs: np.ndarray, language: str = DEFAULT_LANGUAGE) -> None:
+        self.language = language  # how its documents were analysed, and so how queries must be
         self.int_ids = int_ids  # row → int id (ascending)
         self.lengths = lengths  # row → tokens
         self.vocabulary = vocabulary  # term → term number
@@ -94,14 +95,14 @@ class BaseLexicon:
         self._starts: list[int] | None = None  # starts as Python ints, made on the first lookup
 
     @classmethod
-    def build(cls, documents: Iterable[tuple[int, str, str]]) -> BaseLexicon:
-        """From (int id, title, text) in ascending int-id order."""
+    def build(cls, documents: Iterable[tuple[int, str, str]], language: str = DEFAULT_LANGUAGE) -> BaseLexicon:
+        """From (int id, title, text) in ascending int-id order, analysed in ``language``."""
         vocabulary: dict[str, int] = {}
         int_ids: list[int] = []
         lengths: list[int] = []
         chunks: list[np.ndarray] = []
         for int_id, title, text in documents:
-            terms = document_terms(title, text)
+            terms = document_terms(title, text, language)
             int_ids.append(int_id)
             lengths.append(len(terms))
             setdefault = vocabulary.setdefault
@@ -116,7 +117,7 @@ class BaseLexicon:
         terms = keys // max(n, 1)
         starts = np.searchsorted(terms, np.arange(len(vocabulary) + 1)).astype(np.int64)
         return cls(np.asarray(int_ids, dtype=np.int64), length_array, vocabulary, starts,
-                   (keys % max(n, 1)).astype(np.int32), np.minimum(counts, 65535).astype(np.uint16))
+                   (keys % max(n, 1)).astype(np.int32), np.minimum(counts, 65535).astype(np.uint16), language)
 
     @property
     def count(self) -> int:
@@ -172,7 +173,8 @@ class BaseLexicon:
 class SegmentLexicon:
     """The written documents' terms, by doc id, with an inverted map for lookups."""
 
-    def __init__(self) -> None:
+    def __init__(self, language: str = DEFAULT_LANGUAGE) -> None:
+        self.language = language  # the collection's (its base's), so written documents are analysed alike
         self._terms: dict[str, Counter[str]] = {}  # doc id → term frequencies
         self._lengths: dict[str, int] = {}
         self._postings: dict[str, dict[str, int]] = {}  # term → doc id → tf
@@ -180,7 +182,7 @@ class SegmentLexicon:
 
     def add(self, doc_id: str, title: str, text: str) -> None:
         self.remove(doc_id)
-        terms = document_terms(title, text)
+        terms = document_terms(title, text, self.language)
         counts = Counter(terms)
         self._terms[doc_id] = counts
         self._lengths[doc_id] = len(terms)

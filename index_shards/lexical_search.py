@@ -57,7 +57,7 @@ def lexical_scores(live: LiveShard, text: str, corpus: CorpusStats | None,
     """BM25 of ``text`` under ``corpus`` (None: this shard's own statistics, the unsharded ranking
     of a one-shard collection) for every live document ``filter_`` selects, read at one applied
     seq. A term ``corpus`` does not count is not scored."""
-    terms = query_terms(text)
+    terms = query_terms(text, live.base.manifest.lexical_language)
     view = live.lexical_view([term for term, _ in terms])
     own = view.stats()
     stats = corpus if corpus is not None else own

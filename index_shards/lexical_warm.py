@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 
 from index_shards.docstore import DocStore
 from index_shards.lexical import BaseLexicon
+from retrieval.analysis import DEFAULT_LANGUAGE
 from retrieval.atomic import atomic_write_bytes
 from retrieval.errors import ConfigError
 
@@ -110,28 +111,29 @@ def _build(shard: Shard) -> None:
         logger.exception("building the lexical index of %s ahead of the queries failed", shard.directory)
 
 
-def build_base_lexicon(docstore: DocStore, *, apart_min_docs: int | None = None) -> BaseLexicon:
-    """The base's lexical index from its document store: in a child process when the base holds
-    ``apart_min_docs`` documents or more (module docstring), else here. A child that cannot be
-    started or dies leaves the build to this process."""
+def build_base_lexicon(docstore: DocStore, *, language: str = DEFAULT_LANGUAGE,
+                       apart_min_docs: int | None = None) -> BaseLexicon:
+    """The base's lexical index from its document store, its texts analysed in ``language``: in a
+    child process when the base holds ``apart_min_docs`` documents or more (module docstring), else
+    here. A child that cannot be started or dies leaves the build to this process."""
     threshold = APART_MIN_DOCS if apart_min_docs is None else apart_min_docs
     if docstore.count >= threshold:
         try:
             with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                return pool.submit(_build_from_file, str(docstore.path)).result()
+                return pool.submit(_build_from_file, str(docstore.path), language).result()
         except (OSError, BrokenProcessPool) as exc:
             logger.warning("building the lexical index of %s in a child process failed (%s): building it here",
                            docstore.path, exc)
-    return _build_from(docstore)
+    return _build_from(docstore, language)
 
 
-def _build_from(docstore: DocStore) -> BaseLexicon:
-    return BaseLexicon.build((i, d.title, d.text) for i, d in docstore.iter_all())
+def _build_from(docstore: DocStore, language: str) -> BaseLexicon:
+    return BaseLexicon.build(((i, d.title, d.text) for i, d in docstore.iter_all()), language)
 
 
-def _build_from_file(path: str) -> BaseLexicon:
+def _build_from_file(path: str, language: str) -> BaseLexicon:
     store = DocStore(Path(path))
     try:
-        return _build_from(store)
+        return _build_from(store, language)
     finally:
         store.close()

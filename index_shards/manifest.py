@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retrieval.analysis import DEFAULT_LANGUAGE
 from retrieval.atomic import atomic_write_bytes
 from retrieval.errors import ChecksumMismatch, IndexIntegrityError, ManifestMissing
 from retrieval.types import EmbeddingVersion
@@ -62,6 +63,8 @@ class ShardManifest:
     # the payload field that partitions the documents (a collection's tenant field): a search
     # whose filter pins it is scored over that partition's documents only (index_shards.shard)
     partition_field: str | None = None
+    # how the lexical leg analyses this collection's texts (retrieval.analysis): one per collection
+    lexical_language: str = DEFAULT_LANGUAGE
 
     @property
     def dim(self) -> int:
@@ -85,6 +88,7 @@ class ShardManifest:
             **({"source": {"version": self.source_version, "seqs": list(self.source_seqs or ())}}
                if self.source_version is not None else {}),
             **({"partition_field": self.partition_field} if self.partition_field is not None else {}),
+            **({"lexical_language": self.lexical_language} if self.lexical_language != DEFAULT_LANGUAGE else {}),
         }
 
     @classmethod
@@ -111,6 +115,7 @@ class ShardManifest:
             source_seqs=tuple(int(x) for x in data["source"]["seqs"]) if isinstance(data.get("source"), dict)
             else None,
             partition_field=str(data["partition_field"]) if data.get("partition_field") is not None else None,
+            lexical_language=str(data.get("lexical_language", DEFAULT_LANGUAGE)),
         )
 
     def write(self, directory: Path) -> None:
@@ -172,6 +177,7 @@ class CollectionManifest:
     shard_manifest_sha256: tuple[str, ...]
     created_at: float = field(default_factory=time.time)
     format: int = FORMAT
+    lexical_language: str = DEFAULT_LANGUAGE  # its shards' (ShardManifest.lexical_language)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -185,6 +191,7 @@ class CollectionManifest:
             "count": self.count,
             "shard_manifest_sha256": list(self.shard_manifest_sha256),
             "created_at": self.created_at,
+            **({"lexical_language": self.lexical_language} if self.lexical_language != DEFAULT_LANGUAGE else {}),
         }
 
     @classmethod
@@ -201,6 +208,7 @@ class CollectionManifest:
             count=int(data["count"]),
             shard_manifest_sha256=tuple(str(x) for x in data["shard_manifest_sha256"]),
             created_at=float(data.get("created_at", 0.0)),
+            lexical_language=str(data.get("lexical_language", DEFAULT_LANGUAGE)),
         )
 
     def write(self, directory: Path) -> None:

@@ -197,7 +197,8 @@ class Node:
                 build_collection(root, [], np.zeros((0, version.dim), dtype=np.float32), version,
                                  BuildConfig(spec.name, num_shards=spec.shards, partitioner=spec.partitioner,
                                              factory=spec.factory, metric=spec.metric,
-                                             partition_field=spec.tenant_field), show_progress=False)
+                                             partition_field=spec.tenant_field,
+                                             lexical_language=spec.lexical_language), show_progress=False)
 
     def _remove_retired(self, spec: CollectionSpec) -> None:
         """The files of the versions a rollout retired, once no replica here holds them (the

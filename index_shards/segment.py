@@ -187,7 +187,7 @@ class LiveShard:
             return LexicalView(base, _NO_ROWS, {term: [] for term in terms}, {}, {}, _NO_STATS)
         with self._lock:
             if self._lexicon is None:
-                self._lexicon = SegmentLexicon()
+                self._lexicon = SegmentLexicon(base.language)
                 for doc in self._docs.values():
                     self._lexicon.add(doc.doc_id, doc.title, doc.text)
             lexicon = self._lexicon

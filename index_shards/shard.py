@@ -66,7 +66,7 @@ class Shard:
             with self._lexicon_lock:
                 if self._lexicon is None:
                     started = time.perf_counter()
-                    lexicon = build_base_lexicon(self.docstore)
+                    lexicon = build_base_lexicon(self.docstore, language=self.manifest.lexical_language)
                     self.lexicon_build_s = time.perf_counter() - started
                     logger.info("lexical index of %s: %d docs, %d terms, %.1f MiB, built in %.1f s", self.directory,
                                 lexicon.count, len(lexicon.vocabulary), lexicon.nbytes / 2**20,

@@ -1,7 +1,15 @@
 """The lexical leg's text analysis, one function for documents and queries alike: Unicode words,
-lower-cased, Lucene's English stop words dropped, Snowball English stems (PyStemmer, a C
-extension imported on first use). The shards index and score with it; the gateway uses it to
-look up the statistics it already knows for a query's terms (``serving.shardcall.lexical``)."""
+lower-cased, then per the collection's *language*: a Snowball stemmer (PyStemmer, a C extension
+imported on first use) and, for English, Lucene's English stop words dropped. The shards index
+and score with it; the gateway uses it to look up the statistics it already knows for a query's
+terms (``serving.shardcall.lexical``).
+
+The language is a collection's (``BuildConfig.lexical_language``, kept in every shard manifest,
+carried by compaction and every build from a version): documents and queries of one collection
+are always analysed alike. ``english`` (the default) stems and drops stop words; every other
+Snowball language stems only (BM25's idf gives that language's common words little weight
+anyway); ``none`` keeps the words as they are (identifiers, codes, mixed languages).
+"""
 
 from __future__ import annotations
 
@@ -10,52 +18,77 @@ from collections import Counter
 from functools import lru_cache
 from typing import Any
 
+from retrieval.errors import ConfigError
+
+DEFAULT_LANGUAGE = "english"
+NO_STEMMING = "none"
+
 _WORD = re.compile(r"[^\W_]+")
 # Lucene's EnglishAnalyzer stop set: words too common to rank by (and the bulk of every posting list).
 STOP_WORDS = frozenset(
     "a an and are as at be but by for if in into is it no not of on or such that the their then there these they "
     "this to was will with".split())
+_NO_STOP_WORDS: frozenset[str] = frozenset()
 
 
-class _Stemmer:
-    """PyStemmer's Snowball English stemmer, created on first use (a C extension; import is cheap)."""
+def languages() -> tuple[str, ...]:
+    """The languages a collection's text can be analysed in: PyStemmer's Snowball stemmers, and
+    ``none``."""
+    import Stemmer
 
-    _stem_words: Any = None
+    return (*sorted(Stemmer.algorithms()), NO_STEMMING)
+
+
+def check_language(language: str, *, field: str = "lexical_language") -> str:
+    """``language`` when it is one of :func:`languages`, else a ConfigError naming ``field``."""
+    if language != DEFAULT_LANGUAGE and language not in languages():
+        raise ConfigError(f"{field} must be one of {', '.join(languages())}, got {language!r}", field=field)
+    return language
+
+
+class _Stemmers:
+    """One PyStemmer stemmer per language, created on first use (a C extension; import is cheap)."""
+
+    _stem_words: dict[str, Any] = {}
 
     @classmethod
-    def stem(cls, words: list[str]) -> list[str]:
-        if cls._stem_words is None:
+    def stem(cls, words: list[str], language: str) -> list[str]:
+        stem_words = cls._stem_words.get(language)
+        if stem_words is None:
             import Stemmer
 
-            cls._stem_words = Stemmer.Stemmer("english").stemWords
-        result: list[str] = cls._stem_words(words)
+            stem_words = cls._stem_words[language] = Stemmer.Stemmer(language).stemWords
+        result: list[str] = stem_words(words)
         return result
 
 
-def analyze(text: str) -> list[str]:
+def analyze(text: str, language: str = DEFAULT_LANGUAGE) -> list[str]:
     """The terms of ``text`` in order (with repeats): what is indexed and what is looked up."""
-    words = [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS]
-    return _Stemmer.stem(words) if words else []
+    stop = STOP_WORDS if language == DEFAULT_LANGUAGE else _NO_STOP_WORDS
+    words = [w for w in _WORD.findall(text.lower()) if w not in stop]
+    if not words or language == NO_STEMMING:
+        return words
+    return _Stemmers.stem(words, language)
 
 
-def document_terms(title: str, text: str) -> list[str]:
+def document_terms(title: str, text: str, language: str = DEFAULT_LANGUAGE) -> list[str]:
     """A document's terms: its title's, then its text's."""
-    return analyze(f"{title}\n{text}" if title else text)
+    return analyze(f"{title}\n{text}" if title else text, language)
 
 
 QUERY_CACHE_CHARS = 1_000  # texts up to this long are remembered (queries repeat; documents do not)
 
 
-def query_terms(text: str) -> list[tuple[str, int]]:
+def query_terms(text: str, language: str = DEFAULT_LANGUAGE) -> list[tuple[str, int]]:
     """A query's distinct terms with how often each occurs, in first-occurrence order (the order
     in which scores are summed: fixed, so every shard adds the same floats in the same order)."""
     if len(text) <= QUERY_CACHE_CHARS:
-        return list(_remembered_query_terms(text))
-    return list(Counter(analyze(text)).items())
+        return list(_remembered_query_terms(text, language))
+    return list(Counter(analyze(text, language)).items())
 
 
 @lru_cache(maxsize=4096)
-def _remembered_query_terms(text: str) -> tuple[tuple[str, int], ...]:
+def _remembered_query_terms(text: str, language: str) -> tuple[tuple[str, int], ...]:
     # a hybrid query is analysed by the gateway and by every shard it reaches, and popular queries
     # repeat: the regex and the stemmer cost ~15 µs a text, a lookup here ~1 (at most ~4 MB held)
-    return tuple(Counter(analyze(text)).items())
+    return tuple(Counter(analyze(text, language)).items())

@@ -191,6 +191,7 @@ class VersionInfo:
     lexical_index: str | None = None  # the base's lexical index: built | building | none
     lexical_index_bytes: int | None = None  # built: its arrays' size
     lexical_index_build_s: float | None = None  # built: how long building it took
+    lexical_language: str | None = None  # how the lexical leg analyses its texts (None: english)
 
     @property
     def ready(self) -> bool:
@@ -209,7 +210,8 @@ class VersionInfo:
         if self.load_s is not None:
             out["load_s"] = self.load_s
         for name in ("applied_seq", "segment", "tombstones", "search_defaults", "last_term", "last_checksum",
-                     "source_version", "lexical_index", "lexical_index_bytes", "lexical_index_build_s"):
+                     "source_version", "lexical_index", "lexical_index_bytes", "lexical_index_build_s",
+                     "lexical_language"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         if self.source_seqs is not None:
@@ -237,6 +239,7 @@ class VersionInfo:
             lexical_index=data.get("lexical_index"),
             lexical_index_bytes=_int_or_none(data.get("lexical_index_bytes")),
             lexical_index_build_s=_float_or_none(data.get("lexical_index_build_s")),
+            lexical_language=data.get("lexical_language"),
         )
 
 

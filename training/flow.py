@@ -222,7 +222,7 @@ class TrainFlow:
         documents = documents_of_version(self.root, self.collection, self.state.base_version)
         encoder = load_encoder(path)
         config = BuildConfig(collection=self.collection, num_shards=base.num_shards, partitioner=base.partitioner,
-                             factory=base.factory, metric=base.metric)
+                             factory=base.factory, metric=base.metric, lexical_language=base.lexical_language)
         manifest = encode_and_build(self.root, documents, encoder, config)
         self._did("build")
         return {"version": version, "count": manifest.count, "shards": manifest.num_shards,

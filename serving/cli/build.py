@@ -28,9 +28,14 @@ def make_encoder(args: argparse.Namespace) -> Any:
 def cmd_build(args: argparse.Namespace) -> int:
     from index_shards.build import BuildConfig, encode_and_build, live_documents_of_version
     from index_shards.layout import resolve_version
+    from retrieval.analysis import DEFAULT_LANGUAGE, languages
     from retrieval.datasets import load_documents
 
+    if args.lexical_language == "list":
+        print("\n".join(languages()))
+        return 0
     shards, partitioner, factory, metric = args.shards, args.partitioner, args.factory or "Flat", args.metric
+    language = args.lexical_language or DEFAULT_LANGUAGE
     built_from: tuple[str | None, tuple[int, ...] | None] = (None, None)
     if args.corpus:
         corpus = Path(args.corpus)
@@ -52,12 +57,13 @@ def cmd_build(args: argparse.Namespace) -> int:
         shards = existing.num_shards
         partitioner = existing.partitioner if args.partitioner is None else partitioner
         factory, metric = args.factory or existing.factory, existing.metric  # --factory: a new structure
+        language = args.lexical_language or existing.lexical_language
         source = f"{collection} @ {existing.embedding_version.id}"
     if args.max_docs:
         documents = documents[: args.max_docs]
     config = BuildConfig(collection=collection, num_shards=shards, partitioner=partitioner or "hash",
                          factory=factory, metric=metric, overwrite=args.overwrite, source_version=built_from[0],
-                         source_seqs=built_from[1])
+                         source_seqs=built_from[1], lexical_language=language)
     config.validate()
     print(f"{len(documents)} documents from {source}", file=sys.stderr)
     manifest = encode_and_build(root_of(args), documents, make_encoder(args), config)

@@ -35,6 +35,9 @@ def add_collections_command(commands: Any) -> None:
     create.add_argument("--factory", default="Flat", help="Flat (exact, default) or HNSW<M>, e.g. HNSW32")
     create.add_argument("--tenant-field", default=None,
                         help="payload field holding each document's tenant: keys with tenant=T see only T's")
+    create.add_argument("--lexical-language", default=None, metavar="LANGUAGE",
+                        help="how lexical and hybrid search analyse the texts: english (default), german, french, "
+                             "... (a Snowball stemmer) or none (words as they are)")
     create.add_argument("--max-documents", type=int, default=0, help="document quota (default 0: none)")
     create.add_argument("--max-rps", type=float, default=0.0, help="requests/s quota per gateway (default 0: none)")
     actions.add_parser("list", help="every collection (a scoped key sees its own)", parents=[common])
@@ -55,7 +58,7 @@ def cmd_collections(args: argparse.Namespace) -> int:
             answer: Any = client.create_collection(
                 args.name, dim=args.dim, model=args.model, metric=args.metric, shards=args.shards,
                 replicas=args.replicas, factory=args.factory, tenant_field=args.tenant_field,
-                max_documents=args.max_documents, max_rps=args.max_rps)
+                max_documents=args.max_documents, max_rps=args.max_rps, lexical_language=args.lexical_language)
             summary = (f"created {answer['name']}: {answer['dim']} dims, {answer['shards']} shard(s) × "
                        f"{answer['replicas']} replica(s) on {sorted({n for g in answer['placement'] for n in g})}")
         elif args.action == "list":

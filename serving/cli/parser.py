@@ -173,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
                                               "(default: the newest)")
     build.add_argument("--collection", help="collection name (default: corpus file/folder name)")
     build.add_argument("--max-docs", type=int, default=0, help="index only the first N documents (default all)")
+    build.add_argument("--lexical-language", default=None, metavar="LANGUAGE",
+                       help="how lexical and hybrid search analyse the texts: a Snowball stemmer's language "
+                            "(english — the default, which also drops English stop words — german, french, "
+                            "spanish, ...; `shardrag build --lexical-language list` names them all) or none "
+                            "(words as they are); rebuilding a collection's version: that version's")
     _add_build_args(build, corpus_required=True)
     build.set_defaults(func=cmd_build)
 

@@ -29,13 +29,15 @@ from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Path, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from clusterstate.collections import NAME_PATTERN, CollectionSpec, Quotas, vector_version
 from httpkit.api import ERROR_RESPONSES, ErrorResponse
 from httpkit.asgi import read_request_body
 from httpkit.auth import SCOPE_KEY, ApiKey
 from httpkit.responses import EVENT_STREAM, json_response
+from retrieval.analysis import DEFAULT_LANGUAGE, languages
 from retrieval.errors import Forbidden, InvalidRequest, NotFound
 from serving.answer.service import AnswerRequest, RetrieveFn
 from serving.gateway.api_models import QueryRequest
@@ -92,7 +94,18 @@ class CollectionCreate(BaseModel):
     partitioner: Literal["hash"] = Field("hash", description="how ids map to shards")
     tenant_field: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$",
                                      description="payload field holding each document's tenant (tenant-scoped keys)")
+    lexical_language: str = Field(DEFAULT_LANGUAGE, min_length=1, max_length=32,
+                                  description="how lexical and hybrid search analyse the texts: a Snowball "
+                                              "stemmer's language (english, which also drops English stop words; "
+                                              "german, french, spanish, ...) or none (words as they are)")
     quotas: QuotasModel = Field(default_factory=QuotasModel)
+
+    @field_validator("lexical_language")
+    @classmethod
+    def _known_language(cls, value: str) -> str:
+        if value not in languages():
+            raise PydanticCustomError("lexical_language", f"lexical_language must be one of {', '.join(languages())}")
+        return value
 
     @model_validator(mode="after")
     def _one_space(self) -> CollectionCreate:
@@ -158,6 +171,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
         spec = CollectionSpec(name=name, dim=int(version["dim"]), metric=body.metric, model=body.model,
                               version=version if body.model else None, shards=body.shards, replicas=body.replicas,
                               factory=body.factory, partitioner=body.partitioner, tenant_field=body.tenant_field,
+                              lexical_language=body.lexical_language,
                               quotas=Quotas(body.quotas.max_documents, body.quotas.max_rps))
         collections = gateway().collections
         placed = await asyncio.to_thread(collections.collections.create, spec)

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from httpkit import tracing
+from retrieval.analysis import DEFAULT_LANGUAGE
 from retrieval.contract import HitColumns, SearchParams, SessionFloor
 from retrieval.errors import ConfigError, InvalidRequest, VersionConflict
 from retrieval.merge import merge_topk_columns
@@ -106,6 +107,7 @@ class ShardRoute:
     k_shapes_search: bool = False
     # Factories on which no trimmed list is a prefix of the full one (trimming_blocker): never trimmed.
     trimming_blocked: str | None = None
+    lexical_language: str = DEFAULT_LANGUAGE  # how the shards analyse a lexical query's text
 
     @property
     def num_shards(self) -> int:

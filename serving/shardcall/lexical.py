@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.analysis import query_terms
+from retrieval.analysis import DEFAULT_LANGUAGE, query_terms
 from retrieval.bm25 import CorpusStats, LexicalQuery
 from retrieval.contract import HitColumns, SearchParams, SessionFloor
 from retrieval.errors import ShardUnavailable, VersionConflict
@@ -49,13 +49,15 @@ class CorpusStatsCache:
         self._totals: dict[str, tuple[int, int]] = {}  # version → (documents, tokens)
         self._df: dict[str, dict[str, int]] = {}  # version → term → documents holding it
 
-    def guess(self, version: str, text: str) -> CorpusStats | None:
-        """The sums last seen for ``text``'s terms (None: nothing known yet for this version)."""
+    def guess(self, version: str, text: str, language: str = DEFAULT_LANGUAGE) -> CorpusStats | None:
+        """The sums last seen for ``text``'s terms, analysed as the version's shards do in ``language``
+        (None: nothing known yet for this version)."""
         totals = self._totals.get(version)
         if totals is None:
             return None
         known = self._df.get(version, {})
-        return CorpusStats(totals[0], totals[1], {term: known[term] for term, _ in query_terms(text) if term in known})
+        return CorpusStats(totals[0], totals[1],
+                           {term: known[term] for term, _ in query_terms(text, language) if term in known})
 
     def has_totals(self, version: str) -> bool:
         """Whether any sums are known for ``version`` (its document and token counts)."""
@@ -101,7 +103,7 @@ class LexicalFanOut:
         unsharded one under the statistics the answering shards report."""
         deadline = time.monotonic() + timeout_s
         asked, targets = self._asked(params, route), list(range(route.num_shards))
-        sent = self.cache.guess(asked.version or route.version, text)
+        sent = self.cache.guess(asked.version or route.version, text, route.lexical_language)
         first = await self._round(LexicalQuery(text, sent), asked, route, targets, deadline, session)
         return await self._settle(text, sent, first, asked, route, deadline, session)
 
@@ -114,7 +116,7 @@ class LexicalFanOut:
         deadline = time.monotonic() + timeout_s
         asked, targets = self._asked(params, route), list(range(route.num_shards))
         both = replace(asked, nprobe=params.nprobe, ef_search=params.ef_search)  # the dense leg's breadth too
-        sent = self.cache.guess(asked.version or route.version, text)
+        sent = self.cache.guess(asked.version or route.version, text, route.lexical_language)
         futures = {s: self._hybrid_batchers[s].submit(floored(both, session.get(s) if session else None),
                                                       (LexicalQuery(text, sent), vector, deadline, route.replicas[s]))
                    for s in targets}
@@ -137,7 +139,7 @@ class LexicalFanOut:
         asked, targets = self._asked(params, route), list(range(route.num_shards))
         both = replace(asked, nprobe=params.nprobe, ef_search=params.ef_search)  # the dense leg's breadth too
         version = asked.version or route.version
-        sent = self.cache.guess(version, text)
+        sent = self.cache.guess(version, text, route.lexical_language)
         result = await self._weighted_round(LexicalQuery(text, sent, spec), vector, both, route, targets, deadline,
                                             session)
         summed = CorpusStats.total(stats for _, stats, _ in result.answers.values())

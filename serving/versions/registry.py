@@ -133,7 +133,7 @@ class VersionRegistry:
         for version, topology in self.topologies.items():
             route = ShardRoute(version, tuple(self.eligible(s, version) for s in range(len(self.shard_replicas))),
                                topology.centroids, topology.partitioner, "HNSW" in topology.factory.upper(),
-                               trimming_blocker(topology.factory))
+                               trimming_blocker(topology.factory), topology.lexical_language)
             snapshots[version] = VersionSnapshot(topology, self.encoders.get(version), route)
         self._view = RegistryView(state, snapshots)
 

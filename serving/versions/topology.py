@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from retrieval.analysis import DEFAULT_LANGUAGE
 from retrieval.contract import ReplicaInfo, VersionInfo
 from retrieval.errors import ConfigError, ShardragError, ShardUnavailable
 from retrieval.types import EmbeddingVersion
@@ -41,6 +42,7 @@ class Topology:
     metric: str
     factory: str
     partitioner: str
+    lexical_language: str = DEFAULT_LANGUAGE  # how its shards analyse texts (the gateway's statistics guess too)
 
     @property
     def dim(self) -> int:
@@ -131,5 +133,6 @@ def build_topologies(shard_replicas: Sequence[Sequence[str]], infos: Infos) -> d
             shards=tuple(ShardInfo(s, tuple(shard_replicas[s]), int(rows[s].count or 0)) for s in range(len(rows))),
             centroids=centroids,
             metric=rows[0].metric or "", factory=rows[0].factory or "", partitioner=rows[0].partitioner or "",
+            lexical_language=rows[0].lexical_language or DEFAULT_LANGUAGE,
         )
     return topologies

@@ -27,6 +27,7 @@ from retrieval.records import DELETE, UPSERT, WalRecord
 from retrieval.types import EmbeddingVersion
 from serving.local.launcher import LocalCluster
 from tests.conftest import REPORT
+from tests.helpers.metrics import lexical_rounds
 
 pytestmark = pytest.mark.slow
 SHARDS = 3
@@ -162,14 +163,6 @@ def counted(http: httpx.Client, mode: str) -> tuple[float, float]:
     answered = re.search(rf'^shardrag_gateway_query_latency_seconds_count{{mode="{mode}"}} (\S+)$', metrics,
                          re.MULTILINE)
     return float(sent[1]) if sent else 0.0, float(answered[1]) if answered else 0.0
-
-
-def lexical_rounds(http: httpx.Client) -> tuple[float, float]:
-    """The gateway's count of lexical and hybrid queries answered in one round, and in two."""
-    metrics = http.get("/metrics").text
-    found = [re.search(rf'^shardrag_gateway_lexical_rounds_total{{rounds="{n}"}} (\S+)$', metrics, re.MULTILINE)
-             for n in (1, 2)]
-    return float(found[0][1]) if found[0] else 0.0, float(found[1][1]) if found[1] else 0.0
 
 
 def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):

@@ -1,0 +1,89 @@
+"""A collection's lexical language (retrieval.analysis): its documents and queries analysed with
+that Snowball stemmer — so a German collection finds "Häuser" for "Haus", which the English
+analysis cannot — kept in every shard manifest, and carried by the write path, a compaction, a
+snapshot restore and the child-process build of a large base."""
+
+import numpy as np
+import pytest
+
+from index_shards import compaction
+from index_shards.build import BuildConfig, build_collection
+from index_shards.layout import resolve_version, shard_dir
+from index_shards.lexical_warm import build_base_lexicon
+from index_shards.manifest import ShardManifest, read_collection_manifest
+from index_shards.shard import Shard
+from index_shards.versions import ShardVersions
+from index_shards.writes import accept
+from retrieval.analysis import DEFAULT_LANGUAGE, analyze, check_language, languages, query_terms
+from retrieval.bm25 import LexicalQuery
+from retrieval.contract import SearchParams
+from retrieval.errors import ConfigError
+from retrieval.records import UPSERT, WalRecord
+from retrieval.types import Document, EmbeddingVersion
+
+DIM = 8
+GERMAN = [  # also the integration test's (tests/integration/test_lexical_language.py)
+    Document("see", "Die Häuser am See sind alt und schön", "Häuser am See"),
+    Document("garten", "Ein kleiner Garten mit Blumen", "Gärten"),
+    Document("stadt", "Die Stadt hat viele Straßen und Häuser", "Stadt"),
+    Document("berg", "Der Berg ist hoch, die Hütte darauf klein", "Berge"),
+    Document("fluss", "Der Fluss fließt durch die Stadt", "Flüsse"),
+]
+
+
+def replica_of(root, language: str, documents=GERMAN) -> ShardVersions:
+    vectors = np.random.default_rng(0).standard_normal((len(documents), DIM)).astype(np.float32)
+    build_collection(root, documents, vectors, EmbeddingVersion("lang", "0" * 64, DIM),
+                     BuildConfig("c", 1, lexical_language=language), show_progress=False)
+    directory, _ = resolve_version(root, "c")
+    return ShardVersions(Shard.load(shard_dir(directory, 0), device="cpu"), data_dir=root / "data")
+
+
+def lexical(replica: ShardVersions, text: str) -> list[str]:
+    reply = replica.search(np.zeros((0, DIM)), SearchParams(5, None, lexical=True), [LexicalQuery(text)])
+    return list(reply.results[0]["doc_ids"])
+
+
+def test_each_language_analyses_its_own_way():
+    assert analyze("Die Häuser sind groß", "german") == ["die", "haus", "sind", "gross"]
+    assert analyze("Die Häuser sind groß") == ["die", "häuser", "sind", "groß"]  # English: no German stems
+    assert analyze("The houses are big") == ["hous", "big"]  # English: stop words dropped, stemmed
+    assert analyze("The houses", "none") == ["the", "houses"]  # none: the words as they are
+    assert query_terms("Häuser Haus", "german") == [("haus", 2)]
+    assert {"english", "german", "french", "none"} <= set(languages())
+    assert check_language("german") == "german"
+    with pytest.raises(ConfigError) as bad:
+        check_language("klingon")
+    assert bad.value.field == "lexical_language"
+    with pytest.raises(ConfigError):
+        BuildConfig("c", 1, lexical_language="klingon").validate()
+
+
+def test_a_german_collection_finds_inflected_forms_and_keeps_its_language(tmp_path):
+    german = replica_of(tmp_path / "de", "german")
+    english = replica_of(tmp_path / "en", DEFAULT_LANGUAGE)
+    assert lexical(german, "Haus")[0] == "see" and lexical(german, "Garten")[:1] == ["garten"]
+    assert lexical(english, "Haus") == []  # the English analysis keeps "häuser": no match
+    version = german.ready_ids()[0]
+    described = german.describe()[0]
+    assert described.lexical_language == "german" and english.describe()[0].lexical_language == "english"
+    directory = german.slot(version).shard.directory
+    assert read_collection_manifest(directory.parent).lexical_language == "german"
+    # the default is written as nothing: manifests of English collections are what they were
+    english_dir = english.slot(english.ready_ids()[0]).shard.directory
+    assert "lexical_language" not in (english_dir / "manifest.json").read_text()
+    assert ShardManifest.from_dict(german.slot(version).shard.manifest.to_dict()).lexical_language == "german"
+
+    # a written document is analysed in the collection's language, and so is the compacted base
+    accept(german, version, 0, None, [WalRecord(1, UPSERT, "wald", "Wälder", "Im Wald stehen alte Bäume", {},
+                                                np.ones(DIM, np.float32))])
+    assert lexical(german, "Baum") == ["wald"]
+    compaction.compact(german, version)
+    base = german.slot(version).shard
+    assert base.manifest.lexical_language == "german" and base.lexicon.language == "german"
+    assert lexical(german, "Baum") == ["wald"] and lexical(german, "Haus")[0] == "see"
+    # the child-process build (large bases) analyses in the same language
+    apart = build_base_lexicon(base.docstore, language="german", apart_min_docs=1)
+    assert apart.language == "german" and apart.vocabulary == base.lexicon.vocabulary
+    german.close()
+    english.close()
