@@ -8,7 +8,8 @@ The language is a collection's (``BuildConfig.lexical_language``, kept in every 
 carried by compaction and every build from a version): documents and queries of one collection
 are always analysed alike. ``english`` (the default) stems and drops stop words; every other
 Snowball language stems only (BM25's idf gives that language's common words little weight
-anyway); ``none`` keeps the words as they are (identifiers, codes, mixed languages).
+anyway); ``cjk`` cuts Chinese, Japanese and Korean text into overlapping character bigrams;
+``none`` keeps the words as they are (identifiers, codes, mixed languages).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from retrieval.errors import ConfigError
 
 DEFAULT_LANGUAGE = "english"
 NO_STEMMING = "none"
+CJK = "cjk"  # Chinese, Japanese, Korean: overlapping character bigrams (texts without spaces between words)
 
 _WORD = re.compile(r"[^\W_]+")
 # Lucene's EnglishAnalyzer stop set: words too common to rank by (and the bulk of every posting list).
@@ -36,7 +38,7 @@ def languages() -> tuple[str, ...]:
     ``none``."""
     import Stemmer
 
-    return (*sorted(Stemmer.algorithms()), NO_STEMMING)
+    return (*sorted(Stemmer.algorithms()), CJK, NO_STEMMING)
 
 
 def check_language(language: str, *, field: str = "lexical_language") -> str:
@@ -66,9 +68,30 @@ def analyze(text: str, language: str = DEFAULT_LANGUAGE) -> list[str]:
     """The terms of ``text`` in order (with repeats): what is indexed and what is looked up."""
     stop = STOP_WORDS if language == DEFAULT_LANGUAGE else _NO_STOP_WORDS
     words = [w for w in _WORD.findall(text.lower()) if w not in stop]
+    if language == CJK:
+        return [term for word in words for term in _cjk_terms(word)]
     if not words or language == NO_STEMMING:
         return words
     return _Stemmers.stem(words, language)
+
+
+# Han (with extension A), hiragana, katakana, Hangul syllables: scripts written without spaces
+_CJK_RUN = re.compile(r"([\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u309f\u30a0-\u30ff\uac00-\ud7af]+)")
+
+
+def _cjk_terms(word: str) -> list[str]:
+    """A word's terms for ``cjk``: each run of CJK characters as its overlapping bigrams (a single
+    character alone), as Lucene's CJKAnalyzer does — so a query's words match inside a text that
+    has no spaces between them — and anything else in the word as it is."""
+    terms = []
+    for part in _CJK_RUN.split(word):
+        if not part:
+            continue
+        if _CJK_RUN.fullmatch(part):
+            terms.extend([part] if len(part) == 1 else [part[i:i + 2] for i in range(len(part) - 1)])
+        else:
+            terms.append(part)
+    return terms
 
 
 def document_terms(title: str, text: str, language: str = DEFAULT_LANGUAGE) -> list[str]:

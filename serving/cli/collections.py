@@ -37,7 +37,7 @@ def add_collections_command(commands: Any) -> None:
                         help="payload field holding each document's tenant: keys with tenant=T see only T's")
     create.add_argument("--lexical-language", default=None, metavar="LANGUAGE",
                         help="how lexical and hybrid search analyse the texts: english (default), german, french, "
-                             "... (a Snowball stemmer) or none (words as they are)")
+                             "... (a Snowball stemmer), cjk (character bigrams) or none (words as they are)")
     create.add_argument("--max-documents", type=int, default=0, help="document quota (default 0: none)")
     create.add_argument("--max-rps", type=float, default=0.0, help="requests/s quota per gateway (default 0: none)")
     actions.add_parser("list", help="every collection (a scoped key sees its own)", parents=[common])

@@ -176,8 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--lexical-language", default=None, metavar="LANGUAGE",
                        help="how lexical and hybrid search analyse the texts: a Snowball stemmer's language "
                             "(english — the default, which also drops English stop words — german, french, "
-                            "spanish, ...; `shardrag build --lexical-language list` names them all) or none "
-                            "(words as they are); rebuilding a collection's version: that version's")
+                            "spanish, ...; `shardrag build --lexical-language list` names them all), cjk "
+                            "(Chinese, Japanese, Korean: character bigrams) or none (words as they are); "
+                            "rebuilding a collection's version: that version's")
     _add_build_args(build, corpus_required=True)
     build.set_defaults(func=cmd_build)
 

@@ -97,7 +97,8 @@ class CollectionCreate(BaseModel):
     lexical_language: str = Field(DEFAULT_LANGUAGE, min_length=1, max_length=32,
                                   description="how lexical and hybrid search analyse the texts: a Snowball "
                                               "stemmer's language (english, which also drops English stop words; "
-                                              "german, french, spanish, ...) or none (words as they are)")
+                                              "german, french, spanish, ...), cjk (Chinese, Japanese, Korean: "
+                                              "character bigrams) or none (words as they are)")
     quotas: QuotasModel = Field(default_factory=QuotasModel)
 
     @field_validator("lexical_language")

@@ -50,7 +50,9 @@ def test_each_language_analyses_its_own_way():
     assert analyze("The houses are big") == ["hous", "big"]  # English: stop words dropped, stemmed
     assert analyze("The houses", "none") == ["the", "houses"]  # none: the words as they are
     assert query_terms("Häuser Haus", "german") == [("haus", 2)]
-    assert {"english", "german", "french", "none"} <= set(languages())
+    assert analyze("東京の天気は晴れ", "cjk") == ["東京", "京の", "の天", "天気", "気は", "は晴", "晴れ"]
+    assert analyze("iPhone 15の価格", "cjk") == ["iphone", "15", "の価", "価格"] and analyze("猫", "cjk") == ["猫"]
+    assert {"english", "german", "french", "cjk", "none"} <= set(languages())
     assert check_language("german") == "german"
     with pytest.raises(ConfigError) as bad:
         check_language("klingon")
@@ -86,4 +88,16 @@ def test_a_german_collection_finds_inflected_forms_and_keeps_its_language(tmp_pa
     apart = build_base_lexicon(base.docstore, language="german", apart_min_docs=1)
     assert apart.language == "german" and apart.vocabulary == base.lexicon.vocabulary
     german.close()
+    english.close()
+
+
+def test_a_cjk_collection_finds_words_inside_unspaced_text(tmp_path):
+    documents = [Document("tokyo", "東京の天気は晴れです", "東京"), Document("osaka", "大阪の食べ物は美味しい", "大阪"),
+                 Document("seoul", "서울의 날씨는 맑음", "서울")]
+    cjk = replica_of(tmp_path / "cjk", "cjk", documents)
+    assert lexical(cjk, "天気") == ["tokyo"] and lexical(cjk, "食べ物") == ["osaka"]
+    assert lexical(cjk, "날씨") == ["seoul"]
+    english = replica_of(tmp_path / "en", DEFAULT_LANGUAGE, documents)
+    assert lexical(english, "天気") == []  # one token per unspaced run: no word inside it matches
+    cjk.close()
     english.close()
