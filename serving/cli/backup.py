@@ -6,8 +6,8 @@ backup/{shard}``, admin key), each written crash-safe, then the manifest — the
 definition, every shard's cut, the count and the content digest — last. Writes go on meanwhile.
 
 Restore: into a collection that does not exist (made from the backup's definition: dimension,
-metric, model, factory; shards and replicas as given or as backed up) or one that exists empty
-with the same dimension and metric (and model). Every document is written back with its own
+metric, model, factory, tenant field, lexical language; shards and replicas as given or as backed
+up) or one that exists empty with the same dimension, metric, model and lexical language. Every document is written back with its own
 vector, title, text and metadata; then the restored collection is backed up in memory and its
 digest compared with the manifest's: the restore fails loudly if they differ.
 """
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from retrieval.analysis import DEFAULT_LANGUAGE
 from retrieval.backup import (
     BackupManifest,
     digest_of,
@@ -103,14 +104,16 @@ def _prepare(client: Any, args: argparse.Namespace, definition: dict[str, Any]) 
         shape = {"shards": args.shards or int(definition["shards"]),
                  "replicas": args.replicas or int(definition.get("replicas", 1)),
                  "metric": definition["metric"], "factory": definition.get("factory", "Flat"),
-                 "tenant_field": definition.get("tenant_field")}
+                 "tenant_field": definition.get("tenant_field"),
+                 "lexical_language": definition.get("lexical_language")}  # None: a backup from before it
         if definition.get("model"):
             client.create_collection(args.collection, model=definition["model"], **shape)
         else:
             client.create_collection(args.collection, dim=int(definition["dim"]), **shape)
         return
-    for name in ("dim", "metric", "model"):
-        if existing.get(name) != definition.get(name):
+    alike = {"lexical_language": DEFAULT_LANGUAGE}  # what a definition without it means
+    for name in ("dim", "metric", "model", "lexical_language"):
+        if existing.get(name, alike.get(name)) != definition.get(name, alike.get(name)):
             raise InvalidRequest(f"collection {args.collection!r} has {name} {existing.get(name)!r}; the backup "
                                  f"is of {name} {definition.get(name)!r}: restore into a new collection, or one "
                                  "made alike", field=name)

@@ -50,7 +50,7 @@ def test_backup_under_a_writer_restores_to_the_same_digest_and_refuses_bad_targe
     url = cluster.gateway_url
     with dropped_after(cluster, "src") as source, dropped_after(cluster, "dst") as target, \
             dropped_after(cluster, "other") as other, ShardragClient(url) as admin:
-        admin.create_collection(source, dim=DIM, shards=2, replicas=2)
+        admin.create_collection(source, dim=DIM, shards=2, replicas=2, lexical_language="german")
         client = admin.collection(source)
         rng = np.random.default_rng(7)
         initial = {f"doc-{i}": document(f"doc-{i}", rng, i) for i in range(300)}
@@ -116,6 +116,7 @@ def test_backup_under_a_writer_restores_to_the_same_digest_and_refuses_bad_targe
         some = sorted(model)[0]
         got = admin.collection(target).get(some)
         assert (got["text"], got["metadata"]) == (model[some]["text"], model[some]["metadata"])
+        assert admin.get_collection(target)["lexical_language"] == "german"  # the definition comes along
 
         # refused: a non-empty collection, one of another dimension; a directory that is no backup
         code, _, err = run_cli("restore", "--from", str(tmp_path / "b"), "--collection", target, "--url", url,
