@@ -7,9 +7,10 @@ definition, every shard's cut, the count and the content digest — last. Writes
 
 Restore: into a collection that does not exist (made from the backup's definition: dimension,
 metric, model, factory, tenant field, lexical language; shards and replicas as given or as backed
-up) or one that exists empty with the same dimension, metric, model and lexical language. Every document is written back with its own
-vector, title, text and metadata; then the restored collection is backed up in memory and its
-digest compared with the manifest's: the restore fails loudly if they differ.
+up) or one that exists empty with the same dimension, metric, model and lexical language. Every
+document is written back with its own vector, title, text and metadata; then the restored
+collection is backed up in memory and its digest compared with the manifest's: the restore fails
+loudly if they differ.
 """
 
 from __future__ import annotations
