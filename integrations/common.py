@@ -105,10 +105,12 @@ def as_filter(given: Mapping[str, Any]) -> dict[str, Any]:
     return {"must": must}
 
 
-def _collection_args(dim: int, distance: str, shards: int, replicas: int, factory: str) -> dict[str, Any]:
+def _collection_args(dim: int, distance: str, shards: int, replicas: int, factory: str,
+                     lexical_language: str | None) -> dict[str, Any]:
     if distance not in DISTANCES:
         raise ValueError(f"distance must be one of {sorted(DISTANCES)}, got {distance!r}")
-    return {"dim": dim, "metric": DISTANCES[distance], "shards": shards, "replicas": replicas, "factory": factory}
+    return {"dim": dim, "metric": DISTANCES[distance], "shards": shards, "replicas": replicas, "factory": factory,
+            "lexical_language": lexical_language}
 
 
 def _check_existing(name: str, shown: Mapping[str, Any], dim: int, distance: str) -> None:
@@ -118,9 +120,11 @@ def _check_existing(name: str, shown: Mapping[str, Any], dim: int, distance: str
 
 
 def ensure_collection(admin: ShardragClient, name: str, *, dim: int, distance: str = "cosine", shards: int = 1,
-                      replicas: int = 1, factory: str = "Flat") -> None:
-    """Create ``name`` unless it exists; an existing one must match ``dim`` and the metric."""
-    args = _collection_args(dim, distance, shards, replicas, factory)
+                      replicas: int = 1, factory: str = "Flat", lexical_language: str | None = None) -> None:
+    """Create ``name`` unless it exists; an existing one must match ``dim`` and the metric.
+    ``lexical_language``: how its lexical and hybrid search analyse texts (None: the gateway's
+    default, english; docs/hybrid.md)."""
+    args = _collection_args(dim, distance, shards, replicas, factory, lexical_language)
     try:
         admin.create_collection(name, **args)
     except (Conflict, VersionConflict):
@@ -128,8 +132,9 @@ def ensure_collection(admin: ShardragClient, name: str, *, dim: int, distance: s
 
 
 async def ensure_collection_async(admin: AsyncShardragClient, name: str, *, dim: int, distance: str = "cosine",
-                                  shards: int = 1, replicas: int = 1, factory: str = "Flat") -> None:
-    args = _collection_args(dim, distance, shards, replicas, factory)
+                                  shards: int = 1, replicas: int = 1, factory: str = "Flat",
+                                  lexical_language: str | None = None) -> None:
+    args = _collection_args(dim, distance, shards, replicas, factory, lexical_language)
     try:
         await admin.create_collection(name, **args)
     except (Conflict, VersionConflict):

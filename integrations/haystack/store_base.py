@@ -26,19 +26,21 @@ DISTANCES = ("dot_product", "cosine", "l2")
 class StoreBase:
     def __init__(self, *, url: str, collection: str, embedding_dim: int = 768, distance: str = "dot_product",
                  api_key: str | None = None, shards: int = 1, replicas: int = 1, factory: str = "Flat",
-                 write_ack: str = "majority", timeout_s: float = 30.0) -> None:
+                 write_ack: str = "majority", timeout_s: float = 30.0, lexical_language: str | None = None) -> None:
         if distance not in DISTANCES:
             raise ValueError(f"distance must be one of {', '.join(DISTANCES)}, got {distance!r}")
         self.url, self.collection, self.embedding_dim, self.distance = url, collection, embedding_dim, distance
         self.api_key, self.shards, self.replicas, self.factory = api_key, shards, replicas, factory
         self.write_ack, self.timeout_s = write_ack, timeout_s
+        self.lexical_language = lexical_language  # a collection it creates (None: english)
         self.link = CollectionLink(StoreTarget(url, collection, api_key, timeout_s))
         self._ready = False  # the collection is known to exist (made on first use)
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(self, url=self.url, collection=self.collection, embedding_dim=self.embedding_dim,
                                distance=self.distance, shards=self.shards, replicas=self.replicas,
-                               factory=self.factory, write_ack=self.write_ack, timeout_s=self.timeout_s)
+                               factory=self.factory, write_ack=self.write_ack, timeout_s=self.timeout_s,
+                               lexical_language=self.lexical_language)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Any:
@@ -47,7 +49,8 @@ class StoreBase:
     def collection_shape(self) -> dict[str, Any]:
         """``ensure_collection``'s arguments: dot product is the ``ip`` metric on vectors as given."""
         return {"dim": self.embedding_dim, "distance": "l2" if self.distance == "l2" else "cosine",
-                "shards": self.shards, "replicas": self.replicas, "factory": self.factory}
+                "shards": self.shards, "replicas": self.replicas, "factory": self.factory,
+                "lexical_language": self.lexical_language}
 
     def vector(self, embedding: Sequence[float]) -> list[float]:
         """An embedding as the collection stores it (unit length for cosine, else as given)."""

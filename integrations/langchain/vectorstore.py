@@ -60,13 +60,15 @@ class ShardragVectorStore(VectorStore):
     @classmethod
     def create(cls, embedding: Embeddings, *, url: str, collection: str, distance: str = "cosine",
                shards: int = 1, replicas: int = 1, factory: str = "Flat", api_key: str | None = None,
-               timeout_s: float = 30.0, write_ack: str = "majority") -> ShardragVectorStore:
-        """The store over ``collection``, created (of the embedding's dimension) when it does not
-        exist; an existing one must have that dimension and metric."""
+               timeout_s: float = 30.0, write_ack: str = "majority",
+               lexical_language: str | None = None) -> ShardragVectorStore:
+        """The store over ``collection``, created (of the embedding's dimension, its texts analysed
+        for lexical search in ``lexical_language``, default english) when it does not exist; an
+        existing one must have that dimension and metric."""
         dim = len(embedding.embed_query("dimension probe"))
         with ShardragClient(url, api_key=api_key, timeout_s=timeout_s) as admin:
             ensure_collection(admin, collection, dim=dim, distance=distance, shards=shards, replicas=replicas,
-                              factory=factory)
+                              factory=factory, lexical_language=lexical_language)
         return cls(embedding, url=url, collection=collection, distance=distance, api_key=api_key,
                    timeout_s=timeout_s, write_ack=write_ack)
 
@@ -88,7 +90,8 @@ class ShardragVectorStore(VectorStore):
                                        timeout_s=kwargs.get("timeout_s", 30.0)) as admin:
             await ensure_collection_async(admin, collection, dim=dim, distance=kwargs.get("distance", "cosine"),
                                           shards=kwargs.get("shards", 1), replicas=kwargs.get("replicas", 1),
-                                          factory=kwargs.get("factory", "Flat"))
+                                          factory=kwargs.get("factory", "Flat"),
+                                          lexical_language=kwargs.get("lexical_language"))
         keep = {k: v for k, v in kwargs.items() if k in ("distance", "api_key", "timeout_s", "write_ack")}
         store = cls(embedding, url=url, collection=collection, **keep)
         await store.aadd_texts(texts, metadatas, ids=ids)

@@ -63,12 +63,14 @@ class ShardragVectorStore(BasePydanticVectorStore):
 
     @classmethod
     def create(cls, *, url: str, collection: str, dim: int, distance: str = "cosine", shards: int = 1,
-               replicas: int = 1, factory: str = "Flat", **kwargs: Any) -> ShardragVectorStore:
-        """The store over ``collection``, created with ``dim`` dimensions when it does not exist
-        (an existing one of another dimension or metric is refused)."""
+               replicas: int = 1, factory: str = "Flat", lexical_language: str | None = None,
+               **kwargs: Any) -> ShardragVectorStore:
+        """The store over ``collection``, created with ``dim`` dimensions (its texts analysed for
+        lexical search in ``lexical_language``, default english) when it does not exist (an
+        existing one of another dimension or metric is refused)."""
         with ShardragClient(url, api_key=kwargs.get("api_key"), timeout_s=kwargs.get("timeout_s", 30.0)) as admin:
             ensure_collection(admin, collection, dim=dim, distance=distance, shards=shards, replicas=replicas,
-                              factory=factory)
+                              factory=factory, lexical_language=lexical_language)
         return cls(url=url, collection=collection, distance=distance, **kwargs)
 
     def model_post_init(self, context: Any, /) -> None:

@@ -157,3 +157,16 @@ async def test_retrievers_through_pipeline_run_async(cluster):
         assert {d.id for d in out["bm25"]["documents"]} == {"a0", "a1", "a2", "a3", "plain"}
         assert await store.count_documents_async() == 5
         store.close()
+
+
+def test_a_store_creates_its_collection_in_its_lexical_language_and_serializes_it(cluster):
+    from retrieval.client import ShardragClient
+
+    with dropped_after(cluster, "hsl") as name:
+        store = ShardragDocumentStore(url=cluster.gateway_url, collection=name, embedding_dim=8,
+                                      lexical_language="german")
+        assert ShardragDocumentStore.from_dict(store.to_dict()).lexical_language == "german"
+        assert store.write_documents([Document(id="see", content="Die Häuser am See")]) == 1  # made on first use
+        with ShardragClient(cluster.gateway_url) as admin:
+            assert admin.get_collection(name)["lexical_language"] == "german"
+        store.close()

@@ -83,3 +83,11 @@ def test_a_store_refuses_a_collection_of_another_dimension(cluster):
                                            collection=name)
         finally:
             admin.drop_collection(name)
+
+
+def test_a_store_creates_its_collection_in_its_lexical_language(cluster):
+    for store in fresh_store(cluster, VectorStoreIntegrationTests.get_embeddings(), lexical_language="german"):
+        ids = store.add_texts(["Die Häuser am See", "Ein kleiner Garten"])
+        assert [d.id for d in store.similarity_search("Haus", k=2, mode="lexical")] == [ids[0]]  # German stems
+        with ShardragClient(cluster.gateway_url) as admin:
+            assert admin.get_collection(store.target.collection)["lexical_language"] == "german"

@@ -140,3 +140,13 @@ def test_node_reads_deletes_and_async_queries(store, encoder):
     assert store.query(query).ids == []
     with pytest.raises(ValueError, match="without an embedding"):
         store.add([nodes[0].model_copy(update={"embedding": None})])
+
+
+def test_a_store_creates_its_collection_in_its_lexical_language(cluster):
+    from retrieval.client import ShardragClient
+
+    with dropped_after(cluster, "li") as name:
+        made = ShardragVectorStore.create(url=cluster.gateway_url, collection=name, dim=8, lexical_language="french")
+        with ShardragClient(cluster.gateway_url) as admin:
+            assert admin.get_collection(name)["lexical_language"] == "french"
+        made.close()
