@@ -12,7 +12,8 @@ compare (``datetimes``).
 
 May import the standard library and numpy; torch, httpx, PyStemmer, pypdf and transformers only
 inside the leaf modules that need them (``encoders``, ``bert_encoder``, ``client``, ``analysis``, ``passages``),
-lazily. Never a web framework, and none of shardrag's other packages: importing it must stay
+lazily (``analysis`` reads bm25s's stop lists as data, never importing it). Never a web framework,
+and none of shardrag's other packages: importing it must stay
 cheap (no torch, FAISS or FastAPI). No server code: that is ``httpkit``'s.
 """
 

@@ -1,22 +1,28 @@
 """The lexical leg's text analysis, one function for documents and queries alike: Unicode words,
 lower-cased, then per the collection's *language*: a Snowball stemmer (PyStemmer, a C extension
-imported on first use) and, for English, Lucene's English stop words dropped. The shards index
+imported on first use) and the language's stop words dropped (see below). The shards index
 and score with it; the gateway uses it to look up the statistics it already knows for a query's
 terms (``serving.shardcall.lexical``).
 
 The language is a collection's (``BuildConfig.lexical_language``, kept in every shard manifest,
 carried by compaction and every build from a version): documents and queries of one collection
-are always analysed alike. ``english`` (the default) stems and drops stop words; every other
-Snowball language stems only (BM25's idf gives that language's common words little weight
-anyway); ``cjk`` cuts Chinese, Japanese and Korean text into overlapping character bigrams;
-``none`` keeps the words as they are (identifiers, codes, mixed languages).
+are always analysed alike. ``english`` (the default) stems and drops Lucene's English stop words
+from documents and queries; every other Snowball language stems, and a *query* in it is not
+searched for that language's stop words (Snowball's list, :func:`query_stop_words`) while its
+documents keep them — so every index built before the lists were used stays exact and BM25's
+lengths count every word — and a query's "der", "und", "les" no longer read the longest posting
+lists for next to no score. ``cjk`` cuts Chinese, Japanese and Korean text into overlapping
+character bigrams; ``none`` keeps the words as they are (identifiers, codes, mixed languages).
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import re
 from collections import Counter
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from retrieval.errors import ConfigError
@@ -64,9 +70,55 @@ class _Stemmers:
         return result
 
 
-def analyze(text: str, language: str = DEFAULT_LANGUAGE) -> list[str]:
-    """The terms of ``text`` in order (with repeats): what is indexed and what is looked up."""
-    stop = STOP_WORDS if language == DEFAULT_LANGUAGE else _NO_STOP_WORDS
+@lru_cache(maxsize=64)
+def query_stop_words(language: str) -> frozenset[str]:
+    """The words a query in ``language`` is not searched for: Lucene's English set for ``english``
+    and ``porter``; for another Snowball language the Snowball project's own stop list for it
+    where there is one (the lists Lucene's and Elasticsearch's language analyzers use: function
+    words only — articles, pronouns, auxiliaries); none for the rest (``cjk``, ``none``, …)."""
+    if language in (DEFAULT_LANGUAGE, "porter"):
+        return STOP_WORDS
+    name = _SNOWBALL_STOP_LIST.get(language)
+    if name is None:
+        return _NO_STOP_WORDS
+    return frozenset(word.lower() for word in _snowball_stop_lists()[name])
+
+
+# The Snowball stop lists, by PyStemmer language, as the constants bm25s ships them (NLTK's copy of
+# Snowball's lists): the one package on PyPI that carries these conservative lists — the
+# stop-words/stopwords/stopwordsiso packages' lists hold content words ("lavoro", "время", "état").
+_SNOWBALL_STOP_LIST = {
+    "danish": "STOPWORDS_DANISH", "dutch": "STOPWORDS_DUTCH", "dutch_porter": "STOPWORDS_DUTCH",
+    "french": "STOPWORDS_FRENCH", "german": "STOPWORDS_GERMAN", "italian": "STOPWORDS_ITALIAN",
+    "norwegian": "STOPWORDS_NORWEGIAN", "portuguese": "STOPWORDS_PORTUGUESE", "russian": "STOPWORDS_RUSSIAN",
+    "spanish": "STOPWORDS_SPANISH", "swedish": "STOPWORDS_SWEDISH", "turkish": "STOPWORDS_TURKISH",
+}
+
+
+@lru_cache(maxsize=1)
+def _snowball_stop_lists() -> dict[str, tuple[str, ...]]:
+    """bm25s's ``stopwords.py`` read as data: its tuples of string literals, by name. Read, not
+    imported — importing anything of bm25s runs its ``__init__``, which loads scipy.sparse (~0.3 s
+    and ~30 MB in every shard process) for lists of words."""
+    spec = importlib.util.find_spec("bm25s")  # finds the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the lexical leg's stop words need the bm25s package (pip install bm25s)",
+                          field="lexical_language")
+    source = Path(next(iter(spec.submodule_search_locations))) / "stopwords.py"
+    lists = {}
+    for statement in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                and isinstance(statement.targets[0], ast.Name):
+            lists[statement.targets[0].id] = tuple(ast.literal_eval(statement.value))
+    return lists
+
+
+def analyze(text: str, language: str = DEFAULT_LANGUAGE, *, stop: frozenset[str] | None = None) -> list[str]:
+    """The terms of ``text`` in order (with repeats): what is indexed and what is looked up.
+    ``stop``: the words dropped (by default a document's: Lucene's English set for ``english``,
+    none for any other language)."""
+    if stop is None:
+        stop = STOP_WORDS if language == DEFAULT_LANGUAGE else _NO_STOP_WORDS
     words = [w for w in _WORD.findall(text.lower()) if w not in stop]
     if language == CJK:
         return [term for word in words for term in _cjk_terms(word)]
@@ -104,14 +156,15 @@ QUERY_CACHE_CHARS = 1_000  # texts up to this long are remembered (queries repea
 
 def query_terms(text: str, language: str = DEFAULT_LANGUAGE) -> list[tuple[str, int]]:
     """A query's distinct terms with how often each occurs, in first-occurrence order (the order
-    in which scores are summed: fixed, so every shard adds the same floats in the same order)."""
+    in which scores are summed: fixed, so every shard adds the same floats in the same order), its
+    language's :func:`query_stop_words` dropped."""
     if len(text) <= QUERY_CACHE_CHARS:
         return list(_remembered_query_terms(text, language))
-    return list(Counter(analyze(text, language)).items())
+    return list(Counter(analyze(text, language, stop=query_stop_words(language))).items())
 
 
 @lru_cache(maxsize=4096)
 def _remembered_query_terms(text: str, language: str) -> tuple[tuple[str, int], ...]:
     # a hybrid query is analysed by the gateway and by every shard it reaches, and popular queries
     # repeat: the regex and the stemmer cost ~15 µs a text, a lookup here ~1 (at most ~4 MB held)
-    return tuple(Counter(analyze(text, language)).items())
+    return tuple(Counter(analyze(text, language, stop=query_stop_words(language))).items())

@@ -14,7 +14,7 @@ from index_shards.manifest import ShardManifest, read_collection_manifest
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from index_shards.writes import accept
-from retrieval.analysis import DEFAULT_LANGUAGE, analyze, check_language, languages, query_terms
+from retrieval.analysis import DEFAULT_LANGUAGE, analyze, check_language, languages, query_stop_words, query_terms
 from retrieval.bm25 import LexicalQuery
 from retrieval.contract import SearchParams
 from retrieval.errors import ConfigError
@@ -89,6 +89,30 @@ def test_a_german_collection_finds_inflected_forms_and_keeps_its_language(tmp_pa
     assert apart.language == "german" and apart.vocabulary == base.lexicon.vocabulary
     german.close()
     english.close()
+
+
+def test_a_query_in_another_language_is_not_searched_for_its_stop_words(tmp_path):
+    # Snowball's lists: function words only, not the content words other packages' lists hold
+    assert {"der", "die", "und", "nicht"} <= query_stop_words("german") and "haus" not in query_stop_words("german")
+    assert {"les", "et", "de"} <= query_stop_words("french") and "état" not in query_stop_words("french")
+    assert "время" not in query_stop_words("russian") and "и" in query_stop_words("russian")
+    assert query_stop_words("dutch_porter") == query_stop_words("dutch") and "het" in query_stop_words("dutch")
+    assert query_stop_words("porter") == query_stop_words(DEFAULT_LANGUAGE)
+    assert not query_stop_words("basque") and not query_stop_words("cjk") and not query_stop_words("none")
+    assert query_terms("Die Geschichte der Stadt und die Häuser", "german") == [
+        ("geschicht", 1), ("stadt", 1), ("haus", 1)]
+    assert query_terms("Le chat et les maisons", "french") == [("chat", 1), ("maison", 1)]
+    assert analyze("Die Häuser", "german") == ["die", "haus"]  # documents keep them: old indexes stay exact
+
+    german = replica_of(tmp_path / "de", "german")
+    plain = german.search(np.zeros((0, DIM)), SearchParams(5, None, lexical=True), [LexicalQuery("Häuser Stadt")])
+    worded = german.search(np.zeros((0, DIM)), SearchParams(5, None, lexical=True),
+                           [LexicalQuery("die Häuser und die Stadt")])
+    assert lexical(german, "Häuser Stadt") == ["stadt", "see", "fluss"]
+    assert list(worded.results[0]["doc_ids"]) == list(plain.results[0]["doc_ids"])
+    assert list(worded.results[0]["scores"]) == list(plain.results[0]["scores"])  # "die", "und" add nothing
+    assert lexical(german, "und die der") == []  # a query of stop words alone matches nothing, as in English
+    german.close()
 
 
 def test_a_cjk_collection_finds_words_inside_unspaced_text(tmp_path):
