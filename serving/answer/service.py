@@ -89,6 +89,9 @@ class AnswerService:
                                        "generators)", field="question")
         if not request.question.strip():
             raise InvalidRequest("question is empty", field="question")
+        if request.mode != "hybrid" and "fusion" in request.model_fields_set:
+            raise InvalidRequest(f"fusion shapes a hybrid retrieval, and mode is {request.mode} (send \"mode\": "
+                                 "\"hybrid\", or leave fusion out)", field="fusion")
         started = time.perf_counter()
         retrieved = await (retrieve or self.retrieve)(request.question, request.k, request.timeout_ms, request.mode,
                                                       request.fusion)

@@ -44,7 +44,7 @@ from serving.gateway.api_models import QueryRequest
 from serving.gateway.collection_rollout import add_collection_rollout_routes
 from serving.gateway.collection_tune import add_collection_tune_route
 from serving.gateway.collections import CollectionStack, live_count
-from serving.gateway.query import QueryService, parse_body
+from serving.gateway.query import QueryService, parse_body, retrieval_body
 from serving.gateway.tenancy import (
     confine_delete,
     confine_filter,
@@ -322,8 +322,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
                                  "question", field="question")
 
         async def retrieve(text: str, k: int, timeout_ms: int | None, mode: str, fusion: str) -> dict[str, Any]:
-            parsed = QueryRequest.model_validate({"text": text, "k": k, "timeout_ms": timeout_ms, "mode": mode,
-                                                  "fusion": fusion})
+            parsed = QueryRequest.model_validate(retrieval_body(text, k, timeout_ms, mode, fusion))
             if tenant is None or tenant_field is None:
                 return await queries.query(parsed)
             # the same confinement as the query route: the tenant's clause in the shards, hits re-checked

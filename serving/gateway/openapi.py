@@ -69,6 +69,16 @@ def query_request_schema(limits: Limits, topology: Topology | None) -> dict[str,
         # lexical ranks the text alone, on every shard: no vector, no top_m
         {"if": {"required": ["mode"], "properties": {"mode": {"const": "lexical"}}},
          "then": {"properties": {"vector": {"type": "null"}, "top_m": {"type": "null"}}}},
+        # a fusion's fields only where they shape it (serving.gateway.query.check_fusion_fields):
+        # none outside hybrid, no weights with rrf, no rrf_k with weighted (the default fusion)
+        {"if": {"not": {"required": ["mode"], "properties": {"mode": {"const": "hybrid"}}}},
+         "then": {"not": {"anyOf": [{"required": ["fusion"]}, {"required": ["rrf_k"]}]},
+                  "properties": {"weights": {"type": "null"}, "candidates": {"type": "null"}}}},
+        {"if": {"required": ["mode", "fusion"],
+                "properties": {"mode": {"const": "hybrid"}, "fusion": {"const": "rrf"}}},
+         "then": {"properties": {"weights": {"type": "null"}}}},
+        {"if": {"required": ["mode"], "properties": {"mode": {"const": "hybrid"}, "fusion": {"const": "weighted"}}},
+         "then": {"not": {"required": ["rrf_k"]}}},
     ]
     return schema
 

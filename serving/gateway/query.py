@@ -104,8 +104,7 @@ class QueryService:
     async def retrieve(self, text: str, k: int, timeout_ms: int | None, mode: str = "dense",
                        fusion: str = "weighted") -> dict[str, Any]:
         """A text query with titles and texts (the answer service's retrieval)."""
-        return await self.query(QueryRequest.model_validate(
-            {"text": text, "k": k, "timeout_ms": timeout_ms, "mode": mode, "fusion": fusion}))
+        return await self.query(QueryRequest.model_validate(retrieval_body(text, k, timeout_ms, mode, fusion)))
 
     def _vector(self, request: QueryRequest, snapshot: VersionSnapshot) -> np.ndarray:
         limits = self.limits
@@ -148,6 +147,7 @@ class QueryService:
         if not limits.min_timeout_ms <= timeout_ms <= limits.max_timeout_ms:
             raise InvalidRequest(f"timeout_ms must be between {limits.min_timeout_ms} and {limits.max_timeout_ms}",
                                  field="timeout_ms")
+        check_fusion_fields(request)
         snapshot = self._snapshot(request.version)
         text = self._text(request)
         filter_ = parse_filter(request.filter) if request.filter is not None else None
@@ -243,3 +243,33 @@ class QueryService:
                 "lexical_ms": legs.lexical_ms,
             },
         }
+
+
+_FUSION_FIELDS = ("fusion", "rrf_k", "weights", "candidates")
+
+
+def check_fusion_fields(request: QueryRequest) -> None:
+    """Refuse the fields that shape a fusion where they would be ignored: ``fusion: rrf`` without
+    ``mode: hybrid`` is a dense query its sender believes hybrid, ``weights`` with rrf a weighting
+    that never happens, ``rrf_k`` with the weighted fusion an offset nobody reads."""
+    given = request.model_fields_set
+    if request.mode != "hybrid":
+        for name in _FUSION_FIELDS:
+            if name in given and getattr(request, name) is not None:
+                raise InvalidRequest(f"{name} shapes a hybrid query's fusion, and mode is {request.mode} "
+                                     "(send \"mode\": \"hybrid\", or leave it out)", field=name)
+        return
+    if request.fusion == "rrf" and request.weights is not None:
+        raise InvalidRequest("weights are the weighted fusion's; rrf ranks by each leg's ranks alone "
+                             "(send \"fusion\": \"weighted\", or leave weights out)", field="weights")
+    if request.fusion == "weighted" and "rrf_k" in given:
+        raise InvalidRequest("rrf_k is rrf's rank offset, and fusion is weighted (send \"fusion\": \"rrf\", or "
+                             "leave rrf_k out)", field="rrf_k")
+
+
+def retrieval_body(text: str, k: int, timeout_ms: int | None, mode: str, fusion: str) -> dict[str, Any]:
+    """The query an answer's retrieval sends: its fusion only when it is a hybrid one."""
+    body: dict[str, Any] = {"text": text, "k": k, "timeout_ms": timeout_ms, "mode": mode}
+    if mode == "hybrid":
+        body["fusion"] = fusion
+    return body

@@ -251,6 +251,11 @@ def test_bad_mode_input_is_refused_naming_the_field(setup):
         ({"mode": "hybrid", "text": "x", "top_m": 1}, "top_m"),
         ({"mode": "hybrid", "text": "x", "rrf_k": -1}, "rrf_k"),
         ({"mode": "hybrid", "text": "x", "candidates": 0}, "candidates"),
+        # fields of a fusion that would be ignored: refused, not silently dropped
+        ({"text": "x", "fusion": "rrf"}, "fusion"),  # no mode: a dense query its sender thinks hybrid
+        ({"mode": "lexical", "text": "x", "candidates": 50}, "candidates"),
+        ({"mode": "hybrid", "text": "x", "fusion": "rrf", "weights": {"dense": 1}}, "weights"),
+        ({"mode": "hybrid", "text": "x", "fusion": "weighted", "rrf_k": 30}, "rrf_k"),
     ]
     for body, field in cases:
         reply = http.post("/v1/query", json=body)

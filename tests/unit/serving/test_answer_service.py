@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from retrieval.errors import GeneratorUnavailable, ShardUnavailable
+from retrieval.errors import GeneratorUnavailable, InvalidRequest, ShardUnavailable
 from serving.answer.service import AnswerRequest, AnswerService
 
 HITS = {"hits": [{"doc_id": "d1", "title": "T", "text": "passage", "score": 0.5}], "version": "v", "partial": False}
@@ -50,3 +50,27 @@ def test_unreachable_generators_are_tried_in_order_then_reported():
     message = asyncio.run(scenario())
     assert "127.0.0.1:9" in message and "127.0.0.1:10" in message
     assert asked == [("hybrid", "weighted")]  # the request's retrieval mode reaches the retrieve function
+
+
+def test_a_fusion_without_a_hybrid_retrieval_is_refused_naming_it():
+    asked = []
+
+    async def retrieve(question, k, timeout_ms, mode="dense", fusion="rrf"):
+        asked.append((mode, fusion))
+        return HITS
+
+    async def scenario(request):
+        service = AnswerService(["http://127.0.0.1:9"], retrieve)
+        try:
+            with pytest.raises(InvalidRequest) as caught:
+                await service.answer(request)
+        finally:
+            await service.close()
+        return caught.value
+
+    # a fusion asked for without mode hybrid would be a dense retrieval its sender thinks hybrid
+    for request in (AnswerRequest(question="why?", fusion="rrf"), AnswerRequest(question="why?", mode="lexical",
+                                                                               fusion="weighted")):
+        error = asyncio.run(scenario(request))
+        assert error.status_code == 422 and error.field == "fusion" and "hybrid" in error.message
+    assert asked == []  # refused before retrieving anything

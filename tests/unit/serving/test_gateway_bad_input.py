@@ -62,6 +62,15 @@ def post_raw(client, body: bytes | str):
     ({"vector": GOOD, "filter": {"must": [{"must": [{"must": [{"must": [{"must": [{}]}]}]}]}]}}, 422,
      "filter.must[0].must[0].must[0].must[0].must[0]"),
     ({"vector": GOOD, "with_metadata": "yes"}, 422, "with_metadata"),
+    # a fusion's fields where they would be ignored (a dense query its sender thinks hybrid, ...)
+    ({"vector": GOOD, "fusion": "rrf"}, 422, "fusion"),
+    ({"vector": GOOD, "rrf_k": 10}, 422, "rrf_k"),
+    ({"vector": GOOD, "weights": {"dense": 1.0}}, 422, "weights"),
+    ({"vector": GOOD, "candidates": 30}, 422, "candidates"),
+    ({"text": "x", "mode": "lexical", "fusion": "weighted"}, 422, "fusion"),
+    ({"text": "x", "vector": GOOD, "mode": "hybrid", "fusion": "rrf", "weights": {"dense": 1.0}}, 422, "weights"),
+    ({"text": "x", "vector": GOOD, "mode": "hybrid", "rrf_k": 10}, 422, "rrf_k"),  # the default fusion: weighted
+    ({"text": "x", "vector": GOOD, "mode": "hybrid", "weights": {"dense": 0, "lexical": 0.0}}, 422, "weights"),
 ])
 def test_bad_fields(client, payload, status, field):
     response = client.post("/v1/query", json=payload)
