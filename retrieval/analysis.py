@@ -8,7 +8,7 @@ The language is a collection's (``BuildConfig.lexical_language``, kept in every 
 carried by compaction and every build from a version): documents and queries of one collection
 are always analysed alike. ``english`` (the default) stems and drops Lucene's English stop words
 from documents and queries; every other Snowball language stems, and a *query* in it is not
-searched for that language's stop words (Snowball's list, :func:`query_stop_words`) while its
+searched for that language's stop words (:func:`query_stop_words`: Snowball's lists) while its
 documents keep them — so every index built before the lists were used stays exact and BM25's
 lengths count every word — and a query's "der", "und", "les" no longer read the longest posting
 lists for next to no score. ``cjk`` cuts Chinese, Japanese and Korean text into overlapping
@@ -47,6 +47,19 @@ def languages() -> tuple[str, ...]:
     return (*sorted(Stemmer.algorithms()), CJK, NO_STEMMING)
 
 
+def describe_language(language: str) -> str:
+    """One line on how ``language`` analyses a collection's text (``shardrag build --lexical-language
+    list``)."""
+    if language == CJK:
+        return "Chinese, Japanese, Korean: overlapping character bigrams; no stop words"
+    if language == NO_STEMMING:
+        return "the words as they are (lower-cased); no stop words"
+    if language == DEFAULT_LANGUAGE:
+        return f"Snowball stems; Lucene's {len(STOP_WORDS)} English stop words dropped from documents and queries"
+    stop = query_stop_words(language)
+    return f"Snowball stems; {len(stop)} stop words dropped from queries" if stop else "Snowball stems; no stop words"
+
+
 def check_language(language: str, *, field: str = "lexical_language") -> str:
     """``language`` when it is one of :func:`languages`, else a ConfigError naming ``field``."""
     if language != DEFAULT_LANGUAGE and language not in languages():
@@ -73,9 +86,10 @@ class _Stemmers:
 @lru_cache(maxsize=64)
 def query_stop_words(language: str) -> frozenset[str]:
     """The words a query in ``language`` is not searched for: Lucene's English set for ``english``
-    and ``porter``; for another Snowball language the Snowball project's own stop list for it
-    where there is one (the lists Lucene's and Elasticsearch's language analyzers use: function
-    words only — articles, pronouns, auxiliaries); none for the rest (``cjk``, ``none``, …)."""
+    and ``porter``; for another Snowball language the stop list bm25s ships for it, where it has
+    one — Snowball's own for most (the lists Lucene's and Elasticsearch's language analyzers use:
+    function words only — articles, pronouns, auxiliaries); none for the rest (``cjk``, ``none``,
+    …)."""
     if language in (DEFAULT_LANGUAGE, "porter"):
         return STOP_WORDS
     name = _SNOWBALL_STOP_LIST.get(language)
@@ -84,9 +98,9 @@ def query_stop_words(language: str) -> frozenset[str]:
     return frozenset(word.lower() for word in _snowball_stop_list(name))
 
 
-# The Snowball stop lists, by PyStemmer language, as the constants bm25s ships them (NLTK's copy of
-# Snowball's lists): the one package on PyPI that carries these conservative lists — the
-# stop-words/stopwords/stopwordsiso packages' lists hold content words ("lavoro", "время", "état").
+# The stop lists by PyStemmer language, as the constants bm25s ships them (NLTK's copies of
+# Snowball's lists, and a Turkish one): the one package on PyPI that carries these conservative lists
+# — the stop-words/stopwords/stopwordsiso packages' lists hold content words ("lavoro", "время", "état").
 _SNOWBALL_STOP_LIST = {
     "danish": "STOPWORDS_DANISH", "dutch": "STOPWORDS_DUTCH", "dutch_porter": "STOPWORDS_DUTCH",
     "french": "STOPWORDS_FRENCH", "german": "STOPWORDS_GERMAN", "italian": "STOPWORDS_ITALIAN",

@@ -28,11 +28,11 @@ def make_encoder(args: argparse.Namespace) -> Any:
 def cmd_build(args: argparse.Namespace) -> int:
     from index_shards.build import BuildConfig, encode_and_build, live_documents_of_version
     from index_shards.layout import resolve_version
-    from retrieval.analysis import DEFAULT_LANGUAGE, languages
+    from retrieval.analysis import DEFAULT_LANGUAGE, describe_language, languages
     from retrieval.datasets import load_documents
 
     if args.lexical_language == "list":
-        print("\n".join(languages()))
+        print("\n".join(f"{language:<13} {describe_language(language)}" for language in languages()))
         return 0
     shards, partitioner, factory, metric = args.shards, args.partitioner, args.factory or "Flat", args.metric
     language = args.lexical_language or DEFAULT_LANGUAGE

@@ -175,8 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--max-docs", type=int, default=0, help="index only the first N documents (default all)")
     build.add_argument("--lexical-language", default=None, metavar="LANGUAGE",
                        help="how lexical and hybrid search analyse the texts: a Snowball stemmer's language "
-                            "(english — the default, which also drops English stop words — german, french, "
-                            "spanish, ...; `shardrag build --lexical-language list` names them all), cjk "
+                            "(english — the default — german, french, spanish, ..., each dropping its stop words "
+                            "where Snowball has a list; `shardrag build --lexical-language list` names them "
+                            "all, with what each does), cjk "
                             "(Chinese, Japanese, Korean: character bigrams) or none (words as they are); "
                             "rebuilding a collection's version: that version's")
     _add_build_args(build, corpus_required=True)

@@ -14,7 +14,15 @@ from index_shards.manifest import ShardManifest, read_collection_manifest
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from index_shards.writes import accept
-from retrieval.analysis import DEFAULT_LANGUAGE, analyze, check_language, languages, query_stop_words, query_terms
+from retrieval.analysis import (
+    DEFAULT_LANGUAGE,
+    analyze,
+    check_language,
+    describe_language,
+    languages,
+    query_stop_words,
+    query_terms,
+)
 from retrieval.bm25 import LexicalQuery
 from retrieval.contract import SearchParams
 from retrieval.errors import ConfigError
@@ -103,6 +111,11 @@ def test_a_query_in_another_language_is_not_searched_for_its_stop_words(tmp_path
         ("geschicht", 1), ("stadt", 1), ("haus", 1)]
     assert query_terms("Le chat et les maisons", "french") == [("chat", 1), ("maison", 1)]
     assert analyze("Die Häuser", "german") == ["die", "haus"]  # documents keep them: old indexes stay exact
+    # what `shardrag build --lexical-language list` says of each
+    assert describe_language("german") == f"Snowball stems; {len(query_stop_words('german'))} stop words dropped " \
+        "from queries"
+    assert "documents and queries" in describe_language("english") and "no stop words" in describe_language("basque")
+    assert all(describe_language(language) for language in languages())
 
     german = replica_of(tmp_path / "de", "german")
     plain = german.search(np.zeros((0, DIM)), SearchParams(5, None, lexical=True), [LexicalQuery("Häuser Stadt")])
