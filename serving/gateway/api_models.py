@@ -138,6 +138,9 @@ class DiagnosticsModel(BaseModel):
     fusion: str | None = Field(None, description="hybrid: how the legs were fused (rrf k=…, or weighted …)")
     lexical_ms: float = Field(0.0, description="the lexical leg: both phases, from the first call to the merged "
                               "list (0 for a dense query)")
+    lexical_terms: list[str] | None = Field(None, description="lexical and hybrid: the query's terms as the "
+                                            "lexical leg searched them — analysed in the collection's language "
+                                            "(stemmed, stop words dropped); empty: no term to search for")
 
 
 class QueryResponse(BaseModel):

@@ -241,6 +241,7 @@ class QueryService:
                 "mode": request.mode,
                 "fusion": legs.fusion,
                 "lexical_ms": legs.lexical_ms,
+                "lexical_terms": legs.lexical_terms,
             },
         }
 

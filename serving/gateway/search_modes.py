@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from retrieval.analysis import query_terms
 from retrieval.contract import SearchParams, SessionFloor
 from retrieval.errors import InvalidRequest
 from retrieval.fusion import DENSE, LEXICAL, RRF, WEIGHTED, FusedHit, WeightedFusion, fuse_rrf, weights_of
@@ -58,6 +59,7 @@ class Legs:
     fusion: str | None = None
     leg: str = DENSE  # the leg ``result`` is
     lexical: FanOutResult | None = None  # hybrid: the lexical leg (its calls and missing shards count too)
+    lexical_terms: list[str] | None = None  # lexical and hybrid: the terms the lexical leg searched
 
     def calls(self) -> Iterator[tuple[str, list[Any]]]:
         yield self.leg, self.result.calls
@@ -73,6 +75,13 @@ class SearchModes:
     async def run(self, request: QueryRequest, text: str | None, params: SearchParams, snapshot: VersionSnapshot,
                   session: Mapping[int, SessionFloor] | None, timeout_ms: float, started: float) -> Legs:
         assert text is not None  # QueryService._text refuses lexical and hybrid queries without text
+        legs = await self._run(request, text, params, snapshot, session, timeout_ms, started)
+        # what the shards searched for (the same analysis, cached): why "und die der" finds nothing
+        legs.lexical_terms = [term for term, _ in query_terms(text, snapshot.route.lexical_language)]
+        return legs
+
+    async def _run(self, request: QueryRequest, text: str, params: SearchParams, snapshot: VersionSnapshot,
+                   session: Mapping[int, SessionFloor] | None, timeout_ms: float, started: float) -> Legs:
         deadline_s = timeout_ms / 1000.0 - (time.perf_counter() - started)
         if request.mode == LEXICAL:
             if request.top_m is not None:

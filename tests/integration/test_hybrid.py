@@ -20,6 +20,7 @@ from index_shards.layout import resolve_version, shard_dir
 from index_shards.shard import Shard
 from index_shards.versions import ShardVersions
 from index_shards.writes import accept
+from retrieval.analysis import query_terms
 from retrieval.bm25 import LexicalQuery
 from retrieval.contract import SearchParams
 from retrieval.ir_metrics import ndcg_at_k
@@ -183,6 +184,9 @@ def test_modes_fuse_both_legs_and_report_each_legs_rank(setup):
             answer = query(http, text, **extra)
             rankings[query_id] = [hit["doc_id"] for hit in answer["hits"]]
             assert answer["diagnostics"]["mode"] == extra.get("mode", "dense")
+            # the terms the lexical leg searched (analysed as the shards do); none for a dense query
+            assert answer["diagnostics"]["lexical_terms"] == (
+                None if label == "dense" else [term for term, _ in query_terms(text)])
             if label == "rrf":  # the fused score is Σ 1/(60 + rank) over the legs each hit shows
                 for hit in answer["hits"]:
                     assert hit["legs"] and all(1 <= where["rank"] <= 20 for where in hit["legs"].values())

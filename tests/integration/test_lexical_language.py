@@ -60,6 +60,11 @@ def test_a_german_collection_is_searched_in_german(cluster):
         assert hybrid.status_code == 200, hybrid.text
         garden = next(h for h in hybrid.json()["hits"] if h["doc_id"] == "garten")
         assert garden["legs"]["lexical"]["rank"] == 1
+        # the diagnostics name the terms searched: stemmed in German, the stop words dropped
+        worded = http.post("/v1/query", json={"text": "die Häuser und die Gärten", "mode": "lexical", "k": 5}).json()
+        assert worded["diagnostics"]["lexical_terms"] == ["haus", "gart"]
+        nothing = http.post("/v1/query", json={"text": "und die der", "mode": "lexical", "k": 5}).json()
+        assert nothing["hits"] == [] and nothing["diagnostics"]["lexical_terms"] == []
 
 
 def test_a_created_collection_takes_its_language_and_refuses_an_unknown_one(cluster):
