@@ -27,9 +27,11 @@ def cmd_query(args: argparse.Namespace) -> int:
         return 0
     diagnostics = response["diagnostics"]
     fusion = f", {diagnostics['fusion']}" if diagnostics.get("fusion") else ""
+    terms = diagnostics.get("lexical_terms")
+    searched = f", terms: {' '.join(terms) if terms else 'none'}" if terms is not None else ""
     print(f"{len(response['hits'])} hits in {diagnostics['took_ms']:.1f} ms "
           f"({diagnostics['shards_answered']}/{diagnostics['shards_total']} shards, {response['version']}, "
-          f"{diagnostics.get('mode', 'dense')}{fusion})")
+          f"{diagnostics.get('mode', 'dense')}{fusion}{searched})")
     for rank, hit in enumerate(response["hits"], start=1):
         snippet = " ".join(hit["text"].split())[:110]
         legs = "  " + " ".join(f"{leg} #{where['rank']} ({where['score']:.4g})"

@@ -77,6 +77,12 @@ def test_build_serve_query_and_ctrl_c(tmp_path):
         assert json.loads(raw.stdout)["diagnostics"]["shards_queried"] == 1
         refused = run(["query", "--url", f"http://127.0.0.1:{port}", "x", "-k", "0", *key])
         assert refused.returncode == 2 and "error: k:" in refused.stderr
+        # lexical: the line names the terms searched (stemmed, stop words dropped); a fusion without
+        # --mode hybrid is refused, naming it
+        lexical = run(["query", "--url", f"http://127.0.0.1:{port}", "the temperatures", "--mode", "lexical", *key])
+        assert lexical.returncode == 0 and "lexical, terms: temperatur)" in lexical.stdout, lexical.stdout
+        unfused = run(["query", "--url", f"http://127.0.0.1:{port}", "x", "--fusion", "rrf", *key])
+        assert unfused.returncode == 2 and "error: fusion" in unfused.stderr and "hybrid" in unfused.stderr
         for log in workdir.glob("*.log"):  # keys never reach a log
             assert read_key not in log.read_text()
 
