@@ -21,8 +21,8 @@ VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$"
 
 class LegWeights(BaseModel):
     # both legs at 0 is refused (below); the schema says so, so that what it allows is accepted
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"not": {
-        "required": ["dense", "lexical"], "properties": {"dense": {"const": 0}, "lexical": {"const": 0}}}})
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"anyOf": [
+        {"properties": {"dense": {"exclusiveMinimum": 0}}}, {"properties": {"lexical": {"exclusiveMinimum": 0}}}]})
 
     dense: Annotated[float, Field(ge=0, le=1000)] = DEFAULT_WEIGHTS[DENSE]
     lexical: Annotated[float, Field(ge=0, le=1000)] = DEFAULT_WEIGHTS[LEXICAL]

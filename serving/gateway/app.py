@@ -49,7 +49,7 @@ from serving.gateway.collection_routes import add_collection_routes
 from serving.gateway.factory import Gateway, GatewaySetup
 from serving.gateway.faults_proxy import add_fault_routes
 from serving.gateway.metrics import GatewayMetrics
-from serving.gateway.openapi import build_openapi, filter_schemas, query_request_schema, write_schemas
+from serving.gateway.openapi import build_openapi, filter_schemas, query_request_schemas, write_schemas
 from serving.gateway.query import parse_body
 from serving.writes.listing import scroll
 from serving.writes.models import DeleteRequest, ScrollRequest, UpsertRequest
@@ -219,7 +219,7 @@ def create_app(setup: GatewaySetup) -> Any:
                 view = gateway.registry.view
                 topology = view.versions[view.state.active].topology if view.state.active in view.versions else None
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            components["QueryRequest"] = query_request_schema(limits, topology)
+            components.update(query_request_schemas(limits, topology))
             components.update(filter_schemas())
             components.update(write_schemas(limits, topology, writes_settings))
             app.openapi_schema = schema

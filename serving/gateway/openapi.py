@@ -23,8 +23,11 @@ from serving.writes.models import MAX_ID_CHARS, DeleteRequest, ScrollRequest, Up
 from serving.writes.plan import WriteSettings
 
 
-def query_request_schema(limits: Limits, topology: Topology | None) -> dict[str, Any]:
+def query_request_schemas(limits: Limits, topology: Topology | None) -> dict[str, Any]:
+    """``QueryRequest`` and the models it refers to (``LegWeights``), as components: a ``$ref`` to
+    ``#/components/schemas/X`` must find X there, not in the request's own ``$defs``."""
     schema = QueryRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    defs = schema.pop("$defs", {})
     props = schema["properties"]
     bound = float(limits.max_vector_abs)
 
@@ -71,16 +74,15 @@ def query_request_schema(limits: Limits, topology: Topology | None) -> dict[str,
          "then": {"properties": {"vector": {"type": "null"}, "top_m": {"type": "null"}}}},
         # a fusion's fields only where they shape it (serving.gateway.query.check_fusion_fields):
         # none outside hybrid, no weights with rrf, no rrf_k with weighted (the default fusion)
-        {"if": {"not": {"required": ["mode"], "properties": {"mode": {"const": "hybrid"}}}},
-         "then": {"not": {"anyOf": [{"required": ["fusion"]}, {"required": ["rrf_k"]}]},
-                  "properties": {"weights": {"type": "null"}, "candidates": {"type": "null"}}}},
-        {"if": {"required": ["mode", "fusion"],
-                "properties": {"mode": {"const": "hybrid"}, "fusion": {"const": "rrf"}}},
-         "then": {"properties": {"weights": {"type": "null"}}}},
-        {"if": {"required": ["mode"], "properties": {"mode": {"const": "hybrid"}, "fusion": {"const": "weighted"}}},
-         "then": {"not": {"required": ["rrf_k"]}}},
+        # (``false``: the field must be absent — a form generators handle without filtering)
+        {"if": {"required": ["mode"], "properties": {"mode": {"const": "hybrid"}}},
+         "then": {"if": {"required": ["fusion"], "properties": {"fusion": {"const": "rrf"}}},
+                  "then": {"properties": {"weights": {"type": "null"}}},
+                  "else": {"properties": {"rrf_k": False}}},
+         "else": {"properties": {"fusion": False, "rrf_k": False, "weights": {"type": "null"},
+                                 "candidates": {"type": "null"}}}},
     ]
-    return schema
+    return {**defs, "QueryRequest": schema}
 
 
 FILTER_SCHEMA = "ShardragFilter"  # components/schemas/ShardragFilter0 .. ShardragFilter{MAX_DEPTH}

@@ -1,9 +1,13 @@
 """Every kind of bad input gets a 4xx JSON error naming the field; never a 500."""
 
 import json
+import re
 
+import jsonschema
 import numpy as np
 import pytest
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 from serving.gateway.config import GatewayConfig
 from tests.conftest import random_corpus
@@ -117,6 +121,9 @@ def test_openapi_documents_query_and_errors(client):
     operation = schema["paths"]["/v1/query"]["post"]
     assert {"400", "409", "413", "422", "503", "504"} <= set(operation["responses"])
     assert "QueryRequest" in schema["components"]["schemas"]
+    # every reference resolves within the document (a dangling one breaks client generators)
+    for ref in re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(schema)):
+        assert ref in schema["components"]["schemas"], ref
     assert client.get("/docs").status_code == 200
     # one operationId per operation, also where one route serves two methods (/admin/faults)
     ids = [op["operationId"] for ops in schema["paths"].values() for op in ops.values() if "operationId" in op]
@@ -124,6 +131,30 @@ def test_openapi_documents_query_and_errors(client):
     faults = schema["paths"]["/admin/faults"]
     assert faults["get"]["operationId"] == "faults_all_admin_faults_get"
     assert faults["delete"]["operationId"] == "faults_all_admin_faults_delete"
+
+
+def test_the_schema_allows_a_fusion_field_exactly_where_the_gateway_takes_it(client):
+    # the rules schemathesis relies on ("what the schema allows is accepted"), checked case by case
+    schema = client.get("/openapi.json").json()
+    validator = jsonschema.Draft202012Validator(
+        {**schema["components"]["schemas"]["QueryRequest"], "components": schema["components"]},
+        registry=Registry().with_resource("", Resource.from_contents(schema, DRAFT202012)))
+    bodies = [
+        {"vector": GOOD}, {"vector": GOOD, "fusion": "rrf"}, {"vector": GOOD, "weights": None},
+        {"vector": GOOD, "rrf_k": 60}, {"text": "x", "mode": "lexical", "candidates": 5},
+        {"text": "x", "mode": "lexical"},
+        *({"text": "x", "vector": GOOD, "mode": "hybrid", **extra} for extra in (
+            {}, {"fusion": "rrf", "rrf_k": 5}, {"fusion": "rrf", "weights": {"dense": 1.0}}, {"rrf_k": 5},
+            {"weights": {"dense": 1.0}}, {"weights": {"dense": 0, "lexical": 0}}, {"weights": {"dense": 0}},
+            {"candidates": 30}, {"fusion": "weighted", "rrf_k": 5})),
+    ]
+    verdicts = []
+    for body in bodies:
+        status = client.post("/v1/query", json=body).status_code
+        assert status in (200, 422), (body, status)
+        verdicts.append((validator.is_valid(body), status == 200))
+        assert verdicts[-1][0] == verdicts[-1][1], (body, status)
+    assert {allowed for allowed, _ in verdicts} == {True, False}
 
 
 def test_unknown_route_and_method_are_json_4xx(client):
