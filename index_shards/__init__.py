@@ -9,7 +9,8 @@ segment; ``lexical_search``: a shard's BM25 top k under the collection's statist
 own; ``lexical_warm``: when a replica builds a base's index — ahead of the queries once it has
 served a lexical one; ``hybrid_search``: a weighted hybrid's exact fused top k of the shard's documents;
 ``hybrid_sealed``: the same for a batch in whole-batch passes, on a shard with no writes since
-its base), and
+its base), filtered search (``payload``: the metadata columns; ``selection``: a filter's
+documents by id, by storage position or by IVF list; ``filtered``: the planner), and
 corpora and filters grown from real embeddings for tests and benchmarks at sizes the shipped data
 does not reach (``synthetic``).
 

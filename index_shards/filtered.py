@@ -23,6 +23,12 @@ planner picks how to find the top k among them.
   A row that comes back with fewer than ``min(k, matches)`` hits is searched again wider, and
   then exactly: never fewer than k results when at least k documents match.
 
+The filter reaches the index as a :class:`~index_shards.selection.Selection`: for HNSW and Flat
+under an id map (on this host) a bitmap by storage position — the graph or the matrix is searched
+under the id map, and the positions found mapped to ids — else the int ids in FAISS's hash-set
+selector (an IVF's lists hold the ids themselves), built from the smaller of the kept and the
+rejected sets; an IVF's per-list counts come from the payload positions' lists, not id lookups.
+
 Qdrant plans on a cardinality estimate against a full-scan threshold; here the cardinality is
 exact (the payload index is in memory) and the overlap is measured per query.
 benchmarks/filtered_recall.py measures recall and latency by kind of filter.
@@ -33,6 +39,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +56,7 @@ from index_shards.faiss_index import (
     reconstruct_ids,
     refine_of,
 )
+from index_shards.selection import PayloadFrame, Selection
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +71,8 @@ WALK_COST = 1.0  # a walk's vector evaluation against an exact scan's (random ac
 # an exact scan over flat storage scores every stored vector in place once 1/16 of them match: at
 # 200k × 384, 11 ms for all of them against 57 ms to copy out and score 50k (8 ms for 10k)
 WHOLE_MATRIX_SHARE = 16
+# reading one IVF list entry's document (a gather) against hashing one id into a selector: ~1/16
+LIST_PASS_PER_HASH = 16
 
 
 @dataclass(slots=True)
@@ -74,6 +84,18 @@ class FilterPlan:
     widened_rows: int = 0
     exact_rows: int = 0
     probe_rows: int = 0  # HNSW: rows answered by the unfiltered probe (it held k matches)
+
+
+@dataclass(slots=True)
+class _Walk:
+    """One filtered search's in-index walk: ``run(queries, breadth)``, and the selector it tests
+    (None where each call makes its own)."""
+
+    run: Callable[[np.ndarray, float], tuple[np.ndarray, np.ndarray]]
+    selector: Any
+
+    def __call__(self, queries: np.ndarray, breadth: float) -> tuple[np.ndarray, np.ndarray]:
+        return self.run(queries, breadth)
 
 
 class FilteredSearcher:
@@ -93,60 +115,168 @@ class FilteredSearcher:
         self._lists: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # IVF: ids sorted, their lists, sizes
         self._flat: np.ndarray | None = None  # flat storage's vectors, viewed in place (see _flat_matrix)
         self._flat_checked = False
+        # HNSW and Flat under an id map on this host are searched by storage position with a
+        # bitmap selector (one bit test a visit; no hash set of the matching ids built per query)
+        inner = inner_index(index)
+        self._positional = (not searchable.on_gpu and has_id_map(index) and self._refine is None
+                            and (self._hnsw or isinstance(inner, faiss.IndexFlat)))
+        # an IVF searched directly (its lists hold the ids; no transform or id map in front of it)
+        self._listed = (not searchable.on_gpu and self._ivf is not None and self._refine is None
+                        and isinstance(faiss.downcast_index(index), faiss.IndexIVF))
+        self._frame: PayloadFrame | None = None
+        self._frame_lock = threading.Lock()
 
-    def search(self, queries: np.ndarray, k: int, allowed: np.ndarray, *, nprobe: int | None = None,
-               ef_search: int | None = None, exact: bool = False,
-               rejected: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, FilterPlan]:
-        """(distances as FAISS gives them, int ids, the plan) for ``queries`` among ``allowed`` ids.
-        ``exact``: score the allowed documents only, however many (a partition's search: the
-        index is not walked through other partitions' documents). ``rejected``: every other id
-        the index holds, when the caller has it and it is the smaller set (the selector is built
-        from it: a hash set of 900k ids costs ~90 ms, of the 100k others ~10)."""
-        n_queries, matches = len(queries), int(allowed.size)
+    def frame(self, payload_ids: np.ndarray, bare: np.ndarray) -> PayloadFrame:
+        """The payload's positions mapped to this index's storage positions (or IVF lists), made
+        once: ``payload_ids`` the payload index's int ids by position, ``bare`` the sorted ids
+        without a vector. (The base of a loaded shard never changes, so neither does its frame.)"""
+        frame = self._frame
+        if frame is not None and frame.payload_ids is payload_ids:
+            return frame
+        with self._frame_lock:
+            if self._frame is None or self._frame.payload_ids is not payload_ids:
+                built = PayloadFrame.build(payload_ids, bare)
+                if self._positional:
+                    built.attach_storage(self._stored_ids())
+                elif self._ivf is not None and self._refine is None:
+                    self._list_layout()
+                    assert self._lists is not None
+                    built.attach_lists(self._lists[0], self._lists[1])
+                self._frame = built
+            return self._frame
+
+    def search(self, queries: np.ndarray, k: int, selection: Selection | np.ndarray, *, nprobe: int | None = None,
+               ef_search: int | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray, FilterPlan]:
+        """(distances as FAISS gives them, int ids, the plan) for ``queries`` among the documents
+        ``selection`` keeps (or these int ids). ``exact``: score those documents only, however
+        many (a partition's search: the index is not walked through other partitions' documents)."""
+        if isinstance(selection, np.ndarray):
+            selection = Selection.of_ids(selection)
+        n_queries, matches = len(queries), selection.matches
         if matches == 0:
             empty = np.full((n_queries, k), NO_RESULT, dtype=np.int64)
             return np.zeros((n_queries, k), dtype=np.float32), empty, FilterPlan(0, "none")
         if exact or matches <= self.exact_scan_max or self.searchable.on_gpu:
-            distances, ids = self.exact(queries, k, allowed)
+            # by storage position when most of the storage is scored anyway (few: by id, a lookup each)
+            whole = self._positional and matches * WHOLE_MATRIX_SHARE > self.searchable.ntotal
+            distances, ids = self._exact_of(queries, k, selection, selection.storage_mask() if whole else None)
             return distances, ids, FilterPlan(matches, "exact", exact_rows=n_queries)
+        # by storage position: a bitmap of the kept documents (None: the index is searched by id)
+        kept = selection.storage_mask() if self._positional else None
         plan = FilterPlan(matches, "index")
-        selector: Any
-        if rejected is not None and rejected.size < matches:
-            selector = faiss.IDSelectorNot(faiss.IDSelectorBatch(rejected))
-        else:
-            selector, rejected = faiss.IDSelectorBatch(allowed), None
+        walk = self._walker(k, selection, kept, nprobe, ef_search)
         distances = np.zeros((n_queries, k), dtype=np.float32)
         ids = np.full((n_queries, k), NO_RESULT, dtype=np.int64)
         if self._hnsw:  # rows whose probe already holds k matches are answered by it (breadth 0)
-            breadths = self._hnsw_plan(queries, k, matches, selector, ef_search, distances, ids)
+            breadths = self._hnsw_plan(queries, k, matches, walk.selector, kept, ef_search, distances, ids)
             plan.probe_rows = int((breadths == 0).sum())
         elif self._ivf is not None and self._refine is None:
-            breadths = self._ivf_breadths(queries, allowed, rejected)
+            breadths = self._ivf_breadths(queries, selection)
         else:
             breadths = np.full(n_queries, max(1.0, self.searchable.ntotal / matches))
         scan = np.flatnonzero(np.isinf(breadths))  # the walk would cost more than scoring the matches
         if scan.size:
             plan.exact_rows = int(scan.size)
-            distances[scan], ids[scan] = self.exact(queries[scan], k, allowed)
+            distances[scan], ids[scan] = self._exact_of(queries[scan], k, selection, kept)
         for breadth in np.unique(breadths[np.isfinite(breadths) & (breadths > 0)]):  # one call per breadth
             rows = np.flatnonzero(breadths == breadth)
-            distances[rows], ids[rows] = self._in_index(queries[rows], k, selector, nprobe, ef_search, float(breadth))
+            distances[rows], ids[rows] = walk(queries[rows], float(breadth))
         wanted = min(k, matches)
         short = np.flatnonzero((ids >= 0).sum(axis=1) < wanted)
         if short.size:  # widen once, then score the rest exactly
             plan.widened_rows = int(short.size)
             for row in short:
-                d2, i2 = self._in_index(queries[row:row + 1], k, selector, nprobe, ef_search, breadths[row] * 4)
+                d2, i2 = walk(queries[row:row + 1], float(breadths[row]) * 4)
                 distances[row], ids[row] = d2[0], i2[0]
             still = short[(ids[short] >= 0).sum(axis=1) < wanted]
             if still.size:
                 plan.exact_rows += int(still.size)
-                distances[still], ids[still] = self.exact(queries[still], k, allowed)
+                distances[still], ids[still] = self._exact_of(queries[still], k, selection, kept)
         return distances, ids, plan
 
+    def _walker(self, k: int, selection: Selection, kept: np.ndarray | None, nprobe: int | None,
+                ef_search: int | None) -> _Walk:
+        """How this index walks under the filter, ``breadth`` times its usual width."""
+        if kept is not None:  # a bit test a visit, by storage position
+            # (FAISS's Python wrapper takes the array alone and keeps it alive; its stubs do not know)
+            bitmap = faiss.IDSelectorBitmap(np.packbits(kept, bitorder="little"))  # type: ignore[call-arg,arg-type]
+            return _Walk(lambda q, breadth: self._in_index(q, k, bitmap, nprobe, ef_search, breadth, positional=True),
+                         bitmap)
+        whole: Any = None
+
+        def every_kept() -> Any:  # the selector of every kept id (or of every rejected one, when fewer), made once
+            nonlocal whole
+            if whole is None:
+                if (rejected := selection.rejected()) is not None:  # the smaller set: a hash set of 900k
+                    whole = faiss.IDSelectorNot(faiss.IDSelectorBatch(rejected))  # ids costs ~90 ms, of 100k ~10
+                else:
+                    whole = faiss.IDSelectorBatch(selection.allowed)
+            return whole
+
+        if self._listed and selection.frame is not None and selection.frame.list_members is not None:
+            # an IVF over its own ids: a hash set of the ids in the lists each call scans, where cheaper
+            return _Walk(lambda q, breadth: self._ivf_lists_search(q, k, selection, nprobe, breadth, every_kept),
+                         None)
+        selector = every_kept()
+        return _Walk(lambda q, breadth: self._in_index(q, k, selector, nprobe, ef_search, breadth), selector)
+
+    def _ivf_lists_search(self, queries: np.ndarray, k: int, selection: Selection, nprobe: int | None,
+                          breadth: float, every_kept: Callable[[], Any]) -> tuple[np.ndarray, np.ndarray]:
+        """An IVF's filtered search whose selector holds only the kept ids of the lists it scans:
+        the lists are chosen first (the quantizer's nearest, as the IVF's own search does) and
+        handed to ``search_preassigned``, so the selector and the scan agree by construction. A
+        filter keeping half of 1M documents with 64 of 4,096 lists scanned: a hash set of ~8k ids,
+        not of 500k (and of the rejected ones where they are fewer). Where the lists scanned hold
+        most of the shard (a narrow filter far from the query), reading them costs more than
+        hashing the kept ids themselves: ``every_kept`` gives that selector instead."""
+        assert self._ivf is not None
+        nlist = int(self._ivf.nlist)
+        base = nprobe or self.searchable.baseline("nprobe", int(self._ivf.nprobe))
+        width = int(min(nlist, math.ceil(base * breadth)))
+        centroid_distances, lists = self._ivf.quantizer.search(queries, width)
+        chosen = np.unique(lists[lists >= 0])
+        _, sizes = self._list_layout()
+        per_list = selection.per_list(nlist)
+        assert per_list is not None
+        entries, inside = int(sizes[chosen].sum()), int(per_list[chosen].sum())
+        smaller = min(selection.matches, self.searchable.ntotal - selection.matches)
+        # the lists' set: a pass over their entries and a hash of its smaller part; the whole set: a
+        # hash of the smaller of the kept and the rejected documents
+        selector: Any
+        if min(inside, entries - inside) + entries // LIST_PASS_PER_HASH < smaller:
+            listed, negated = selection.ids_in_lists(chosen)
+            selector = faiss.IDSelectorBatch(listed)
+            if negated:  # (the documents these lists hold but the filter rejects were the smaller set)
+                selector = faiss.IDSelectorNot(selector)
+        else:
+            selector = every_kept()
+        params: Any = faiss.SearchParametersIVF()
+        params.nprobe = width
+        params.sel = selector
+        # the C++ call itself: FAISS's Python wrapper of it refuses search parameters (and a selector)
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        lists = np.ascontiguousarray(lists, dtype=np.int64)
+        centroid_distances = np.ascontiguousarray(centroid_distances, dtype=np.float32)
+        distances = np.empty((len(queries), k), dtype=np.float32)
+        ids = np.empty((len(queries), k), dtype=np.int64)
+        ivf: Any = self._ivf
+        ivf.search_preassigned_c(len(queries), faiss.swig_ptr(queries), k, faiss.swig_ptr(lists),
+                                 faiss.swig_ptr(centroid_distances), faiss.swig_ptr(distances), faiss.swig_ptr(ids),
+                                 False, params)
+        return distances, ids
+
+    def _exact_of(self, queries: np.ndarray, k: int, selection: Selection,
+                  kept: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`exact` over the selection — by storage position when ``kept`` is its bitmap (no
+        id → position lookups)."""
+        if kept is None:
+            return self.exact(queries, k, selection.allowed)
+        positions = np.flatnonzero(kept)
+        return self.exact(queries, k, self._stored_ids()[positions], positions=positions)
+
     # -- the planner: how the filter overlaps each query's neighbourhood ---------------------------
-    def _hnsw_plan(self, queries: np.ndarray, k: int, matches: int, selector: Any, ef_search: int | None,
-                   distances: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    def _hnsw_plan(self, queries: np.ndarray, k: int, matches: int, selector: Any, kept: np.ndarray | None,
+                   ef_search: int | None, distances: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """HNSW: first an unfiltered probe of the nearest ``4 × base`` documents (base: the walk's
         efSearch). A row whose probe holds k matches in its first half is answered from it — the
         first k matches in the unfiltered order are the filtered top k, as exactly as the probe is
@@ -155,20 +285,26 @@ class FilteredSearcher:
         by its inverse, not by the filter's global selectivity (a filter that keeps half the corpus
         but none of the query's topic leaves a walk of the usual width with no match near it). A
         walk that would evaluate more vectors than the filter matches (each step visits up to
-        2·M neighbours), or be wider than MAX_EF, gives way to an exact scan (inf)."""
+        2·M neighbours), or be wider than MAX_EF, gives way to an exact scan (inf). ``kept``: the
+        selection by storage position — the probe then runs on the graph itself, and membership is
+        one array lookup for the whole probe."""
         inner: Any = inner_index(self.searchable.index)
         default = self.searchable.baseline("ef_search", int(inner.hnsw.efSearch))
         base = ef_search or max(default, FILTERED_EF_PER_HIT * k)
         probe = int(min(PROBE_FACTOR * base, MAX_EF, self.searchable.ntotal))
         params: Any = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]
         params.efSearch = probe
-        near_distances, near = self.searchable.index.search(queries, probe, params=params)
+        if kept is not None:
+            near_distances, near = inner.search(queries, probe, params=params)
+            members = (near >= 0) & kept[np.maximum(near, 0)]
+            near = np.where(near >= 0, self._stored_ids()[np.maximum(near, 0)], NO_RESULT)
+        else:
+            near_distances, near = self.searchable.index.search(queries, probe, params=params)
+            members = np.array([[i >= 0 and selector.is_member(int(i)) for i in row] for row in near], dtype=bool)
         breadths = np.zeros(len(queries))
         per_step = float(inner.hnsw.nb_neighbors(0))  # level 0 holds 2·M links
         for row in range(len(queries)):
-            member = np.fromiter((i >= 0 and selector.is_member(int(i)) for i in near[row]), dtype=bool,
-                                 count=probe)
-            inside = np.flatnonzero(member)
+            inside = np.flatnonzero(members[row])
             if inside.size >= k and inside[k - 1] < probe // 2:  # the probe's first half: its surest part
                 ids[row], distances[row] = near[row, inside[:k]], near_distances[row, inside[:k]]
                 continue
@@ -180,7 +316,7 @@ class FilteredSearcher:
                 breadths[row] = float(np.exp2(np.ceil(np.log2(breadth))))
         return breadths
 
-    def _ivf_breadths(self, queries: np.ndarray, allowed: np.ndarray, rejected: np.ndarray | None) -> np.ndarray:
+    def _ivf_breadths(self, queries: np.ndarray, selection: Selection) -> np.ndarray:
         """IVF: the lists hold their documents' ids, so the overlap is counted, not estimated. An
         unfiltered search at nprobe scans the documents of the nprobe nearest lists; a filtered one
         scans nearest lists until it has seen as many matching documents (or all of them). For a
@@ -188,16 +324,15 @@ class FilteredSearcher:
         away from it, as many as it takes."""
         assert self._ivf is not None
         lists_of, sizes = self._list_layout()
-        if rejected is not None:  # the smaller set: each list's size less its rejected documents
-            per_list = sizes - np.bincount(lists_of(rejected), minlength=self._ivf.nlist)
-        else:
-            per_list = np.bincount(lists_of(allowed), minlength=self._ivf.nlist)
         nlist = int(self._ivf.nlist)
+        per_list = selection.per_list(nlist)  # by payload position: one gather, no id lookups
+        if per_list is None:
+            per_list = np.bincount(lists_of(selection.allowed), minlength=nlist)
         base = max(1, self.searchable.baseline("nprobe", int(self._ivf.nprobe)))
         _, order = self._ivf.quantizer.search(queries, nlist)
         scanned = np.take(sizes, order[:, :base]).sum(axis=1)
         seen = np.cumsum(np.take(per_list, order), axis=1)
-        target = np.minimum(scanned, allowed.size)
+        target = np.minimum(scanned, selection.matches)
         needed = np.array([int(np.searchsorted(row, want)) + 1 for row, want in zip(seen, target, strict=True)])
         needed = np.minimum(needed, nlist)
         breadths: np.ndarray = np.exp2(np.ceil(np.log2(np.maximum(1.0, needed / base))))
@@ -245,9 +380,11 @@ class FilteredSearcher:
             distances[short], ids[short] = self.exact(queries[short], k, allowed)
         return distances, ids
 
-    def _in_index(self, queries: np.ndarray, k: int, allowed: np.ndarray | Any, nprobe: int | None,
-                  ef_search: int | None, breadth: float) -> tuple[np.ndarray, np.ndarray]:
-        selector = faiss.IDSelectorBatch(allowed) if isinstance(allowed, np.ndarray) else allowed
+    def _in_index(self, queries: np.ndarray, k: int, selector: Any, nprobe: int | None, ef_search: int | None,
+                  breadth: float, *, positional: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The index's own search under ``selector``, ``breadth`` times its usual width;
+        ``positional``: the selector tests storage positions, so the index under the id map is
+        searched and its positions mapped to ids here."""
         params: Any  # faiss's stubs know neither SearchParametersHNSW nor its fields
         if self._hnsw:
             params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]
@@ -265,6 +402,9 @@ class FilteredSearcher:
         if self._refine is not None:
             return self._refine_search(queries, k, selector, params)
         params.sel = selector
+        if positional:
+            distances, positions = inner_index(self.searchable.index).search(queries, k, params=params)
+            return distances, np.where(positions >= 0, self._stored_ids()[np.maximum(positions, 0)], NO_RESULT)
         distances, ids = self.searchable.index.search(queries, k, params=params)
         return distances, ids
 
@@ -283,10 +423,14 @@ class FilteredSearcher:
         ids = np.where(positions >= 0, id_map[np.maximum(positions, 0)], NO_RESULT)
         return distances, ids
 
-    def exact(self, queries: np.ndarray, k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def exact(self, queries: np.ndarray, k: int, allowed: np.ndarray, *,
+              positions: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Score every allowed vector: the exact filtered top k, best first (FAISS's convention:
-        inner products descending, L2 distances ascending)."""
-        whole = self._whole_storage(allowed) if allowed.size * WHOLE_MATRIX_SHARE > self.searchable.ntotal else None
+        inner products descending, L2 distances ascending). ``positions``: their storage
+        positions, when the caller has them (a flat storage is then read without id lookups)."""
+        whole = None
+        if allowed.size * WHOLE_MATRIX_SHARE > self.searchable.ntotal:
+            whole = self._whole_storage(allowed, positions)
         if whole is not None:  # many match: every stored vector scored in place (SIMD, no copy), theirs picked
             storage, picked = whole
             scores = np.empty((len(queries), picked.size), dtype=np.float32)
@@ -297,7 +441,8 @@ class FilteredSearcher:
                 against(faiss.swig_ptr(row), faiss.swig_ptr(query), storage.get_xb(), storage.d, storage.ntotal)
                 scores[i] = -row[picked] if self.metric == "l2" else row[picked]
         else:  # few: read theirs back (a copy each) and score those
-            vectors = self.vectors(allowed)
+            flat = self._flat_matrix() if positions is not None else None
+            vectors = flat[positions] if flat is not None else self.vectors(allowed)
             products = queries @ vectors.T
             if self.metric == "l2":
                 scores = -(np.sum(queries ** 2, axis=1)[:, None] - 2.0 * products
@@ -318,7 +463,7 @@ class FilteredSearcher:
         out_scores[:, :kk] = -best if self.metric == "l2" else best
         return out_scores, out_ids
 
-    def _whole_storage(self, allowed: np.ndarray) -> tuple[Any, np.ndarray] | None:
+    def _whole_storage(self, allowed: np.ndarray, known: np.ndarray | None = None) -> tuple[Any, np.ndarray] | None:
         """(the flat storage holding every vector as plain floats, the storage rows of ``allowed``)
         for Flat and HNSW-over-Flat indexes under a plain id map on this host; else None. (Scored
         by FAISS's own routines in place: a NumPy view of a memory-mapped index can be unaligned,
@@ -330,6 +475,8 @@ class FilteredSearcher:
         storage = faiss.downcast_index(inner.storage) if isinstance(inner, faiss.IndexHNSW) else inner
         if not isinstance(storage, faiss.IndexFlat) or storage.ntotal == 0:
             return None
+        if known is not None:  # the storage positions of ``allowed``, from the caller
+            return storage, known
         positions = self._position_map()
         if positions is None:
             return None

@@ -23,6 +23,7 @@ from index_shards.lexical_warm import build_base_lexicon
 from index_shards.manifest import ShardManifest, verify_shard_dir
 from index_shards.payload import PayloadIndex
 from index_shards.search_defaults import read_search_defaults
+from index_shards.selection import Selection
 from retrieval.contract import HitColumns
 from retrieval.errors import DimensionMismatch, IndexIntegrityError, InvalidRequest
 from retrieval.filters import Filter
@@ -191,21 +192,14 @@ class Shard:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         excluding = exclude is not None and exclude.size > 0
         if filter_ is not None and not filter_.empty:
-            mask = self.payload.mask(filter_)
-            allowed = self.payload.int_ids[mask]
-            # a filter keeping most documents is handed over by what it rejects too (a smaller set)
-            rejected = self.payload.int_ids[~mask] if 2 * allowed.size > mask.size else None
-            if exclude is not None and exclude.size:
-                allowed = np.setdiff1d(allowed, exclude, assume_unique=True)
-                rejected = np.union1d(rejected, exclude) if rejected is not None else None
-            if self.bare.size:  # documents without a vector are not in the index to be scored
-                allowed = np.setdiff1d(allowed, self.bare, assume_unique=True)
-                rejected = np.union1d(rejected, self.bare) if rejected is not None else None
+            # the payload's mask less the documents without a vector and the tombstones, in the
+            # shapes the planner's paths read (index_shards/selection.py)
+            frame = self.filtered.frame(self.payload.int_ids, self.bare)
+            selection = Selection.of(self.payload.mask(filter_), frame, exclude)
             field = self.manifest.partition_field
-            scores, ids, plan = self.filtered.search(queries, min(k, self.manifest.count), allowed,
+            scores, ids, plan = self.filtered.search(queries, min(k, self.manifest.count), selection,
                                                      nprobe=nprobe, ef_search=ef_search,
-                                                     exact=field is not None and filter_.pins(field),
-                                                     rejected=rejected)
+                                                     exact=field is not None and filter_.pins(field))
             self.filter_plans[plan.strategy] += 1
         elif excluding:
             assert exclude is not None
