@@ -17,7 +17,8 @@ planner picks how to find the top k among them.
     it sets the walk's width, and a walk that would evaluate more vectors than the filter
     matches gives way to an exact scan;
   - **IVF**: the lists hold their documents' ids, so the overlap is counted: nearest lists are
-    scanned until they held as many matching documents as the unfiltered search scans documents;
+    scanned until they held as many matching documents as the unfiltered search scans documents
+    (skipping lists that hold none, and stopping each row at ``SCAN_SLACK`` times that);
   - a flat index's filtered search is exact by itself.
 
   A row that comes back with fewer than ``min(k, matches)`` hits is searched again wider, and
@@ -73,6 +74,9 @@ WALK_COST = 1.0  # a walk's vector evaluation against an exact scan's (random ac
 WHOLE_MATRIX_SHARE = 16
 # reading one IVF list entry's document (a gather) against hashing one id into a selector: ~1/16
 LIST_PASS_PER_HASH = 16
+# an IVF row's scan stops once its lists held this many times the matching documents it needs
+# (see _ivf_scan; at 1M anti-correlated recall@10 0.963 stopping at 2×, 0.985 at 4×, 0.995 at 8×)
+SCAN_SLACK = 8
 
 
 @dataclass(slots=True)
@@ -222,34 +226,14 @@ class FilteredSearcher:
 
     def _ivf_lists_search(self, queries: np.ndarray, k: int, selection: Selection, nprobe: int | None,
                           breadth: float, every_kept: Callable[[], Any]) -> tuple[np.ndarray, np.ndarray]:
-        """An IVF's filtered search whose selector holds only the kept ids of the lists it scans:
-        the lists are chosen first (the quantizer's nearest, as the IVF's own search does) and
-        handed to ``search_preassigned``, so the selector and the scan agree by construction. A
-        filter keeping half of 1M documents with 64 of 4,096 lists scanned: a hash set of ~8k ids,
-        not of 500k (and of the rejected ones where they are fewer). Where the lists scanned hold
-        most of the shard (a narrow filter far from the query), reading them costs more than
-        hashing the kept ids themselves: ``every_kept`` gives that selector instead."""
+        """An IVF's filtered search over the lists it scans: chosen first (the quantizer's
+        nearest, as the IVF's own search does) and handed to ``search_preassigned``, so the
+        selector and the scan agree by construction (see :meth:`_ivf_scan`)."""
         assert self._ivf is not None
-        nlist = int(self._ivf.nlist)
         base = nprobe or self.searchable.baseline("nprobe", int(self._ivf.nprobe))
-        width = int(min(nlist, math.ceil(base * breadth)))
+        width = int(min(int(self._ivf.nlist), math.ceil(base * breadth)))
         centroid_distances, lists = self._ivf.quantizer.search(queries, width)
-        chosen = np.unique(lists[lists >= 0])
-        _, sizes = self._list_layout()
-        per_list = selection.per_list(nlist)
-        assert per_list is not None
-        entries, inside = int(sizes[chosen].sum()), int(per_list[chosen].sum())
-        smaller = min(selection.matches, self.searchable.ntotal - selection.matches)
-        # the lists' set: a pass over their entries and a hash of its smaller part; the whole set: a
-        # hash of the smaller of the kept and the rejected documents
-        selector: Any
-        if min(inside, entries - inside) + entries // LIST_PASS_PER_HASH < smaller:
-            listed, negated = selection.ids_in_lists(chosen)
-            selector = faiss.IDSelectorBatch(listed)
-            if negated:  # (the documents these lists hold but the filter rejects were the smaller set)
-                selector = faiss.IDSelectorNot(selector)
-        else:
-            selector = every_kept()
+        lists, selector = self._ivf_scan(lists, selection, every_kept, base)
         params: Any = faiss.SearchParametersIVF()
         params.nprobe = width
         params.sel = selector
@@ -264,6 +248,52 @@ class FilteredSearcher:
                                  faiss.swig_ptr(centroid_distances), faiss.swig_ptr(distances), faiss.swig_ptr(ids),
                                  False, params)
         return distances, ids
+
+    def _ivf_scan(self, lists: np.ndarray, selection: Selection, every_kept: Callable[[], Any],
+                  base: int) -> tuple[np.ndarray, Any]:
+        """(the lists each query scans, the selector they are scanned under) for the quantizer's
+        ``lists``, nearest first (-1: none). Lists are left out (-1; FAISS skips them):
+
+        * a list holding no kept document — every entry would be read only to be rejected (an
+          anti-correlated filter's walk passes the query's own, emptied, neighbourhood);
+        * the lists past the point where a row has seen ``SCAN_SLACK`` times the matching
+          documents it needs — as many as an unfiltered search at ``base`` lists scans, or all
+          of them. A breadth is a power of two (the rows of a batch share calls), which on a
+          filter spread evenly over the lists scans up to twice what is needed (under the
+          stop); past the query's emptied neighbourhood it is far more: an anti-correlated
+          filter keeping half of 1M documents needs ~2,100 of 4,096 lists to see 8k of its
+          documents, the breadth rounds that to all 4,096, and they hold 500k (~140 ms a query
+          with the empty lists skipped, ~35 stopping at 8 × 8k).
+
+        Where every scanned list holds only kept documents there is no selector (a filter along
+        the clustering: the lists are whole topics); else a hash set of the kept ids of the
+        scanned lists (or of their rejected ones, when fewer: negated) — a filter keeping half of
+        1M documents with 64 of 4,096 lists scanned: ~8k ids, not 500k. Where the scanned lists
+        hold most of the shard (a narrow filter far from the query, spread over every list),
+        gathering their ids costs more than hashing the kept ids themselves: ``every_kept``
+        gives that selector instead."""
+        _, sizes = self._list_layout()
+        per_list = selection.per_list(int(sizes.size))
+        assert per_list is not None
+        holding = np.where(lists >= 0, per_list[np.maximum(lists, 0)], 0)
+        scanned = np.where(lists[:, :base] >= 0, sizes[np.maximum(lists[:, :base], 0)], 0).sum(axis=1)
+        needed = SCAN_SLACK * np.minimum(scanned, selection.matches)
+        seen_before = np.cumsum(holding, axis=1) - holding  # (a row's lists stop after the one reaching it)
+        lists = np.where((holding > 0) & (seen_before < needed[:, None]), lists, NO_RESULT)
+        chosen = np.unique(lists[lists >= 0])
+        entries, inside = int(sizes[chosen].sum()), int(per_list[chosen].sum())
+        if inside == entries:  # (a list's kept documents are among its entries: all of them)
+            return lists, None
+        smaller = min(selection.matches, self.searchable.ntotal - selection.matches)
+        # the lists' set: a pass over their entries and a hash of its smaller part; the whole set: a
+        # hash of the smaller of the kept and the rejected documents
+        if min(inside, entries - inside) + entries // LIST_PASS_PER_HASH >= smaller:
+            return lists, every_kept()
+        listed, negated = selection.ids_in_lists(chosen)
+        selector: Any = faiss.IDSelectorBatch(listed)
+        if negated:  # (the documents these lists hold but the filter rejects were the smaller set)
+            selector = faiss.IDSelectorNot(selector)
+        return lists, selector
 
     def _exact_of(self, queries: np.ndarray, k: int, selection: Selection,
                   kept: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

@@ -7,6 +7,7 @@ tombstones, documents without a vector and a payload order unlike the index's.""
 import numpy as np
 import pytest
 
+from index_shards import filtered
 from index_shards.build import BuildConfig, build_collection
 from index_shards.layout import resolve_version, shard_dir
 from index_shards.selection import PayloadFrame, Selection
@@ -84,6 +85,9 @@ def test_a_bitmap_by_storage_position_answers_as_the_id_selector(built, factory,
     queries = vectors[rng.choice(N, 12, replace=False)] + 0.01
     knobs = {"HNSW32": {"ef_search": 32}}.get(factory, {"nprobe": 2} if factory.startswith("IVF") else {})
     gone = set(bare.tolist()) | set(exclude.tolist())
+    # (an IVF row's scan otherwise stops at twice the kept documents it needs: a narrower scan than
+    # the id path's, tested below — here the same lists, to compare the selectors alone)
+    monkeypatch.setattr(filtered, "SCAN_SLACK", 10**9)
     listed_calls = []  # (a spy: which IVF searches built their selector from the scanned lists)
     original = Selection.ids_in_lists
     monkeypatch.setattr(Selection, "ids_in_lists",
@@ -172,3 +176,73 @@ def test_the_ids_of_some_ivf_lists_are_the_kept_ones_or_the_fewer_rejected_ones(
             assert len(ids) <= int(inside.sum()) // 2 + 1
             seen.add((negated, size * 8 < 17))
     assert seen == {(False, True), (False, False), (True, True), (True, False)}  # every branch ran
+
+
+def test_an_ivf_scans_no_list_the_filter_empties_and_whole_lists_need_no_selector(built, monkeypatch):
+    """A list holding no kept document is not handed to FAISS (its entries would all be read and
+    rejected), nor the lists past those that held twice the kept documents a row needs; where
+    every scanned list holds only kept documents there is no selector at all; else the selector
+    holds the scanned lists' kept (or rejected) ids."""
+    documents, vectors, topic, dirs = built
+    shard = load(dirs["IVF16,Flat"])
+    frame = shard.filtered.frame(shard.payload.int_ids, shard.bare)
+    ivf = shard.filtered._ivf
+    _, every = ivf.quantizer.search(vectors[:8] + 0.01, 16)  # every list, nearest first
+
+    def never():
+        raise AssertionError("the whole kept set's selector was not needed")
+
+    # keep exactly the documents of lists 0–5: whole lists
+    whole = np.isin(frame.list_of_payload, np.arange(6))
+    lists, selector = shard.filtered._ivf_scan(every, Selection.of(whole, frame), never, 16)
+    assert selector is None
+    assert set(lists[lists >= 0].tolist()) == set(range(6))
+    assert ((lists >= 0).sum(axis=1) == 6).all()  # each query scans the 6, in its own order
+    assert np.array_equal(lists[lists >= 0], every[np.isin(every, np.arange(6))])
+    # one rejected document in list 2: a selector of the few rejected, over the same lists
+    member = int(frame.list_members[frame.list_offsets[2]])
+    some = whole.copy()
+    some[member] = False
+    lists, selector = shard.filtered._ivf_scan(every, Selection.of(some, frame), never, 16)
+    assert set(lists[lists >= 0].tolist()) == set(range(6))
+    assert selector is not None and not selector.is_member(int(frame.payload_ids[member]))
+    assert selector.is_member(int(frame.payload_ids[frame.list_members[frame.list_offsets[3]]]))
+    # the same filter with tombstones emptying list 0: list 0 goes too
+    gone = frame.payload_ids[frame.list_members[frame.list_offsets[0]:frame.list_offsets[1]]]
+    lists, _ = shard.filtered._ivf_scan(every, Selection.of(some, frame, gone), never, 16)
+    assert set(lists[lists >= 0].tolist()) == set(range(1, 6))
+    # a row needs what its nearest `base` lists hold: its scan stops after the list where the kept
+    # documents seen reach SCAN_SLACK times that (here 2 × one list, of a filter keeping lists 0–5)
+    monkeypatch.setattr(filtered, "SCAN_SLACK", 2)
+    _, sizes = shard.filtered._list_layout()
+    per_list = Selection.of(whole, frame).per_list(16)
+    lists, _ = shard.filtered._ivf_scan(every, Selection.of(whole, frame), never, 1)
+    for row, scanned in zip(every, lists, strict=True):
+        kept_lists = row[np.isin(row, np.arange(6))]
+        seen = np.cumsum(per_list[kept_lists])
+        stop = int(np.searchsorted(seen, 2 * sizes[row[0]])) + 1  # the list reaching it is scanned
+        assert scanned[scanned >= 0].tolist() == kept_lists[:stop].tolist()
+    assert (lists >= 0).sum() < (every >= 0).sum() * 6 / 16  # some row stopped early
+    # and the answers, the lists left out being empty ones alone: equal to the id selector's
+    monkeypatch.setattr(filtered, "SCAN_SLACK", 10**9)
+    by_id = load(dirs["IVF16,Flat"], positional=False)
+    queries = vectors[:8] + 0.01
+    filter_ = parse_filter({"must": [{"key": "topic", "match": {"any": [1, 4]}}]})
+    for knobs in ({"nprobe": 1}, {"nprobe": 4}, {"nprobe": 16}):
+        got_scores, got = shard.search_ids(queries, K, filter_=filter_, exclude=gone, **knobs)
+        want_scores, want = by_id.search_ids(queries, K, filter_=filter_, exclude=gone, **knobs)
+        assert np.array_equal(got, want) and np.array_equal(got_scores, want_scores)
+
+
+def test_per_list_counts_skip_empty_lists_and_documents_outside_the_ivf():
+    """(A segmented sum reads an empty segment as one element: lists 1 and 3 hold nothing here,
+    list 5 is past the last non-empty one, and id 60 is in no list.)"""
+    payload_ids = np.asarray([50, 10, 40, 20, 30, 60], dtype=np.int64)
+    frame = PayloadFrame.build(payload_ids, bare=np.zeros(0, dtype=np.int64))
+    stored = np.asarray([10, 20, 30, 40, 50], dtype=np.int64)
+    frame.attach_lists(stored, np.asarray([0, 2, 2, 4, 0], dtype=np.int64))
+    masks = ([True] * 6, [True, False, True, True, False, True], [False] * 6, [False, True, False, False, True, True])
+    for mask in masks:
+        selection = Selection.of(np.asarray(mask), frame)
+        kept_lists = frame.list_of_payload[np.asarray(mask) & (frame.list_of_payload >= 0)]
+        assert selection.per_list(6).tolist() == np.bincount(kept_lists, minlength=6).tolist(), mask
