@@ -21,6 +21,9 @@ import numpy as np
 from retrieval.errors import IndexIntegrityError
 
 NOT_STORED = -1  # a payload position whose document has no vector in the index
+# an IVF's per-list counts sum every document's flag by list once more than 1/5 of them are kept
+# (a fixed cost); fewer, the kept documents' lists are counted (a cost that grows with them)
+PER_LIST_GATHER_SHARE = 5
 
 
 @dataclass(slots=True)
@@ -175,8 +178,12 @@ class Selection:
         if self._per_list is None:
             members, offsets = self.frame.list_members, self.frame.list_offsets
             assert members is not None and offsets is not None
-            # the kept flags grouped by list, summed per list: a gather and a segmented sum (half
-            # the time of gathering the kept documents' lists and counting them: 2.7 against 6 ms at 1M)
+            if self.matches * PER_LIST_GATHER_SHARE < self.kept.size:  # the kept documents' lists, counted
+                lists = self.frame.list_of_payload[self.kept]
+                self._per_list = np.bincount(lists[lists >= 0], minlength=nlist)[:nlist]
+                return self._per_list
+            # many kept: every document's flag grouped by list, summed per list — a fixed cost (at 1M,
+            # 2.7 ms against 5.6 for half of them counted; 0.3 against 2.7 for 1 %)
             counts = np.zeros(max(nlist, offsets.size - 1), dtype=np.int64)
             starts = offsets[:-1]
             filled = np.flatnonzero(offsets[1:] > starts)  # (reduceat reads an empty segment as one element)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from index_shards import filtered
+from index_shards import selection as selection_module
 from index_shards.build import BuildConfig, build_collection
 from index_shards.layout import resolve_version, shard_dir
 from index_shards.selection import PayloadFrame, Selection
@@ -234,7 +235,7 @@ def test_an_ivf_scans_no_list_the_filter_empties_and_whole_lists_need_no_selecto
         assert np.array_equal(got, want) and np.array_equal(got_scores, want_scores)
 
 
-def test_per_list_counts_skip_empty_lists_and_documents_outside_the_ivf():
+def test_per_list_counts_skip_empty_lists_and_documents_outside_the_ivf(monkeypatch):
     """(A segmented sum reads an empty segment as one element: lists 1 and 3 hold nothing here,
     list 5 is past the last non-empty one, and id 60 is in no list.)"""
     payload_ids = np.asarray([50, 10, 40, 20, 30, 60], dtype=np.int64)
@@ -242,7 +243,9 @@ def test_per_list_counts_skip_empty_lists_and_documents_outside_the_ivf():
     stored = np.asarray([10, 20, 30, 40, 50], dtype=np.int64)
     frame.attach_lists(stored, np.asarray([0, 2, 2, 4, 0], dtype=np.int64))
     masks = ([True] * 6, [True, False, True, True, False, True], [False] * 6, [False, True, False, False, True, True])
-    for mask in masks:
-        selection = Selection.of(np.asarray(mask), frame)
-        kept_lists = frame.list_of_payload[np.asarray(mask) & (frame.list_of_payload >= 0)]
-        assert selection.per_list(6).tolist() == np.bincount(kept_lists, minlength=6).tolist(), mask
+    for share in (1, 10**6):  # both ways of counting: the kept documents' lists, every flag by list
+        monkeypatch.setattr(selection_module, "PER_LIST_GATHER_SHARE", share)
+        for mask in masks:
+            selection = Selection.of(np.asarray(mask), frame)
+            kept_lists = frame.list_of_payload[np.asarray(mask) & (frame.list_of_payload >= 0)]
+            assert selection.per_list(6).tolist() == np.bincount(kept_lists, minlength=6).tolist(), (share, mask)
