@@ -10,9 +10,10 @@ own; ``lexical_warm``: when a replica builds a base's index — ahead of the que
 served a lexical one; ``hybrid_search``: a weighted hybrid's exact fused top k of the shard's documents;
 ``hybrid_sealed``: the same for a batch in whole-batch passes, on a shard with no writes since
 its base), filtered search (``payload``: the metadata columns; ``selection``: a filter's
-documents by id, by storage position or by IVF list; ``filtered``: the planner), and
-corpora and filters grown from real embeddings for tests and benchmarks at sizes the shipped data
-does not reach (``synthetic``).
+documents by id, by storage position or by IVF list; ``filtered``: the planner; ``regions``: an
+HNSW base's k-means regions, for filters that run against the query), and corpora and filters
+grown from real embeddings for tests and benchmarks at sizes the shipped data does not reach
+(``synthetic``).
 
 May import ``retrieval`` and ``httpkit`` (the server); never ``serving`` or ``training``, and never
 torch (a shard server starts in about a second and a half).

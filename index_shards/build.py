@@ -20,7 +20,7 @@ import numpy as np
 from index_shards.docstore import write_docstore
 from index_shards.faiss_index import build_index, metric_code, write_index
 from index_shards.ids import doc_int_ids
-from index_shards.layout import DOCSTORE_FILE, INDEX_FILE, collection_dir, shard_dir
+from index_shards.layout import DOCSTORE_FILE, INDEX_FILE, REGIONS_FILE, collection_dir, shard_dir
 from index_shards.manifest import (
     SHARD_MANIFEST,
     CollectionManifest,
@@ -29,6 +29,7 @@ from index_shards.manifest import (
     sha256_file,
 )
 from index_shards.partition import make_partitioner
+from index_shards.regions import write_regions
 from retrieval.analysis import DEFAULT_LANGUAGE, check_language
 from retrieval.atomic import fsync_dir, fsync_tree
 from retrieval.encoders import Encoder, encode_documents
@@ -142,6 +143,7 @@ def _build_shard(
         raise BuildError(f"shard {shard_id}: {exc.message}", shard=shard_id) from exc
     write_index(index, directory / INDEX_FILE)
     write_docstore(directory / DOCSTORE_FILE, int_ids.tolist(), documents)
+    files = (INDEX_FILE, DOCSTORE_FILE) + ((REGIONS_FILE,) if write_regions(index, directory, config.metric) else ())
     manifest = ShardManifest(
         collection=config.collection,
         shard_id=shard_id,
@@ -152,7 +154,7 @@ def _build_shard(
         count=len(documents),
         partitioner=config.partitioner,
         centroid=tuple(float(x) for x in centroid) if centroid is not None else None,
-        files={name: FileEntry.of(directory / name) for name in (INDEX_FILE, DOCSTORE_FILE)},
+        files={name: FileEntry.of(directory / name) for name in files},
         source_version=config.source_version, source_seqs=config.source_seqs,
         partition_field=config.partition_field, lexical_language=config.lexical_language,
     )

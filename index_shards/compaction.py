@@ -39,8 +39,9 @@ import numpy as np
 
 from index_shards.docstore import write_docstore
 from index_shards.faiss_index import build_index, derive_index, is_lossy, write_index
-from index_shards.layout import BARE_FILE, DOCSTORE_FILE, INDEX_FILE
+from index_shards.layout import BARE_FILE, DOCSTORE_FILE, INDEX_FILE, REGIONS_FILE
 from index_shards.manifest import FileEntry, ShardManifest, read_json
+from index_shards.regions import write_regions
 from index_shards.segment import StoredDocument, WrittenVectors
 from index_shards.shard import Shard
 from retrieval.atomic import atomic_write_bytes, fsync_dir, fsync_tree
@@ -132,7 +133,9 @@ def write_base(wal_dir: Path, build: Shard, documents: Iterable[StoredDocument],
     staging = wal_dir / f".compact-{seq}-{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     try:
-        write_index(_base_index(build, int_ids, is_written, written), staging / INDEX_FILE)
+        index = _base_index(build, int_ids, is_written, written)
+        write_index(index, staging / INDEX_FILE)
+        regions = (REGIONS_FILE,) if write_regions(index, staging, template.metric) else ()
         write_docstore(staging / DOCSTORE_FILE, all_ids.tolist(), docs)
         (staging / SEQS_FILE).write_bytes(json.dumps(seqs).encode())
         np.save(staging / WRITTEN_FILE, written, allow_pickle=False)
@@ -143,7 +146,7 @@ def write_base(wal_dir: Path, build: Shard, documents: Iterable[StoredDocument],
             count=len(docs), partitioner=template.partitioner, centroid=template.centroid,
             partition_field=template.partition_field, lexical_language=template.lexical_language,
             files={name: FileEntry.of(staging / name) for name in (INDEX_FILE, DOCSTORE_FILE, SEQS_FILE,
-                                                                   WRITTEN_FILE, BARE_FILE)})
+                                                                   WRITTEN_FILE, BARE_FILE, *regions)})
         manifest.write(staging)  # last inside the directory, as a build does
         fsync_tree(staging)
         target = wal_dir / f"base-{seq}"

@@ -15,7 +15,9 @@ planner picks how to find the top k among them.
   - **HNSW**: an unfiltered probe of the ``4 × efSearch`` nearest documents. Holding k matches,
     it is the answer (the first k matches in the unfiltered order); else the share of matches in
     it sets the walk's width, and a walk that would evaluate more vectors than the filter
-    matches gives way to an exact scan;
+    matches gives way to a scan — of the kept documents in the regions nearest the query that
+    hold them, where the base has regions (index_shards.regions) and they hold fewer than half
+    the matches, else of every kept document;
   - **IVF**: the lists hold their documents' ids, so the overlap is counted: nearest lists are
     scanned until they held as many matching documents as the unfiltered search scans documents
     (skipping lists that hold none, and stopping each row at ``SCAN_SLACK`` times that);
@@ -23,6 +25,11 @@ planner picks how to find the top k among them.
 
   A row that comes back with fewer than ``min(k, matches)`` hits is searched again wider, and
   then exactly: never fewer than k results when at least k documents match.
+
+An exact scan of a flat storage (Flat, HNSW over Flat) reads the kept vectors in place by
+position (FAISS's ``*_by_idx``: no copy) for calls of up to 3 rows while fewer than 2/3 of the
+vectors are kept; else every stored vector in place (many kept) or a copy of the kept ones for one
+matrix product (many rows).
 
 The filter reaches the index as a :class:`~index_shards.selection.Selection`: for HNSW and Flat
 under an id map (on this host) a bitmap by storage position — the graph or the matrix is searched
@@ -57,6 +64,7 @@ from index_shards.faiss_index import (
     reconstruct_ids,
     refine_of,
 )
+from index_shards.regions import Regions
 from index_shards.selection import PayloadFrame, Selection
 
 logger = logging.getLogger(__name__)
@@ -72,6 +80,12 @@ WALK_COST = 1.0  # a walk's vector evaluation against an exact scan's (random ac
 # an exact scan over flat storage scores every stored vector in place once 1/16 of them match: at
 # 200k × 384, 11 ms for all of them against 57 ms to copy out and score 50k (8 ms for 10k)
 WHOLE_MATRIX_SHARE = 16
+# scoring stored vectors by position in place (FAISS's *_by_idx) against all of them in place: 0.16
+# against 0.105 µs a vector at 1M × 384, so by position while fewer than 2/3 of them are scored —
+# and against copying them out for one matrix product (0.5 µs a vector, shared by the rows) while a
+# call has at most 3 rows
+BY_POSITION_SHARE = 2 / 3
+BY_POSITION_MAX_ROWS = 3
 # reading one IVF list entry's document (a gather) against hashing one id into a selector: ~1/16
 LIST_PASS_PER_HASH = 16
 # an IVF row's scan stops once its lists held this many times the matching documents it needs
@@ -88,6 +102,7 @@ class FilterPlan:
     widened_rows: int = 0
     exact_rows: int = 0
     probe_rows: int = 0  # HNSW: rows answered by the unfiltered probe (it held k matches)
+    region_rows: int = 0  # HNSW: rows scored over the nearest regions holding matches (index_shards.regions)
 
 
 @dataclass(slots=True)
@@ -103,10 +118,12 @@ class _Walk:
 
 
 class FilteredSearcher:
-    def __init__(self, searchable: SearchableIndex, metric: str, *, exact_scan_max: int = EXACT_SCAN_MAX) -> None:
+    def __init__(self, searchable: SearchableIndex, metric: str, *, exact_scan_max: int = EXACT_SCAN_MAX,
+                 regions: Regions | None = None) -> None:
         self.searchable = searchable
         self.metric = metric
         self.exact_scan_max = exact_scan_max
+        self.regions = regions if not searchable.on_gpu else None  # (a GPU shard scans exactly)
         self._lock = threading.Lock()
         self._direct_map_ready = False
         index = searchable.index
@@ -179,6 +196,8 @@ class FilteredSearcher:
         else:
             breadths = np.full(n_queries, max(1.0, self.searchable.ntotal / matches))
         scan = np.flatnonzero(np.isinf(breadths))  # the walk would cost more than scoring the matches
+        if scan.size and kept is not None and self.regions is not None:  # the nearest regions holding matches
+            scan = self._region_scan(queries, scan, k, selection, kept, distances, ids, plan)
         if scan.size:
             plan.exact_rows = int(scan.size)
             distances[scan], ids[scan] = self._exact_of(queries[scan], k, selection, kept)
@@ -294,6 +313,32 @@ class FilteredSearcher:
         if negated:  # (the documents these lists hold but the filter rejects were the smaller set)
             selector = faiss.IDSelectorNot(selector)
         return lists, selector
+
+    def _region_scan(self, queries: np.ndarray, rows: np.ndarray, k: int, selection: Selection, kept: np.ndarray,
+                     distances: np.ndarray, ids: np.ndarray, plan: FilterPlan) -> np.ndarray:
+        """Score each of ``rows`` over the kept documents of the regions nearest its query, until
+        they held ``Regions.scan_size`` of them (:meth:`Regions.chosen`); the rows where those
+        would be more than half of all the matches are returned, for an exact scan (about the
+        same cost, and exact)."""
+        regions = self.regions
+        assert regions is not None
+        needed = max(regions.scan_size, k)
+        if 2 * min(needed, selection.matches) > selection.matches:  # (read at least needed: most of them)
+            return rows
+        counts = regions.kept_per_region(kept)
+        stored = self._stored_ids()
+        exact: list[int] = []
+        for row in rows.tolist():
+            inside = np.zeros(regions.count, dtype=bool)
+            inside[regions.chosen(queries[row], counts, needed)] = True
+            positions = np.flatnonzero(inside[regions.of_position] & kept)
+            if 2 * positions.size > selection.matches:
+                exact.append(row)
+                continue
+            distances[row], ids[row] = (part[0] for part in self.exact(queries[row:row + 1], k, stored[positions],
+                                                                       positions=positions))
+            plan.region_rows += 1
+        return np.asarray(exact, dtype=np.int64)
 
     def _exact_of(self, queries: np.ndarray, k: int, selection: Selection,
                   kept: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -459,6 +504,11 @@ class FilteredSearcher:
         inner products descending, L2 distances ascending). ``positions``: their storage
         positions, when the caller has them (a flat storage is then read without id lookups)."""
         whole = None
+        if positions is not None and len(queries) <= BY_POSITION_MAX_ROWS \
+                and allowed.size < BY_POSITION_SHARE * self.searchable.ntotal:
+            in_place = self._whole_storage(allowed, positions)
+            if in_place is not None:  # few rows: theirs scored in place by position (SIMD, no copy)
+                return self._top_k(self._by_position(queries, in_place[0], positions), allowed, k)
         if allowed.size * WHOLE_MATRIX_SHARE > self.searchable.ntotal:
             whole = self._whole_storage(allowed, positions)
         if whole is not None:  # many match: every stored vector scored in place (SIMD, no copy), theirs picked
@@ -479,15 +529,34 @@ class FilteredSearcher:
                            + np.sum(vectors ** 2, axis=1)[None, :])
             else:
                 scores = products
+        return self._top_k(scores, allowed, k)
+
+    def _by_position(self, queries: np.ndarray, storage: Any, positions: np.ndarray) -> np.ndarray:
+        """Each query's scores (higher is better) against the flat ``storage``'s vectors at
+        ``positions``, read in place."""
+        positions = np.ascontiguousarray(positions, dtype=np.int64)
+        scores = np.empty((len(queries), positions.size), dtype=np.float32)
+        against: Any = (faiss.fvec_L2sqr_by_idx if self.metric == "l2"  # type: ignore[attr-defined]
+                        else faiss.fvec_inner_products_by_idx)  # type: ignore[attr-defined]
+        for i, query in enumerate(np.ascontiguousarray(queries, dtype=np.float32)):
+            row = scores[i]
+            against(faiss.swig_ptr(row), faiss.swig_ptr(query), storage.get_xb(), faiss.swig_ptr(positions),
+                    storage.d, 1, positions.size)
+        return -scores if self.metric == "l2" else scores
+
+    def _top_k(self, scores: np.ndarray, allowed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The best ``k`` of ``scores`` (queries × allowed, higher is better) as FAISS gives them:
+        best first, equal scores in id order (like the merge), L2 distances positive."""
+        n_rows = len(scores)
         kk = min(k, allowed.size)
         top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk] if kk < allowed.size else \
-            np.tile(np.arange(allowed.size), (len(queries), 1))
-        rows = np.arange(len(queries))[:, None]
+            np.tile(np.arange(allowed.size), (n_rows, 1))
+        rows = np.arange(n_rows)[:, None]
         # best first; equal scores in id order, like the merge
         order = np.lexsort((allowed[top], -scores[rows, top]), axis=1)
         chosen = top[rows, order]
-        out_ids = np.full((len(queries), k), NO_RESULT, dtype=np.int64)
-        out_scores = np.zeros((len(queries), k), dtype=np.float32)
+        out_ids = np.full((n_rows, k), NO_RESULT, dtype=np.int64)
+        out_scores = np.zeros((n_rows, k), dtype=np.float32)
         out_ids[:, :kk] = allowed[chosen]
         best = scores[rows, chosen]
         out_scores[:, :kk] = -best if self.metric == "l2" else best

@@ -2,6 +2,7 @@
 
     <root>/<collection>/<embedding version id>/collection.json
                                               /shard-<i>/manifest.json, index.faiss, docs.sqlite
+                                                        [, regions.npz]
 
 A version directory appears by one rename, after every shard and ``collection.json`` are
 written and fsynced; staging directories start with a dot and are never listed.
@@ -17,6 +18,7 @@ from retrieval.errors import ManifestMissing, NotFound
 INDEX_FILE = "index.faiss"
 DOCSTORE_FILE = "docs.sqlite"
 BARE_FILE = "bare.npy"  # int ids of the documents stored without a vector (a compacted base; absent: none)
+REGIONS_FILE = "regions.npz"  # an HNSW base's k-means regions, for filtered scans (index_shards.regions; absent: none)
 DEFAULT_ROOT = "shardrag-data"
 
 

@@ -17,11 +17,12 @@ import numpy as np
 from index_shards.docstore import DocStore
 from index_shards.faiss_index import SearchableIndex, read_index, wants_gpu
 from index_shards.filtered import FilteredSearcher
-from index_shards.layout import BARE_FILE, DOCSTORE_FILE, INDEX_FILE
+from index_shards.layout import BARE_FILE, DOCSTORE_FILE, INDEX_FILE, REGIONS_FILE
 from index_shards.lexical import BaseLexicon
 from index_shards.lexical_warm import build_base_lexicon
 from index_shards.manifest import ShardManifest, verify_shard_dir
 from index_shards.payload import PayloadIndex
+from index_shards.regions import Regions, read_regions
 from index_shards.search_defaults import read_search_defaults
 from index_shards.selection import Selection
 from retrieval.contract import HitColumns
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 class Shard:
     def __init__(self, directory: Path, manifest: ShardManifest, index: SearchableIndex, docstore: DocStore,
-                 bare: np.ndarray | None = None) -> None:
+                 bare: np.ndarray | None = None, regions: Regions | None = None) -> None:
         self.directory = directory
         self.bare = bare if bare is not None else np.zeros(0, dtype=np.int64)  # sorted int ids without a vector
         self._vectored: np.ndarray | None = None  # the payload's int ids less the bare ones (made on first use)
@@ -43,7 +44,7 @@ class Shard:
         self._negate = manifest.metric == "l2"  # report -L2² so that higher is always better
         self._payload: PayloadIndex | None = None  # built on the first filtered search
         self._payload_lock = threading.Lock()
-        self.filtered = FilteredSearcher(index, manifest.metric)
+        self.filtered = FilteredSearcher(index, manifest.metric, regions=regions)
         self.filter_plans: Counter[str] = Counter()  # filtered searches by strategy (none / exact / index)
         self._lexicon: BaseLexicon | None = None  # built on the first lexical query (or warmed by a compaction)
         self._lexicon_lock = threading.Lock()
@@ -108,6 +109,8 @@ class Shard:
                                       f"manifest says {vectors}")
         if index.d != manifest.dim:
             raise IndexIntegrityError(f"{directory / INDEX_FILE} has dimension {index.d}, manifest says {manifest.dim}")
+        regions = read_regions(directory / REGIONS_FILE, index, manifest.metric) \
+            if REGIONS_FILE in manifest.files else None
         docstore = DocStore(directory / DOCSTORE_FILE)
         if docstore.count != manifest.count:
             raise IndexIntegrityError(f"{directory / DOCSTORE_FILE} holds {docstore.count} docs, "
@@ -122,7 +125,7 @@ class Shard:
                                           f"{manifest.factory} index does not have; re-run `shardrag tune`") from exc
         logger.info("loaded shard %s (%d docs, %s, gpu=%s, search defaults %s)", directory, manifest.count,
                     manifest.factory, searchable.on_gpu, searchable.defaults or "none")
-        return cls(directory, manifest, searchable, docstore, bare)
+        return cls(directory, manifest, searchable, docstore, bare, regions)
 
     def vectored_ids(self) -> np.ndarray:
         """The int ids of the documents the index holds (every one but the bare)."""
@@ -201,6 +204,8 @@ class Shard:
                                                      nprobe=nprobe, ef_search=ef_search,
                                                      exact=field is not None and filter_.pins(field))
             self.filter_plans[plan.strategy] += 1
+            if plan.region_rows:
+                self.filter_plans["region rows"] += plan.region_rows
         elif excluding:
             assert exclude is not None
             scores, ids = self.filtered.search_excluding(queries, min(k, self.manifest.count), exclude,
