@@ -21,7 +21,7 @@ least :data:`MIN_VECTORS` of them: below that, scoring every kept document costs
 Derived from the base's own vectors, so a compaction, a snapshot's restore and a build each
 write their own (~8–10 s at 1M, beside ~130 s for the graph); a base written before regions
 existed has none and is searched as before. In memory: 4 bytes a vector (its region), 8 more for
-the members by region (made on the first scan), the centroids (3 MB at 1M).
+the members by region (sorted at load), the centroids (3 MB at 1M).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ SEED = 1234
 @dataclass(slots=True)
 class Regions:
     """``centroids`` (regions × d) and ``of_position`` (each stored vector's region), with the
-    members by region (positions ascending within each) made on first use."""
+    members by region (positions ascending within each) sorted once (``read_regions`` does it at
+    load)."""
 
     centroids: np.ndarray
     of_position: np.ndarray
@@ -93,7 +94,9 @@ class Regions:
         if self._members is None:
             with self._lock:
                 if self._members is None:
-                    members = np.argsort(self.of_position, kind="stable")
+                    # 16-bit keys sort by radix: 9 ms for 1M against 67 as int32
+                    keys = self.of_position.astype(np.uint16) if self.count <= 1 << 16 else self.of_position
+                    members = np.argsort(keys, kind="stable")
                     sizes = np.bincount(self.of_position, minlength=self.count)
                     starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
                     self._members = (members, starts)
@@ -163,4 +166,6 @@ def read_regions(path: Path, index: faiss.Index, metric: str) -> Regions:
                                   f"centroids {centroids.shape}; the index holds {index.ntotal} × {index.d})")
     if of_position.size and (of_position.min() < 0 or of_position.max() >= centroids.shape[0]):
         raise IndexIntegrityError(f"{path} names a region it does not hold")
-    return Regions(centroids, of_position, metric)
+    regions = Regions(centroids, of_position, metric)
+    regions.members()  # here, not on the first filtered query (~10 ms at 1M)
+    return regions
