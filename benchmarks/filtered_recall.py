@@ -3,6 +3,7 @@
     python -m benchmarks.filtered_recall                          # 1M vectors, HNSW32 and IVF, with Chroma
     python -m benchmarks.filtered_recall --size 100000 --out filtered_recall_100k
     python -m benchmarks.filtered_recall --no-chroma              # shardrag only
+    python -m benchmarks.filtered_recall --no-chroma --hnsw-only --ef-construction 100   # a better-linked graph
 
 The data: ``--size`` vectors grown from the 10k real MiniLM passage vectors (msmarco + dbpedia)
 by ``index_shards.synthetic.synthesize`` (as benchmarks/scale.py), 40 real queries (20 of each
@@ -19,8 +20,8 @@ nprobe 32 — the breadths at which unfiltered recall@10 is ≥ 0.95 over these 
 
 Chroma 1.5.9 (``--chroma-python``: a virtualenv's interpreter holding it, as for
 benchmarks/collections_memory.py), embedded, in its own process: the same vectors and metadata
-in one collection (HNSW, inner product, M 32, construction_ef 40 — FAISS's efConstruction, which our
-HNSW32 is built with — and our ``--ef-search``), the same queries under the same filters written as
+in one collection (HNSW, inner product, M 32, construction_ef as our HNSW32's — FAISS's 40 unless
+``--ef-construction`` says otherwise — and our ``--ef-search``), the same queries under the same filters written as
 Chroma ``where`` clauses. Like with like: both single-process, in-process
 calls, one query at a time, on this machine. JSON: benchmarks/results/<out>.json.
 """
@@ -94,10 +95,12 @@ def summarize(label: tuple[str, float], rows: list[tuple[float, float]]) -> dict
 
 
 def run_shardrag(work: Path, factory: str, knobs: dict[str, int], vectors: np.ndarray, topics: TopicFilters,
-                 queries: np.ndarray, plans: list, tops: list, version: Any) -> dict[str, Any]:
+                 queries: np.ndarray, plans: list, tops: list, version: Any,
+                 ef_construction: int | None = None) -> dict[str, Any]:
     documents = [Document(f"d{i}", "", "", topics.metadata(i)) for i in range(len(vectors))]
     started = time.perf_counter()
-    build_collection(work, documents, vectors, version, BuildConfig("bench", 1, factory=factory), show_progress=True)
+    build_collection(work, documents, vectors, version,
+                     BuildConfig("bench", 1, factory=factory, ef_construction=ef_construction), show_progress=True)
     build_s = time.perf_counter() - started
     directory, _ = resolve_version(work, "bench")
     shard = Shard.load(shard_dir(directory, 0), device="cpu")
@@ -122,6 +125,7 @@ def run_shardrag(work: Path, factory: str, knobs: dict[str, int], vectors: np.nd
         for (label, _), filter_, want in zip(plan[1:], filters[1:], top[1:], strict=True):
             timed(query, label, filter_, want)
     return {"factory": factory, "knobs": knobs, "build_s": round(build_s, 1), "plans": dict(shard.filter_plans),
+            **({"ef_construction": ef_construction} if ef_construction is not None else {}),
             "cells": [summarize(label, r) for label, r in rows.items()]}
 
 
@@ -149,7 +153,8 @@ def run_chroma(python: str, work: Path, vectors: np.ndarray, topics: TopicFilter
 
 def report(runs: list[dict[str, Any]]) -> None:
     for run in runs:
-        print(f"\n{run['factory']} {run.get('knobs', '')}  build/add {run.get('build_s', run.get('add_s'))} s")
+        breadth = f" efConstruction {run['ef_construction']}" if "ef_construction" in run else ""
+        print(f"\n{run['factory']}{breadth} {run.get('knobs', '')}  build/add {run.get('build_s', run.get('add_s'))} s")
         print(f"  {'filter':>22} {'recall':>7} {'min':>5} {'p50 ms':>8} {'p99 ms':>8} {'QPS':>8}")
         for c in run["cells"]:
             print(f"  {c['kind'] + ' ' + str(c['selectivity']):>22} {c['recall_mean']:7.3f} {c['recall_min']:5.1f} "
@@ -178,8 +183,11 @@ def main() -> None:
     parser.add_argument("--chroma-python", default=".venv-chroma/bin/python",
                         help="the interpreter of a virtualenv holding chromadb==1.5.9")
     parser.add_argument("--no-chroma", action="store_true", help="shardrag only")
-    parser.add_argument("--chroma-ef-construction", type=int, default=40,
-                        help="Chroma's construction_ef (default 40: FAISS's efConstruction, which our HNSW32 uses)")
+    parser.add_argument("--ef-construction", type=int, default=None,
+                        help="HNSW32's build breadth (default FAISS's 40)")
+    parser.add_argument("--hnsw-only", action="store_true", help="skip the IVF shard")
+    parser.add_argument("--chroma-ef-construction", type=int, default=None,
+                        help="Chroma's construction_ef (default: HNSW32's, --ef-construction or 40)")
     parser.add_argument("--out", default="filtered_recall", help="results name under benchmarks/results")
     args = parser.parse_args()
     corpus = load_corpus()
@@ -192,10 +200,12 @@ def main() -> None:
     nlist = 1 << round(math.log2(4 * math.sqrt(args.size)))
     runs: list[dict[str, Any]] = []
     results: dict[str, Any] = {"machine": machine_info(), "size": args.size, "queries": QUERIES, "k": K, "runs": runs}
-    for factory, knobs in (("HNSW32", {"ef_search": args.ef_search}), (f"IVF{nlist},Flat", {"nprobe": args.nprobe})):
+    factories = [("HNSW32", {"ef_search": args.ef_search})] + \
+        ([] if args.hnsw_only else [(f"IVF{nlist},Flat", {"nprobe": args.nprobe})])
+    for factory, knobs in factories:
         with tempfile.TemporaryDirectory(prefix="shardrag-filtered-") as work:
             runs.append(run_shardrag(Path(work), factory, knobs, vectors, topics, queries, plans, tops,
-                                     corpus.version))
+                                     corpus.version, args.ef_construction if factory.startswith("HNSW") else None))
         write_result(args.out, results)
     if not args.no_chroma:
         if not Path(args.chroma_python).exists():
@@ -203,7 +213,7 @@ def main() -> None:
                      "chromadb==1.5.9 numpy (or --no-chroma)")
         with tempfile.TemporaryDirectory(prefix="shardrag-filtered-chroma-") as work:
             runs.append(run_chroma(args.chroma_python, Path(work), vectors, topics, queries, plans, tops,
-                                   args.ef_search, args.chroma_ef_construction))
+                                   args.ef_search, args.chroma_ef_construction or args.ef_construction or 40))
         write_result(args.out, results)
     report(runs)
     print(f"\nwrote benchmarks/results/{args.out}.json")

@@ -68,6 +68,7 @@ class CollectionSpec:
     partitioner: str = "hash"
     tenant_field: str | None = None  # the payload field a tenant-scoped key is confined to
     lexical_language: str = "english"  # how lexical and hybrid search analyse its texts (retrieval.analysis)
+    ef_construction: int | None = None  # HNSW factories: the graph's build breadth (None: FAISS's 40)
     quotas: Quotas = field(default_factory=Quotas)
     placement: tuple[tuple[str, ...], ...] = ()  # shard → the node ids holding its replicas
     uid: str = ""
@@ -88,6 +89,7 @@ class CollectionSpec:
                 "version": self.version, "shards": self.shards, "replicas": self.replicas,
                 "factory": self.factory, "partitioner": self.partitioner,
                 "tenant_field": self.tenant_field, "lexical_language": self.lexical_language,
+                "ef_construction": self.ef_construction,
                 "quotas": self.quotas.to_dict(), "placement": [list(p) for p in self.placement],
                 "uid": self.uid, "created_at": self.created_at, "versions": [dict(v) for v in self.versions],
                 "retired": list(self.retired)}
@@ -101,6 +103,7 @@ class CollectionSpec:
                    factory=str(data.get("factory", "Flat")), partitioner=str(data.get("partitioner", "hash")),
                    tenant_field=data.get("tenant_field"),
                    lexical_language=str(data.get("lexical_language", "english")),
+                   ef_construction=int(data["ef_construction"]) if data.get("ef_construction") is not None else None,
                    quotas=Quotas(int(quotas.get("max_documents", 0)), float(quotas.get("max_rps", 0.0))),
                    placement=tuple(tuple(p) for p in data.get("placement", ())),
                    uid=str(data.get("uid", "")), created_at=float(data.get("created_at", 0.0)),

@@ -34,7 +34,7 @@ from retrieval.analysis import DEFAULT_LANGUAGE, check_language
 from retrieval.atomic import fsync_dir, fsync_tree
 from retrieval.encoders import Encoder, encode_documents
 from retrieval.errors import BuildError, ConfigError, IndexIntegrityError
-from retrieval.types import DocId, Document, EmbeddingVersion
+from retrieval.types import DocId, Document, EmbeddingVersion, check_ef_construction
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class BuildConfig:
     source_seqs: tuple[int, ...] | None = None  # ... and the seq each of its shards was read at
     partition_field: str | None = None  # a tenant field: searches pinned to one value score only its documents
     lexical_language: str = DEFAULT_LANGUAGE  # how the lexical leg analyses the texts (retrieval.analysis)
+    ef_construction: int | None = None  # HNSW factories: candidates kept while linking (None: FAISS's 40)
 
     def validate(self) -> None:
         if not self.collection or "/" in self.collection or self.collection.startswith("."):
@@ -60,6 +61,7 @@ class BuildConfig:
         metric_code(self.metric)
         make_partitioner(self.partitioner)
         check_language(self.lexical_language)
+        check_ef_construction(self.ef_construction)
 
 
 def build_collection(
@@ -115,6 +117,7 @@ def build_collection(
                 sha256_file(shard_dir(staging, m.shard_id) / SHARD_MANIFEST) for m in shard_manifests
             ),
             lexical_language=config.lexical_language,
+            ef_construction=config.ef_construction,
         )
         collection.write(staging)  # last: its presence marks the version complete
         fsync_tree(staging)
@@ -138,7 +141,7 @@ def _build_shard(
 ) -> ShardManifest:
     directory.mkdir(parents=True)
     try:
-        index = build_index(vectors, int_ids, config.factory, config.metric)
+        index = build_index(vectors, int_ids, config.factory, config.metric, ef_construction=config.ef_construction)
     except BuildError as exc:
         raise BuildError(f"shard {shard_id}: {exc.message}", shard=shard_id) from exc
     write_index(index, directory / INDEX_FILE)
@@ -157,6 +160,7 @@ def _build_shard(
         files={name: FileEntry.of(directory / name) for name in files},
         source_version=config.source_version, source_seqs=config.source_seqs,
         partition_field=config.partition_field, lexical_language=config.lexical_language,
+        ef_construction=config.ef_construction,
     )
     manifest.write(directory)
     return manifest

@@ -145,6 +145,7 @@ def write_base(wal_dir: Path, build: Shard, documents: Iterable[StoredDocument],
             embedding_version=template.embedding_version, metric=template.metric, factory=template.factory,
             count=len(docs), partitioner=template.partitioner, centroid=template.centroid,
             partition_field=template.partition_field, lexical_language=template.lexical_language,
+            ef_construction=template.ef_construction,
             files={name: FileEntry.of(staging / name) for name in (INDEX_FILE, DOCSTORE_FILE, SEQS_FILE,
                                                                    WRITTEN_FILE, BARE_FILE, *regions)})
         manifest.write(staging)  # last inside the directory, as a build does
@@ -175,7 +176,7 @@ def _base_index(build: Shard, int_ids: np.ndarray, is_written: np.ndarray, writt
     if len(kept_build_ids):
         matrix[~is_written] = build.filtered.vectors(kept_build_ids)
     matrix[is_written] = written
-    return build_index(matrix, int_ids, factory, metric)
+    return build_index(matrix, int_ids, factory, metric, ef_construction=build.manifest.ef_construction)
 
 
 def read_written(base_dir: Path) -> WrittenVectors | None:

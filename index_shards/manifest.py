@@ -65,6 +65,9 @@ class ShardManifest:
     partition_field: str | None = None
     # how the lexical leg analyses this collection's texts (retrieval.analysis): one per collection
     lexical_language: str = DEFAULT_LANGUAGE
+    # an HNSW factory's efConstruction where the build set one (None: FAISS's 40); a compaction
+    # that rebuilds the graph builds it with the same
+    ef_construction: int | None = None
 
     @property
     def dim(self) -> int:
@@ -89,6 +92,7 @@ class ShardManifest:
                if self.source_version is not None else {}),
             **({"partition_field": self.partition_field} if self.partition_field is not None else {}),
             **({"lexical_language": self.lexical_language} if self.lexical_language != DEFAULT_LANGUAGE else {}),
+            **({"ef_construction": self.ef_construction} if self.ef_construction is not None else {}),
         }
 
     @classmethod
@@ -116,6 +120,7 @@ class ShardManifest:
             else None,
             partition_field=str(data["partition_field"]) if data.get("partition_field") is not None else None,
             lexical_language=str(data.get("lexical_language", DEFAULT_LANGUAGE)),
+            ef_construction=_int_or_none(data.get("ef_construction")),
         )
 
     def write(self, directory: Path) -> None:
@@ -178,6 +183,7 @@ class CollectionManifest:
     created_at: float = field(default_factory=time.time)
     format: int = FORMAT
     lexical_language: str = DEFAULT_LANGUAGE  # its shards' (ShardManifest.lexical_language)
+    ef_construction: int | None = None  # its shards' (ShardManifest.ef_construction)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -192,6 +198,7 @@ class CollectionManifest:
             "shard_manifest_sha256": list(self.shard_manifest_sha256),
             "created_at": self.created_at,
             **({"lexical_language": self.lexical_language} if self.lexical_language != DEFAULT_LANGUAGE else {}),
+            **({"ef_construction": self.ef_construction} if self.ef_construction is not None else {}),
         }
 
     @classmethod
@@ -209,6 +216,7 @@ class CollectionManifest:
             shard_manifest_sha256=tuple(str(x) for x in data["shard_manifest_sha256"]),
             created_at=float(data.get("created_at", 0.0)),
             lexical_language=str(data.get("lexical_language", DEFAULT_LANGUAGE)),
+            ef_construction=_int_or_none(data.get("ef_construction")),
         )
 
     def write(self, directory: Path) -> None:
@@ -222,3 +230,7 @@ def read_collection_manifest(directory: str | Path) -> CollectionManifest:
         return CollectionManifest.from_dict(data)
     except (KeyError, TypeError, ValueError) as exc:
         raise IndexIntegrityError(f"{path} is malformed: {exc!r}") from exc
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if value is not None else None

@@ -198,7 +198,8 @@ class Node:
                                  BuildConfig(spec.name, num_shards=spec.shards, partitioner=spec.partitioner,
                                              factory=spec.factory, metric=spec.metric,
                                              partition_field=spec.tenant_field,
-                                             lexical_language=spec.lexical_language), show_progress=False)
+                                             lexical_language=spec.lexical_language,
+                                             ef_construction=spec.ef_construction), show_progress=False)
 
     def _remove_retired(self, spec: CollectionSpec) -> None:
         """The files of the versions a rollout retired, once no replica here holds them (the

@@ -67,7 +67,7 @@ class VersionSlot:
             source_version=build.source_version, source_seqs=build.source_seqs,
             lexical_index=self.shard.lexicon_state, lexical_index_bytes=lexicon_bytes,
             lexical_index_build_s=self.shard.lexicon_build_s if lexicon_bytes is not None else None,
-            lexical_language=m.lexical_language)
+            lexical_language=m.lexical_language, ef_construction=m.ef_construction)
 
 
 def load_base(directory: Path, build: Shard, *, device: str, mmap: bool, filter_exact_max: int | None) -> Shard:

@@ -93,13 +93,14 @@ class ShardragClient:
     def create_collection(self, name: str, *, dim: int | None = None, model: str | None = None, metric: str = "ip",
                           shards: int = 1, replicas: int = 1, factory: str = "Flat", tenant_field: str | None = None,
                           max_documents: int = 0, max_rps: float = 0.0,
-                          lexical_language: str | None = None) -> dict[str, Any]:
+                          lexical_language: str | None = None, ef_construction: int | None = None) -> dict[str, Any]:
         """Create an empty collection (``dim``: vector-only; ``model``: text, embedded by that encoder;
-        ``lexical_language``: how lexical search analyses its texts, default english); answers once
+        ``lexical_language``: how lexical search analyses its texts, default english;
+        ``ef_construction``: an HNSW factory's build breadth, default FAISS's 40); answers once
         every shard's replicas serve it."""
         body = collection_body(dim=dim, model=model, metric=metric, shards=shards, replicas=replicas,
                                factory=factory, tenant_field=tenant_field, max_documents=max_documents,
-                               max_rps=max_rps, lexical_language=lexical_language)
+                               max_rps=max_rps, lexical_language=lexical_language, ef_construction=ef_construction)
         return self._check(self._http.put(collection_path(name), content=_json(body), headers=JSON))
 
     def list_collections(self) -> list[dict[str, Any]]:
@@ -294,10 +295,11 @@ class AsyncShardragClient:
     async def create_collection(self, name: str, *, dim: int | None = None, model: str | None = None,
                                 metric: str = "ip", shards: int = 1, replicas: int = 1, factory: str = "Flat",
                                 tenant_field: str | None = None, max_documents: int = 0,
-                                max_rps: float = 0.0, lexical_language: str | None = None) -> dict[str, Any]:
+                                max_rps: float = 0.0, lexical_language: str | None = None,
+                                ef_construction: int | None = None) -> dict[str, Any]:
         body = collection_body(dim=dim, model=model, metric=metric, shards=shards, replicas=replicas,
                                factory=factory, tenant_field=tenant_field, max_documents=max_documents,
-                               max_rps=max_rps, lexical_language=lexical_language)
+                               max_rps=max_rps, lexical_language=lexical_language, ef_construction=ef_construction)
         response = await self._http.put(collection_path(name), content=_json(body), headers=JSON)
         return check(response.status_code, response.content, response.headers)
 

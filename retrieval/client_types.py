@@ -86,12 +86,12 @@ def scroll_body(*, filter: dict[str, Any] | None, limit: int, offset: str | None
 def collection_body(*, dim: int | None = None, model: str | None = None, metric: str = "ip", shards: int = 1,
                     replicas: int = 1, factory: str = "Flat", tenant_field: str | None = None,
                     max_documents: int = 0, max_rps: float = 0.0,
-                    lexical_language: str | None = None) -> dict[str, Any]:
+                    lexical_language: str | None = None, ef_construction: int | None = None) -> dict[str, Any]:
     """``PUT /v1/collections/{name}``'s body: exactly one of ``dim`` (vector-only) and ``model``."""
     body: dict[str, Any] = {"metric": metric, "shards": shards, "replicas": replicas, "factory": factory,
                             "quotas": {"max_documents": max_documents, "max_rps": max_rps}}
     for name, value in (("dim", dim), ("model", model), ("tenant_field", tenant_field),
-                        ("lexical_language", lexical_language)):
+                        ("lexical_language", lexical_language), ("ef_construction", ef_construction)):
         if value is not None:
             body[name] = value
     return body

@@ -192,6 +192,7 @@ class VersionInfo:
     lexical_index_bytes: int | None = None  # built: its arrays' size
     lexical_index_build_s: float | None = None  # built: how long building it took
     lexical_language: str | None = None  # how the lexical leg analyses its texts (None: english)
+    ef_construction: int | None = None  # an HNSW factory's build breadth where its build set one (None: FAISS's 40)
 
     @property
     def ready(self) -> bool:
@@ -211,7 +212,7 @@ class VersionInfo:
             out["load_s"] = self.load_s
         for name in ("applied_seq", "segment", "tombstones", "search_defaults", "last_term", "last_checksum",
                      "source_version", "lexical_index", "lexical_index_bytes", "lexical_index_build_s",
-                     "lexical_language"):
+                     "lexical_language", "ef_construction"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         if self.source_seqs is not None:
@@ -240,6 +241,7 @@ class VersionInfo:
             lexical_index_bytes=_int_or_none(data.get("lexical_index_bytes")),
             lexical_index_build_s=_float_or_none(data.get("lexical_index_build_s")),
             lexical_language=data.get("lexical_language"),
+            ef_construction=_int_or_none(data.get("ef_construction")),
         )
 
 

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NewType
 
+from retrieval.errors import ConfigError
+
 DocId = NewType("DocId", str)
 """A document's id as the user gave it (a string, kept as a string end to end)."""
 
@@ -115,3 +117,17 @@ class EmbeddingVersion:
         if stated is not None and stated != version.id:
             raise ValueError(f"embedding version id {stated!r} does not match its fields ({version.id!r})")
         return version
+
+
+# The build breadth of an HNSW graph (FAISS's efConstruction: candidates kept while linking each
+# vector) that a build or a created collection accepts — below 4 a graph barely links, above 4,096
+# a shard of a million vectors takes hours. None everywhere means FAISS's own 40.
+EF_CONSTRUCTION_RANGE = (4, 4096)
+
+
+def check_ef_construction(value: int | None, *, field: str = "ef_construction") -> int | None:
+    """``value`` if it is None or within :data:`EF_CONSTRUCTION_RANGE`, else a ConfigError naming ``field``."""
+    low, high = EF_CONSTRUCTION_RANGE
+    if value is not None and not low <= value <= high:
+        raise ConfigError(f"{field} must be between {low} and {high}, got {value}", field=field)
+    return value

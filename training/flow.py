@@ -3,7 +3,7 @@ one resumable command.
 
     train     DDP on the slices of the active version V (torchrun; resumes from its checkpoint)
     export    the trained transformer as a sentence-transformers checkpoint → version V'
-    build     V' on the same slices (V's documents, shard count, partitioner, factory, metric)
+    build     V' on the same slices (V's documents, shard count, partitioner, factory, metric, ...)
     stage     V' loaded by every replica and the gateway's query encoder (through the gateway)
     activate  once ready everywhere, behind the quality gate: passed → V' serves every query;
               refused → V' is aborted and V keeps serving; the gate's numbers are recorded
@@ -222,7 +222,8 @@ class TrainFlow:
         documents = documents_of_version(self.root, self.collection, self.state.base_version)
         encoder = load_encoder(path)
         config = BuildConfig(collection=self.collection, num_shards=base.num_shards, partitioner=base.partitioner,
-                             factory=base.factory, metric=base.metric, lexical_language=base.lexical_language)
+                             factory=base.factory, metric=base.metric, lexical_language=base.lexical_language,
+                             ef_construction=base.ef_construction)
         manifest = encode_and_build(self.root, documents, encoder, config)
         self._did("build")
         return {"version": version, "count": manifest.count, "shards": manifest.num_shards,

@@ -6,11 +6,11 @@ backup/{shard}``, admin key), each written crash-safe, then the manifest — the
 definition, every shard's cut, the count and the content digest — last. Writes go on meanwhile.
 
 Restore: into a collection that does not exist (made from the backup's definition: dimension,
-metric, model, factory, tenant field, lexical language; shards and replicas as given or as backed
-up) or one that exists empty with the same dimension, metric, model and lexical language. Every
-document is written back with its own vector, title, text and metadata; then the restored
-collection is backed up in memory and its digest compared with the manifest's: the restore fails
-loudly if they differ.
+metric, model, factory and its ef_construction, tenant field, lexical language; shards and
+replicas as given or as backed up) or one that exists empty with the same dimension, metric,
+model and lexical language. Every document is written back with its own vector, title, text and
+metadata; then the restored collection is backed up in memory and its digest compared with the
+manifest's: the restore fails loudly if they differ.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def _prepare(client: Any, args: argparse.Namespace, definition: dict[str, Any]) 
                  "replicas": args.replicas or int(definition.get("replicas", 1)),
                  "metric": definition["metric"], "factory": definition.get("factory", "Flat"),
                  "tenant_field": definition.get("tenant_field"),
-                 "lexical_language": definition.get("lexical_language")}  # None: a backup from before it
+                 "lexical_language": definition.get("lexical_language"),  # None: a backup from before it
+                 "ef_construction": definition.get("ef_construction")}
         if definition.get("model"):
             client.create_collection(args.collection, model=definition["model"], **shape)
         else:

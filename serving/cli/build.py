@@ -36,6 +36,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 0
     shards, partitioner, factory, metric = args.shards, args.partitioner, args.factory or "Flat", args.metric
     language = args.lexical_language or DEFAULT_LANGUAGE
+    ef_construction = args.ef_construction
     built_from: tuple[str | None, tuple[int, ...] | None] = (None, None)
     if args.corpus:
         corpus = Path(args.corpus)
@@ -57,13 +58,15 @@ def cmd_build(args: argparse.Namespace) -> int:
         shards = existing.num_shards
         partitioner = existing.partitioner if args.partitioner is None else partitioner
         factory, metric = args.factory or existing.factory, existing.metric  # --factory: a new structure
+        if ef_construction is None and args.factory is None:
+            ef_construction = existing.ef_construction  # the same structure, built as it was
         language = args.lexical_language or existing.lexical_language
         source = f"{collection} @ {existing.embedding_version.id}"
     if args.max_docs:
         documents = documents[: args.max_docs]
     config = BuildConfig(collection=collection, num_shards=shards, partitioner=partitioner or "hash",
                          factory=factory, metric=metric, overwrite=args.overwrite, source_version=built_from[0],
-                         source_seqs=built_from[1], lexical_language=language)
+                         source_seqs=built_from[1], lexical_language=language, ef_construction=ef_construction)
     config.validate()
     print(f"{len(documents)} documents from {source}", file=sys.stderr)
     manifest = encode_and_build(root_of(args), documents, make_encoder(args), config)

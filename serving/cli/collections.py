@@ -33,6 +33,10 @@ def add_collections_command(commands: Any) -> None:
     create.add_argument("--shards", type=int, default=1, help="slices of the index (default 1)")
     create.add_argument("--replicas", type=int, default=1, help="copies of each slice, on distinct nodes (default 1)")
     create.add_argument("--factory", default="Flat", help="Flat (exact, default) or HNSW<M>, e.g. HNSW32")
+    create.add_argument("--ef-construction", type=int, default=None, metavar="N",
+                        help="HNSW only: candidates kept while linking each vector when a compaction builds the "
+                             "graph, 4-4096 (default FAISS's 40; 100 recalled 0.938 against 0.895 at 1M vectors "
+                             "and ef_search 256, building ~1.4x slower)")
     create.add_argument("--tenant-field", default=None,
                         help="payload field holding each document's tenant: keys with tenant=T see only T's")
     create.add_argument("--lexical-language", default=None, metavar="LANGUAGE",
@@ -58,7 +62,8 @@ def cmd_collections(args: argparse.Namespace) -> int:
             answer: Any = client.create_collection(
                 args.name, dim=args.dim, model=args.model, metric=args.metric, shards=args.shards,
                 replicas=args.replicas, factory=args.factory, tenant_field=args.tenant_field,
-                max_documents=args.max_documents, max_rps=args.max_rps, lexical_language=args.lexical_language)
+                max_documents=args.max_documents, max_rps=args.max_rps, lexical_language=args.lexical_language,
+                ef_construction=args.ef_construction)
             summary = (f"created {answer['name']}: {answer['dim']} dims, {answer['shards']} shard(s) × "
                        f"{answer['replicas']} replica(s) on {sorted({n for g in answer['placement'] for n in g})}")
         elif args.action == "list":

@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Path, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from clusterstate.collections import NAME_PATTERN, CollectionSpec, Quotas, vector_version
@@ -39,6 +39,7 @@ from httpkit.auth import SCOPE_KEY, ApiKey
 from httpkit.responses import EVENT_STREAM, json_response
 from retrieval.analysis import DEFAULT_LANGUAGE, languages
 from retrieval.errors import Forbidden, InvalidRequest, NotFound
+from retrieval.types import EF_CONSTRUCTION_RANGE
 from serving.answer.service import AnswerRequest, RetrieveFn
 from serving.gateway.api_models import QueryRequest
 from serving.gateway.collection_rollout import add_collection_rollout_routes
@@ -91,6 +92,11 @@ class CollectionCreate(BaseModel):
     factory: str = Field("Flat", pattern=r"^(Flat|HNSW(4|8|16|24|32|48|64))$",
                          description="FAISS index: Flat (exact) or HNSW<M> — kinds a collection that starts "
                                      "empty can hold without training")
+    ef_construction: int | None = Field(None, ge=EF_CONSTRUCTION_RANGE[0], le=EF_CONSTRUCTION_RANGE[1],
+                                        description="HNSW factories only: candidates kept while linking each "
+                                                    "vector into the graph when a compaction builds it — larger "
+                                                    "recalls more at the same ef_search and builds more slowly "
+                                                    "(default FAISS's 40)")
     partitioner: Literal["hash"] = Field("hash", description="how ids map to shards")
     tenant_field: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$",
                                      description="payload field holding each document's tenant (tenant-scoped keys)")
@@ -106,6 +112,14 @@ class CollectionCreate(BaseModel):
     def _known_language(cls, value: str) -> str:
         if value not in languages():
             raise PydanticCustomError("lexical_language", f"lexical_language must be one of {', '.join(languages())}")
+        return value
+
+    @field_validator("ef_construction")
+    @classmethod
+    def _hnsw_only(cls, value: int | None, info: ValidationInfo) -> int | None:
+        factory = str(info.data.get("factory", ""))  # declared before it: already validated (absent if invalid)
+        if value is not None and not factory.startswith("HNSW"):
+            raise PydanticCustomError("ef_construction", f"ef_construction applies to HNSW factories, not {factory!r}")
         return value
 
     @model_validator(mode="after")
@@ -172,7 +186,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
         spec = CollectionSpec(name=name, dim=int(version["dim"]), metric=body.metric, model=body.model,
                               version=version if body.model else None, shards=body.shards, replicas=body.replicas,
                               factory=body.factory, partitioner=body.partitioner, tenant_field=body.tenant_field,
-                              lexical_language=body.lexical_language,
+                              lexical_language=body.lexical_language, ef_construction=body.ef_construction,
                               quotas=Quotas(body.quotas.max_documents, body.quotas.max_rps))
         collections = gateway().collections
         placed = await asyncio.to_thread(collections.collections.create, spec)

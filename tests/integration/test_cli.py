@@ -45,6 +45,14 @@ def test_build_serve_query_and_ctrl_c(tmp_path):
 
     bad = run(["build", "--corpus", str(tmp_path / "missing.jsonl"), "--root", str(root)])
     assert bad.returncode == 2 and "does not exist" in bad.stderr
+    graph = run(["build", "--corpus", str(data_dir() / "msmarco"), "--root", str(root), "--shards", "1",
+                 "--max-docs", "60", "--collection", "graph", "--factory", "HNSW16", "--ef-construction", "48"])
+    assert graph.returncode == 0, graph.stderr
+    graph_dir = Path(json.loads(graph.stdout)["path"])
+    assert json.loads((graph_dir / "shard-0" / "manifest.json").read_text())["ef_construction"] == 48
+    narrow = run(["build", "--corpus", str(data_dir() / "msmarco"), "--root", str(root), "--collection", "narrow",
+                  "--factory", "HNSW16", "--ef-construction", "2"])
+    assert narrow.returncode == 2 and "ef_construction must be between 4 and 4096" in narrow.stderr
 
     busy = socket.socket()  # a port someone else holds: the gateway must take another one
     busy.bind(("127.0.0.1", 0))

@@ -1,7 +1,8 @@
 """``POST /v1/collections/{name}/tune`` on a real local cluster (issue 35: tune under
 /v1/collections/{name}/…): an HNSW collection of clustered vectors on two nodes, 2 shards × 2
-replicas. Before its first compaction there is nothing in the bases to measure (422 naming why);
-compacted, the tune measures the replicas, picks an ef_search whose recall meets the target,
+replicas, its graphs linked with the ef_construction it was created with (one that does not
+apply is a 422 naming it). Before its first compaction there is nothing in the bases to measure
+(422 naming why); compacted, the tune measures the replicas, picks an ef_search whose recall meets the target,
 every replica serves with it, queries without a knob get that recall, and a node killed and
 restarted keeps it. A Flat collection has nothing to tune; a dry run changes nothing."""
 
@@ -53,9 +54,14 @@ def test_a_created_collection_is_tuned_on_its_running_replicas(tmp_path):
     data = clustered(DOCS, 1)
     with LocalCluster(root, "base", replicas=1, gateway=CONFIG, nodes=2, workdir=tmp_path / "work") as cluster, \
             httpx.Client(base_url=cluster.gateway_url, timeout=300) as http:
+        for factory, value, why in (("Flat", 64, "applies to HNSW"), ("HNSW8", 2, "greater than or equal to 4")):
+            refused = http.put("/v1/collections/bad", json={"dim": DIM, "factory": factory, "ef_construction": value})
+            assert refused.status_code == 422 and refused.json()["error"]["field"] == "ef_construction", refused.text
+            assert why in refused.json()["error"]["message"]
         for name, factory in (("hnsw", "HNSW8"), ("flat", "Flat")):
-            created = http.put(f"/v1/collections/{name}", json={"dim": DIM, "shards": 2, "replicas": 2,
-                                                                "factory": factory})
+            created = http.put(f"/v1/collections/{name}", json={
+                "dim": DIM, "shards": 2, "replicas": 2, "factory": factory,
+                **({"ef_construction": 64} if factory != "Flat" else {})})
             assert created.status_code == 201, created.text
             for start in range(0, DOCS, 500):
                 reply = http.post(f"/v1/collections/{name}/documents", json={"documents": [
@@ -70,6 +76,12 @@ def test_a_created_collection_is_tuned_on_its_running_replicas(tmp_path):
             for shard in http.get(f"/v1/collections/{name}").json()["shard_replicas"]:
                 for url in shard["replicas"]:
                     assert httpx.post(f"{url}/admin/compact", timeout=120).status_code == 200
+        hnsw = http.get("/v1/collections/hnsw").json()
+        assert hnsw["ef_construction"] == 64
+        for shard in hnsw["shard_replicas"]:  # the compacted graphs were linked as the collection says
+            for url in shard["replicas"]:
+                versions = httpx.get(f"{url}/v1/info", timeout=10).json()["versions"]
+                assert [v.get("ef_construction") for v in versions if v["id"] == hnsw["active_version"]] == [64]
 
         flat = http.post("/v1/collections/flat/tune", json={})
         assert flat.status_code == 200 and flat.json()["applied"] is False, flat.text

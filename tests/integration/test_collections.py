@@ -100,6 +100,8 @@ def test_the_cli_and_both_clients_manage_collections(tmp_path):
         assert created.returncode == 0 and "created notes: 8 dims, 2 shard(s)" in created.stdout, created.stderr
         refused = cli("create", "notes", "--dim", "8")
         assert refused.returncode == 2 and "already exists" in refused.stderr
+        flat_breadth = cli("create", "flatter", "--dim", "8", "--ef-construction", "64")
+        assert flat_breadth.returncode == 2 and "ef_construction applies to HNSW" in flat_breadth.stderr
         with ShardragClient(url) as client:
             notes = client.collection("notes")
             batch, vecs = documents(8, 7)
@@ -113,7 +115,8 @@ def test_the_cli_and_both_clients_manage_collections(tmp_path):
 
         async def with_the_async_client() -> None:
             async with AsyncShardragClient(url) as client:
-                await client.create_collection("scratch", dim=3, factory="HNSW16")
+                await client.create_collection("scratch", dim=3, factory="HNSW16", ef_construction=32)
+                assert (await client.get_collection("scratch"))["ef_construction"] == 32
                 scratch = client.collection("scratch")
                 await scratch.upsert([{"id": "a", "vector": [1.0, 0.0, 0.0]}])
                 assert (await scratch.query(vector=[1.0, 0.0, 0.0], k=1))["hits"][0]["doc_id"] == "a"
