@@ -171,15 +171,6 @@ def set_ef_construction(index: faiss.Index, factory: str, value: int) -> None:
         graph.hnsw.efConstruction = value
 
 
-def ef_construction_of(index: faiss.Index) -> int | None:
-    """The ``efConstruction`` the first HNSW graph inside ``index`` was built with (as its file
-    holds it); None for an index without a graph."""
-    for part in index_parts(index):
-        if isinstance(part, faiss.IndexHNSW):
-            return int(part.hnsw.efConstruction)
-    return None
-
-
 def index_parts(index: faiss.Index) -> list[Any]:
     """``index`` and every index inside it, downcast: under an id map or a pre-transform, both
     stages of a refine, an HNSW's storage, an IVF's quantizer. (Typed ``Any``: FAISS's stubs know

@@ -206,7 +206,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
               f"{best.recall:.4f} at {report.knob}={best.value}"
               + (", the --max-value cap); raise the cap, or rebuild" if args.max_value else
                  "); the index itself is the limit: rebuild")
-              + " with more lists, a larger M or finer codes. Nothing written.", file=sys.stderr)
+              + " with more lists, a larger M or --ef-construction (HNSW), or finer codes. Nothing written.",
+              file=sys.stderr)
         return 1
     return _write_choice(args, report, directory)
 

@@ -9,7 +9,7 @@ import pytest
 
 from index_shards import compaction
 from index_shards.build import BuildConfig, build_collection
-from index_shards.faiss_index import FAISS_EF_CONSTRUCTION, ef_construction_of, index_parts, read_index
+from index_shards.faiss_index import FAISS_EF_CONSTRUCTION, index_parts, read_index
 from index_shards.ids import doc_int_id
 from index_shards.layout import COLLECTION_MANIFEST, INDEX_FILE, collection_dir, resolve_version, shard_dir
 from index_shards.manifest import SHARD_MANIFEST
@@ -20,6 +20,11 @@ from retrieval.types import Document, EmbeddingVersion
 
 N, DIM = 4000, 32
 VERSION = EmbeddingVersion("efc", "e" * 64, DIM)
+
+
+def ef_construction_of(index) -> int:
+    """What the first HNSW graph in ``index`` says it was linked with (FAISS writes it in the file)."""
+    return next(int(part.hnsw.efConstruction) for part in index_parts(index) if hasattr(part, "hnsw"))
 
 
 def data(seed: int = 1) -> tuple[list[Document], np.ndarray, np.ndarray]:
