@@ -155,6 +155,7 @@ class ShardTask:
     max_value: int | None = None  # never try the knob above this (a latency budget); None: the full grid
     exact: bool = True  # compute this shard's exact answers (False: the caller brings ground truth to choose())
     rebuild_as: str | None = None  # rebuild the shard's index with this factory (from its stored vectors) first
+    ef_construction: int | None = None  # a rebuilt HNSW graph's breadth: the published version's (None: FAISS's 40)
 
 
 def _higher_better(scores: np.ndarray, metric: str) -> np.ndarray:
@@ -220,7 +221,8 @@ def evaluate_index(index: faiss.Index, factory: str, metric: str, shard_id: int,
         ids = stored_ids(index)
         vectors = stored_vectors(index, ids)
         started = time.perf_counter()  # on the worker's one core: the tasks run side by side
-        index, factory = build_index(vectors, ids, task.rebuild_as, metric), task.rebuild_as
+        breadth = task.ef_construction if "HNSW" in task.rebuild_as.upper() else None  # as the published graph
+        index, factory = build_index(vectors, ids, task.rebuild_as, metric, ef_construction=breadth), task.rebuild_as
         build_s, rebuilt = time.perf_counter() - started, True
     knob = knob_of(index)
     values = [v for v in knob[1] if task.max_value is None or v <= task.max_value] if knob else []

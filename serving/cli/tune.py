@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from index_shards.layout import resolve_version, shard_dir
-from index_shards.manifest import read_shard_manifest
+from index_shards.manifest import CollectionManifest, read_shard_manifest
 from index_shards.search_defaults import SearchDefaults, read_search_defaults, write_search_defaults
 from index_shards.tuning import (
     ShardTask,
@@ -86,8 +86,9 @@ def run_tuning(args: argparse.Namespace, runner: Runner) -> tuple[TuneReport, Pa
 
 
 def run_rebuild(args: argparse.Namespace, runner: Runner) -> tuple[list[StructureReport], StructureReport | None,
-                                                                   Path, str]:
-    """Every candidate structure built in the workers from each shard's stored vectors and tuned."""
+                                                                   Path, CollectionManifest]:
+    """Every candidate structure built in the workers from each shard's stored vectors and tuned
+    (an HNSW candidate linked with the published version's ``ef_construction``, like with like)."""
     directory, manifest = resolve_version(root_of(args), args.collection, args.version)
     shards = [str(shard_dir(directory, i)) for i in range(manifest.num_shards)]
     min_count = min(read_shard_manifest(d).count for d in shards)
@@ -97,12 +98,13 @@ def run_rebuild(args: argparse.Namespace, runner: Runner) -> tuple[list[Structur
           f"≥{min_count:,} vectors) as {len(factories)} structures ({', '.join(factories)}), each tuned on {source}, "
           f"recall@{args.k} target {args.recall}", file=sys.stderr, flush=True)
     tasks = [(ShardTask(d, queries, exclude, args.k, args.max_value, exact=factory == factories[0],
-                        rebuild_as=factory),) for factory in factories for d in shards]
+                        rebuild_as=factory, ef_construction=manifest.ef_construction),)
+             for factory in factories for d in shards]
     results: list[ShardTuning] = runner(evaluate_shard, tasks)
     by_factory = {factory: results[i * len(shards):(i + 1) * len(shards)] for i, factory in enumerate(factories)}
     tune_rows, holdout_rows = split_holdout(len(queries), args.holdout, args.seed)
     reports, best = choose_structure(by_factory, args.recall, args.k, tune_rows, holdout_rows)
-    return reports, best, directory, manifest.factory
+    return reports, best, directory, manifest
 
 
 def print_structures(reports: list[StructureReport], best: StructureReport | None) -> None:
@@ -213,7 +215,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _rebuild(args: argparse.Namespace, runner: Runner) -> int:
-    reports, best, directory, published = run_rebuild(args, runner)
+    reports, best, directory, manifest = run_rebuild(args, runner)
+    published = manifest.factory
     print_structures(reports, best)
     if args.json:
         Path(args.json).write_text(json.dumps({"structures": [
@@ -236,7 +239,8 @@ def _rebuild(args: argparse.Namespace, runner: Runner) -> int:
               + f" ({chosen.qps:.0f} QPS per replica at c=1; the published {published}: {_best_of(reports[0])}). "
               "A published version's files never change: build it, then tune that build —\n"
               f"  shardrag build --collection {args.collection}{root} --from-version {directory.name} "
-              f"--factory '{best.factory}' --overwrite    # plus --model DIR if this version's encoder is not "
+              f"--factory '{best.factory}'{_breadth(manifest, best.factory)} --overwrite    # plus --model DIR if "
+              "this version's encoder is not "
               "the default; replicas pick it up when they load the version again\n"
               f"  shardrag tune --collection {args.collection}{root} --recall {args.recall}\nNothing written.")
         return 0
@@ -245,6 +249,13 @@ def _rebuild(args: argparse.Namespace, runner: Runner) -> int:
               f"{args.recall}. Nothing to write.")
         return 0
     return _write_choice(args, best.report, directory)
+
+
+def _breadth(manifest: CollectionManifest, factory: str) -> str:
+    """The build flag that keeps the published graph's breadth for an HNSW ``factory`` (``--factory``
+    alone would build it with FAISS's 40, as the candidates were not)."""
+    wanted = manifest.ef_construction is not None and "HNSW" in factory.upper()
+    return f" --ef-construction {manifest.ef_construction}" if wanted else ""
 
 
 def _best_of(structure: StructureReport) -> str:

@@ -15,7 +15,9 @@ from index_shards.layout import COLLECTION_MANIFEST, INDEX_FILE, collection_dir,
 from index_shards.manifest import SHARD_MANIFEST
 from index_shards.segment import StoredDocument
 from index_shards.shard import Shard
+from index_shards.tuning import ShardTask, evaluate_shard
 from retrieval.errors import ConfigError
+from retrieval.tuning_choice import per_query_recall
 from retrieval.types import Document, EmbeddingVersion
 
 N, DIM = 4000, 32
@@ -107,3 +109,23 @@ def test_a_breadth_that_does_not_apply_is_refused_and_nothing_is_published(tmp_p
     assert refused.value.field == "ef_construction"
     base = collection_dir(tmp_path, "c")
     assert not base.exists() or not any(base.iterdir())  # no version, no staging left
+
+
+def test_a_tune_rebuild_links_its_hnsw_candidates_as_the_published_graph(tmp_path):
+    """``shardrag tune --rebuild`` rebuilds each candidate from the shard's vectors: an HNSW one
+    with the published version's breadth (the task carries it), not FAISS's — here a deliberately
+    poor 4, which the candidate's recall at a small ef_search shows."""
+    shard = build(tmp_path, "HNSW16", 4)
+    queries = data()[2][:100]
+    exclude = np.full(len(queries), -1, dtype=np.int64)
+
+    def smallest_ef_recall(breadth: int | None) -> float:
+        result = evaluate_shard(ShardTask(str(shard.directory), queries, exclude, 10, max_value=10,
+                                          rebuild_as="HNSW8", ef_construction=breadth))
+        assert result.factory == "HNSW8" and result.values[0] == 8 and result.build_s > 0
+        return float(per_query_recall(result.ids[0][:, :10], result.exact_ids[:, :10]).mean())
+
+    assert smallest_ef_recall(4) < smallest_ef_recall(None) - 0.15
+    flat = evaluate_shard(ShardTask(str(shard.directory), queries, exclude, 10, max_value=10,
+                                    rebuild_as="IVF16,Flat", ef_construction=4))  # no graph: the breadth is not for it
+    assert flat.factory == "IVF16,Flat"
