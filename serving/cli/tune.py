@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from retrieval.errors import ConfigError, InvalidRequest
 from retrieval.tuning_choice import ShardTuning, TuneReport, choose, split_holdout
 from serving.cli.common import root_of
 from serving.cli.task_runners import Runner, local_runner, ray_runner
+from serving.cli.tune_report import best_of, breadth_flag, plot_frontier, print_report, print_structures
 
 
 def _query_vectors(args: argparse.Namespace, version_id: str) -> np.ndarray:
@@ -107,75 +107,6 @@ def run_rebuild(args: argparse.Namespace, runner: Runner) -> tuple[list[Structur
     return reports, best, directory, manifest
 
 
-def print_structures(reports: list[StructureReport], best: StructureReport | None) -> None:
-    print(f"\n{'structure':18} {'build s':>8} {'index MiB':>10} {'knob':>14} {'recall@k':>9} {'95% low':>8} "
-          f"{'held-out':>8} {'QPS(c=1)':>9}")
-    for structure in reports:
-        report, chosen = structure.report, structure.report.chosen
-        build = f"{structure.build_s:8.1f}" if structure.build_s else f"{'(built)':>8}"
-        if not report.candidates:  # every value of its knob is above --max-value
-            print(f"{structure.factory:18} {build} {structure.index_bytes / 2**20:10.1f} "
-                  f"{'(over --max-value)':>14}")
-            continue
-        shown = chosen or max(report.candidates, key=lambda c: c.recall)  # the best it did, when it missed
-        knob = f"{report.knob}={shown.value}" if report.knob else "exact"
-        held = f"{shown.holdout_recall:8.4f}" if shown.holdout_recall is not None else f"{'-':>8}"
-        mark = "  <- chosen" if structure is best else ("" if chosen else "  (misses the target)")
-        print(f"{structure.factory:18} {build} {structure.index_bytes / 2**20:10.1f} {knob:>14} {shown.recall:9.4f} "
-              f"{shown.recall_low:8.4f} {held} {shown.qps:9.0f}{mark}")
-    print("\nper structure: the cheapest knob value that meets the target (or its best, when none does); build s "
-          "on one core, the slowest shard; QPS one query at a time, the slowest shard's rate")
-
-
-def print_report(report: TuneReport) -> None:
-    if report.knob is None:
-        print(f"{report.factory} is an exact index: there is nothing to tune (recall is 1.0 at any setting).")
-        return
-    print(f"\n{report.knob:>9}  recall@{report.k}  95% low  held-out   QPS(c=1)  pareto")
-    for c in report.candidates:
-        mark = "  <- chosen" if report.chosen and c.value == report.chosen.value else ""
-        held = f"{c.holdout_recall:8.4f}" if c.holdout_recall is not None else "       -"
-        print(f"{c.value:>9}  {c.recall:9.4f}  {c.recall_low:7.4f}  {held}  {c.qps:9.0f}  "
-              f"{'yes' if c.pareto else '':>6}{mark}")
-    print(f"\n{report.tune_queries} tuning queries, {report.holdout_queries} held out; QPS: one query at a time "
-          "on one core, the slowest shard's rate (a fan-out waits for it)")
-    if report.lossy:
-        print(f"note: {report.factory} stores compressed codes; recall is measured against the decoded vectors "
-              "(the probe's recall), not the original embeddings")
-
-
-def plot_frontier(report: TuneReport, path: Path, others: Sequence[TuneReport] = ()) -> bool:
-    """Recall vs QPS as a PNG (needs matplotlib: pip install 'shardrag[bench]'); ``others``: more
-    structures' curves on the same axes (``--rebuild``)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for other in others:
-        ax.plot([c.qps for c in other.candidates], [c.recall for c in other.candidates], ".--", alpha=0.7,
-                label=other.factory)
-    ax.plot([c.qps for c in report.candidates], [c.recall for c in report.candidates], "o-",
-            label=report.factory if others else "candidates")
-    for c in report.candidates:
-        ax.annotate(str(c.value), (c.qps, c.recall), fontsize=7, textcoords="offset points", xytext=(3, 3))
-    if report.chosen:
-        ax.plot([report.chosen.qps], [report.chosen.recall], "r*", markersize=14, label=f"chosen {report.knob}")
-    ax.axhline(report.target, color="grey", linestyle="--", label=f"target {report.target}")
-    ax.set_xscale("log")
-    ax.set_xlabel("QPS, one query at a time (slowest shard)")
-    ax.set_ylabel(f"recall@{report.k}")
-    ax.set_title(f"{report.factory}: {report.knob}" if not others else "structures × knob (--rebuild)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
 def cmd_tune(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise InvalidRequest("--k must be ≥ 1", field="k")
@@ -236,10 +167,10 @@ def _rebuild(args: argparse.Namespace, runner: Runner) -> int:
         assert chosen is not None
         print(f"\nchosen: {best.factory}"
               + (f" with {best.report.knob}={chosen.value}" if best.report.knob else "")
-              + f" ({chosen.qps:.0f} QPS per replica at c=1; the published {published}: {_best_of(reports[0])}). "
+              + f" ({chosen.qps:.0f} QPS per replica at c=1; the published {published}: {best_of(reports[0])}). "
               "A published version's files never change: build it, then tune that build —\n"
               f"  shardrag build --collection {args.collection}{root} --from-version {directory.name} "
-              f"--factory '{best.factory}'{_breadth(manifest, best.factory)} --overwrite    # plus --model DIR if "
+              f"--factory '{best.factory}'{breadth_flag(manifest, best.factory)} --overwrite    # plus --model DIR if "
               "this version's encoder is not "
               "the default; replicas pick it up when they load the version again\n"
               f"  shardrag tune --collection {args.collection}{root} --recall {args.recall}\nNothing written.")
@@ -249,20 +180,6 @@ def _rebuild(args: argparse.Namespace, runner: Runner) -> int:
               f"{args.recall}. Nothing to write.")
         return 0
     return _write_choice(args, best.report, directory)
-
-
-def _breadth(manifest: CollectionManifest, factory: str) -> str:
-    """The build flag that keeps the published graph's breadth for an HNSW ``factory`` (``--factory``
-    alone would build it with FAISS's 40, as the candidates were not)."""
-    wanted = manifest.ef_construction is not None and "HNSW" in factory.upper()
-    return f" --ef-construction {manifest.ef_construction}" if wanted else ""
-
-
-def _best_of(structure: StructureReport) -> str:
-    chosen = structure.report.chosen
-    if chosen is None:
-        return "misses the target"
-    return f"{chosen.qps:.0f} QPS" + (f" at {structure.report.knob}={chosen.value}" if structure.report.knob else "")
 
 
 def _write_choice(args: argparse.Namespace, report: TuneReport, directory: Path) -> int:

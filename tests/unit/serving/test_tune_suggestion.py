@@ -3,7 +3,7 @@ candidates were linked with it, and ``--factory`` alone would build with FAISS's
 
 from index_shards.manifest import CollectionManifest
 from retrieval.types import EmbeddingVersion
-from serving.cli.tune import _breadth
+from serving.cli.tune_report import breadth_flag
 
 
 def manifest(factory: str, ef_construction: int | None) -> CollectionManifest:
@@ -11,8 +11,8 @@ def manifest(factory: str, ef_construction: int | None) -> CollectionManifest:
                               ef_construction=ef_construction)
 
 
-def test_an_hnsw_suggestion_carries_the_published_breadth():
-    assert _breadth(manifest("HNSW32", 100), "HNSW16") == " --ef-construction 100"
-    assert _breadth(manifest("HNSW32", 100), "IVF64,Flat") == ""  # no graph to link
-    assert _breadth(manifest("HNSW32", None), "HNSW16") == ""  # FAISS's 40 either way
-    assert _breadth(manifest("Flat", None), "HNSW32") == ""
+def test_an_hnsw_suggestion_carries_the_publishedbreadth_flag():
+    assert breadth_flag(manifest("HNSW32", 100), "HNSW16") == " --ef-construction 100"
+    assert breadth_flag(manifest("HNSW32", 100), "IVF64,Flat") == ""  # no graph to link
+    assert breadth_flag(manifest("HNSW32", None), "HNSW16") == ""  # FAISS's 40 either way
+    assert breadth_flag(manifest("Flat", None), "HNSW32") == ""
