@@ -129,6 +129,11 @@ class FilteredSearcher:
         index = searchable.index
         self._ivf = faiss.try_extract_index_ivf(index) if not searchable.on_gpu else None
         self._hnsw = isinstance(inner_index(index), faiss.IndexHNSW)
+        # a flat index scans every stored vector: its top k is exact (its last score bounds every
+        # vector it did not return) and a read k deep costs what a shallow one does. An HNSW walk is
+        # ef_search wide whatever k (FAISS returns fewer than k past it); IVF reads nprobe lists
+        inner = inner_index(index)
+        self.scans_all = isinstance(inner, faiss.IndexFlat) or type(inner).__name__.startswith("GpuIndexFlat")
         self._refine = refine_of(index) if has_id_map(index) else None
         # built on the first read by id / filtered refine search, not at load (see faiss_index)
         self._positions: IdPositions | None = None

@@ -35,6 +35,15 @@ MAX_DEPTH = 4096  # how deep either leg is read at most (a shard's answer stays 
 # from about three queries (one 2.5k-document shard: 1 query 0.45 against 0.39 ms, 2 even, 3 0.30
 # against 0.33, 7 0.23 against 0.30); c=1 traffic arrives one query a call
 MIN_SEALED_BATCH = 3
+# how deep a weighted hybrid reads the dense leg first on a flat shard of n documents: n // 128, at
+# most 512 (and at least the request's depth). The documents holding a query's terms grow with the
+# shard, and with them those that could still reach the k-th past a shallow dense list: on a 100k
+# Flat shard a first read 20 deep went on to read 80 and 320 (and 1,280) deep for almost every
+# query — each a full scan again — where one read 512 deep finishes (docs/hybrid.md;
+# benchmarks/hybrid_scale.py). Below 2,560 documents it is the request's depth (20 by default), as
+# before; HNSW and IVF shards keep it (first_read says why).
+FIRST_READ_SHARE = 128
+FIRST_READ_MAX = 512
 MAX_CELLS = 1 << 22  # queries × base documents scored in one pass (32 MiB of float64); a bigger batch is split
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 
@@ -52,6 +61,20 @@ class SealedAnswer:
     picked: np.ndarray
     leg_tops: dict[str, list[float]]
     own: CorpusStats
+
+
+def first_read(live: LiveShard, depth: int) -> int:
+    """How deep a weighted hybrid reads the dense leg first on ``live`` when the request asks for
+    ``depth`` (:data:`FIRST_READ_SHARE`). On a flat index (an exact scan) a deeper first read only
+    raises the bar an unseen document must clear, so fewer reads follow, and the answer is the
+    same. An approximate index reads the request's depth: its list's last score does not bound
+    what it missed, and the documents BM25 brings in past a shallow read find some of those — a
+    deep first read agreed less with the exact fused top 10 (100k documents: HNSW32 at ef_search
+    16 0.769 against 0.794, IVF256 0.725 against 0.739; benchmarks/hybrid_scale.py)."""
+    if not live.base.filtered.scans_all:
+        return depth
+    documents = live.base.lexicon.count + live.segment_size
+    return max(depth, min(documents // FIRST_READ_SHARE, FIRST_READ_MAX))
 
 
 def sealed(live: LiveShard) -> bool:

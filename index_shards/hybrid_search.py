@@ -32,7 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from index_shards.hybrid_sealed import MAX_DEPTH, MIN_SEALED_BATCH, distinct, sealed, sealed_batch, similarity_f64
+from index_shards.hybrid_sealed import (
+    MAX_DEPTH,
+    MIN_SEALED_BATCH,
+    distinct,
+    first_read,
+    sealed,
+    sealed_batch,
+    similarity_f64,
+)
 from index_shards.lexical_search import LexicalScores, lexical_scores
 from retrieval.bm25 import CorpusStats, LexicalQuery, score_bound
 from retrieval.contract import HitColumns
@@ -92,7 +100,7 @@ def fused_search(live: LiveShard, vectors: np.ndarray, queries: Sequence[Lexical
     batch's dense legs go in one index search and its documents in one read, as a dense batch's."""
     specs = [query.fuse for query in queries]
     assert all(spec is not None for spec in specs)  # the caller routes only weighted hybrid queries here
-    first = max(max(spec.depth, k) for spec in specs if spec is not None)
+    first = first_read(live, max(max(spec.depth, k) for spec in specs if spec is not None))
     finished = sealed_batch(live, vectors, queries, k, first, nprobe=nprobe, ef_search=ef_search, filter_=filter_) \
         if len(queries) >= MIN_SEALED_BATCH and sealed(live) else [None] * len(queries)
     chosen: list[tuple[_Candidates, np.ndarray, np.ndarray, dict[str, list[float]], CorpusStats]] = []

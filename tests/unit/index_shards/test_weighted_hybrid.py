@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from index_shards import compaction
+from index_shards import compaction, hybrid_sealed
 from index_shards.build import BuildConfig, build_collection
 from index_shards.layout import resolve_version, shard_dir
 from index_shards.shard import Shard
@@ -26,6 +26,7 @@ from retrieval.fusion import WeightedFusion, leg_rank
 from retrieval.records import DELETE, UPSERT, WalRecord
 from retrieval.routing import hash_shard
 from retrieval.types import Document, EmbeddingVersion
+from tests.conftest import random_corpus
 from tests.unit.index_shards.test_lexical import write
 
 SHARDS = 3
@@ -301,3 +302,61 @@ def test_a_shards_hits_are_ordered_by_fused_score_then_doc_id_and_a_missing_docu
     del stored[8]
     with pytest.raises(IndexIntegrityError, match="8"):
         _columns(found, fused, np.arange(5), stored, 4, True, False)
+
+
+def test_a_bigger_shard_reads_the_dense_leg_deeper_first_and_answers_the_same(msmarco, tmp_path, monkeypatch):
+    """``hybrid_sealed.first_read``: a shard of n documents reads the dense leg n // 128 deep at
+    first (at most 512, at least the request's depth), so that a query whose terms many documents
+    hold does not read it again 4× deeper, and again. On a flat index the answers — fused lists,
+    each leg's scores, leg tops, statistics — are the same as with a first read of the request's
+    depth, for calls of one query (the per-query path) and of many (the batch pass), with fewer
+    index searches."""
+    (replica,) = build(tmp_path / "one", msmarco, 1)
+    live = replica.get(None)
+    documents = live.base.lexicon.count
+    assert documents // 128 > 20  # a shard big enough to read deeper than the request's 20
+    assert hybrid_sealed.first_read(live, 20) == documents // 128
+    assert hybrid_sealed.first_read(live, 600) == 600  # never shallower than asked
+    monkeypatch.setattr(hybrid_sealed, "FIRST_READ_SHARE", 1)
+    assert hybrid_sealed.first_read(live, 20) == hybrid_sealed.FIRST_READ_MAX
+
+    searches: list[int] = []
+    search_ids = Shard.search_ids
+
+    def counted(self, queries, k, **kwargs):  # the real search, counted
+        searches.append(k)
+        return search_ids(self, queries, k, **kwargs)
+
+    monkeypatch.setattr(Shard, "search_ids", counted)
+    vectors = msmarco.query_vectors
+    queries = [LexicalQuery(msmarco.dataset.queries[q], None, WeightedFusion(0.8, 0.2, 20)) for q in msmarco.query_ids]
+    params = SearchParams(K, None, lexical=True)
+
+    def answers(share: int) -> tuple[list, list, int]:
+        monkeypatch.setattr(hybrid_sealed, "FIRST_READ_SHARE", share)
+        searches.clear()
+        alone = [replica.search(vectors[i:i + 1], params, [query]) for i, query in enumerate(queries)]
+        together = replica.search(vectors, params, queries)
+        return [(r.results[0], r.stats[0]) for r in alone], list(zip(together.results, together.stats, strict=True)), \
+            len(searches)
+
+    shallow_alone, shallow_together, shallow_searches = answers(10**9)  # the request's depth first
+    deep_alone, deep_together, deep_searches = answers(8)  # documents // 8 ≥ 512: the most
+    assert deep_alone == shallow_alone
+    assert deep_together == shallow_together == shallow_alone
+    assert deep_searches < shallow_searches  # the deeper reads that followed a shallow first read
+    assert deep_searches == len(queries) + 1  # one search a call
+
+
+@pytest.mark.parametrize("factory, deeper", [("HNSW16", False), ("IVF4,Flat", False), ("Flat", True)])
+def test_only_a_flat_shard_reads_its_dense_leg_deeper_first(tmp_path, monkeypatch, factory, deeper):
+    """HNSW and IVF shards keep the request's depth for the first dense read (their lists are
+    approximate: the last score does not bound what they missed, and a deep first read agreed
+    less with the exact answer); a flat shard's scan is exact and costs the same at any depth."""
+    documents, vectors, version = random_corpus(600)
+    build_collection(tmp_path, documents, vectors, version, BuildConfig("c", 1, factory=factory), show_progress=False)
+    directory, _ = resolve_version(tmp_path, "c")
+    live = ShardVersions(Shard.load(shard_dir(directory, 0), device="cpu")).get(None)
+    monkeypatch.setattr(hybrid_sealed, "FIRST_READ_SHARE", 1)
+    assert live.base.filtered.scans_all is deeper
+    assert hybrid_sealed.first_read(live, 20) == (hybrid_sealed.FIRST_READ_MAX if deeper else 20)
