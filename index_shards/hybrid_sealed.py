@@ -8,8 +8,8 @@ gather, their scores one pass, the k-th fused scores one partition — the same 
 by element, so the same bits. It follows the per-query path step for step: documents outside
 both legs' first lists whose BM25 could lift them past the k-th are added, and a query with more
 of them than a few times the dense leg's depth reads that leg 4× deeper (a second pass for those
-queries). A call of fewer than :data:`MIN_SEALED_BATCH` queries, or a shard with writes since its
-base, goes the per-query way.
+queries, with their lexical leg as the first pass scored it). A call of fewer than
+:data:`MIN_SEALED_BATCH` queries, or a shard with writes since its base, goes the per-query way.
 """
 
 from __future__ import annotations
@@ -90,15 +90,20 @@ def sealed_batch(live: LiveShard, vectors: np.ndarray, queries: Sequence[Lexical
     answers: list[SealedAnswer | None] = []
     for start in range(0, len(queries), step):
         part, asked = vectors[start:start + step], list(queries[start:start + step])
-        found = _pass(live, part, asked, k, read, nprobe, ef_search, filter_)
+        if live.base.lexicon.count == 0:
+            answers.extend([None] * len(asked))
+            continue
+        lexical = _LexicalLeg.score(live, asked, k, filter_)
+        found = _pass(live, part, asked, k, read, nprobe, ef_search, filter_, lexical)
         depth = read
         while True:  # the queries that need the dense leg read deeper, 4× at a time, as the per-query path
             deeper = [i for i, answer in enumerate(found) if answer is _DEEPER]
             if not deeper or depth >= MAX_DEPTH:
                 break
             depth = min(depth * 4, MAX_DEPTH)
+            # their lexical leg as scored: no dense read changes it
             for i, answer in zip(deeper, _pass(live, part[deeper], [asked[i] for i in deeper], k, depth, nprobe,
-                                               ef_search, filter_), strict=True):
+                                               ef_search, filter_, lexical.of(deeper)), strict=True):
                 found[i] = answer
         answers.extend(None if answer is _DEEPER else answer for answer in found)
     return answers
@@ -107,54 +112,86 @@ def sealed_batch(live: LiveShard, vectors: np.ndarray, queries: Sequence[Lexical
 _DEEPER = SealedAnswer(np.zeros(0, np.int64), *(np.zeros(0),) * 4, {}, CorpusStats(0, 0, {}))  # read deeper
 
 
+@dataclass(slots=True, frozen=True)
+class _LexicalLeg:
+    """A batch's lexical leg on the base: each query's statistics and BM25 weight in the fused
+    score, every base row's BM25 (queries × rows), the (query, row) cells a term touched —
+    ascending — with their scores, and which of those are each query's lexical best."""
+
+    owns: list[CorpusStats]
+    per_bm25: np.ndarray
+    bm25: np.ndarray
+    touched_q: np.ndarray
+    touched_rows: np.ndarray
+    touched: np.ndarray
+    in_top: np.ndarray  # positions in ``touched``
+
+    @classmethod
+    def score(cls, live: LiveShard, queries: Sequence[LexicalQuery], k: int, filter_: Filter | None) -> _LexicalLeg:
+        """Each query's term weights under its statistics, then every query's postings scored in
+        one pass (bincount adds per document in array order: term by term, as per query)."""
+        shard = live.base
+        lexicon = shard.lexicon
+        n, size = lexicon.count, len(queries)
+        plan = term_plan(lexicon, queries)
+        if plan.firsts:
+            counts = np.asarray(plan.ends) - np.asarray(plan.firsts)
+            total = int(counts.sum())
+            # every term's postings in one gather: position = its term's first + its place in the run
+            runs = np.cumsum(counts) - counts
+            positions = np.arange(total) + np.repeat(np.asarray(plan.firsts) - runs, counts)
+            rows = lexicon.rows[positions]
+            cells = rows + np.repeat(np.asarray(plan.queries, dtype=np.int64) * n, counts)
+            contributions = bm25_weights(np.repeat(np.asarray(plan.weights), counts), lexicon.tfs[positions],
+                                         lexicon.lengths[rows], np.repeat(np.asarray(plan.averages), counts))
+            bm25 = np.bincount(cells, weights=contributions, minlength=size * n).reshape(size, n)
+        else:
+            bm25 = np.zeros((size, n), dtype=np.float64)
+        if filter_ is not None and not filter_.empty:
+            bm25[:, ~shard.payload.mask(filter_)] = 0.0  # a document the filter leaves out is in neither leg
+
+        # each query's lexical best `depth` (every tie at the last score too), from its scored
+        # documents alone: a partition over a row's zeros too costs several times more
+        touched_q, touched_rows = np.nonzero(bm25 > 0)
+        touched = bm25[touched_q, touched_rows]
+        bounds = np.searchsorted(touched_q, np.arange(size + 1)).tolist()
+        bar = np.zeros(size, dtype=np.float64)
+        for q, query in enumerate(queries):
+            assert query.fuse is not None  # fused_search's callers send weighted queries only
+            depth, values = max(query.fuse.depth, k), touched[bounds[q]:bounds[q + 1]]
+            if values.size > depth:
+                bar[q] = np.partition(values, values.size - depth)[values.size - depth]
+        in_top = np.flatnonzero(touched >= bar[touched_q])
+        return cls(plan.owns, plan.per_bm25, bm25, touched_q, touched_rows, touched, in_top)
+
+    def of(self, chosen: list[int]) -> _LexicalLeg:
+        """The queries at ``chosen`` (ascending) alone, numbered from 0 in that order: the same
+        arrays as :meth:`score` gives those queries (each query's cells are its own)."""
+        number = np.full(self.bm25.shape[0], -1, dtype=np.int64)
+        number[chosen] = np.arange(len(chosen))
+        kept = number[self.touched_q] >= 0
+        place = np.cumsum(kept) - 1  # a kept cell's position among the kept ones
+        top = self.in_top[kept[self.in_top]]
+        return _LexicalLeg([self.owns[i] for i in chosen], self.per_bm25[chosen], self.bm25[chosen],
+                           number[self.touched_q[kept]], self.touched_rows[kept], self.touched[kept], place[top])
+
+
 def _pass(live: LiveShard, vectors: np.ndarray, queries: Sequence[LexicalQuery], k: int, read: int,
-          nprobe: int | None, ef_search: int | None, filter_: Filter | None) -> list[SealedAnswer | None]:
-    """One pass with the dense leg read ``read`` deep: each query's answer, :data:`_DEEPER` where
-    it must be read deeper, or None."""
+          nprobe: int | None, ef_search: int | None, filter_: Filter | None,
+          lexical: _LexicalLeg) -> list[SealedAnswer | None]:
+    """One pass with the dense leg read ``read`` deep, ``lexical`` the queries' lexical leg: each
+    query's answer, :data:`_DEEPER` where it must be read deeper, or None."""
     shard, metric = live.base, live.metric
     lexicon = shard.lexicon
     n, size = lexicon.count, len(queries)
-    if n == 0:
-        return [None] * size
     specs = [query.fuse for query in queries]
     assert all(spec is not None for spec in specs)  # fused_search's callers send weighted queries only
     dense_weight = np.asarray([spec.dense for spec in specs if spec is not None], dtype=np.float64)
     dense_scores, dense_ids = shard.search_ids(vectors, read, nprobe=nprobe, ef_search=ef_search, filter_=filter_)
     if not dense_ids.shape[1]:  # nothing to read densely: the per-query path knows those cases
         return [None] * size
-
-    # the lexical leg: each query's term weights under its statistics, then every query's postings
-    # scored in one pass (bincount adds per document in array order: term by term, as per query)
-    plan = term_plan(lexicon, queries)
-    owns, per_bm25 = plan.owns, plan.per_bm25
-    if plan.firsts:
-        counts = np.asarray(plan.ends) - np.asarray(plan.firsts)
-        total = int(counts.sum())
-        # every term's postings in one gather: position = its term's first + its place in the run
-        runs = np.cumsum(counts) - counts
-        positions = np.arange(total) + np.repeat(np.asarray(plan.firsts) - runs, counts)
-        rows = lexicon.rows[positions]
-        cells = rows + np.repeat(np.asarray(plan.queries, dtype=np.int64) * n, counts)
-        contributions = bm25_weights(np.repeat(np.asarray(plan.weights), counts), lexicon.tfs[positions],
-                                     lexicon.lengths[rows], np.repeat(np.asarray(plan.averages), counts))
-        bm25 = np.bincount(cells, weights=contributions, minlength=size * n).reshape(size, n)
-    else:
-        bm25 = np.zeros((size, n), dtype=np.float64)
-    if filter_ is not None and not filter_.empty:
-        bm25[:, ~shard.payload.mask(filter_)] = 0.0  # a document the filter leaves out is in neither leg
-
-    # each query's lexical best `depth` (every tie at the last score too), from its scored
-    # documents alone: a partition over a row's zeros too costs several times more
-    touched_q, touched_rows = np.nonzero(bm25 > 0)
-    touched = bm25[touched_q, touched_rows]
-    bounds = np.searchsorted(touched_q, np.arange(size + 1)).tolist()
-    bar = np.zeros(size, dtype=np.float64)
-    for q, spec in enumerate(specs):
-        assert spec is not None
-        depth, values = max(spec.depth, k), touched[bounds[q]:bounds[q + 1]]
-        if values.size > depth:
-            bar[q] = np.partition(values, values.size - depth)[values.size - depth]
-    in_top = np.flatnonzero(touched >= bar[touched_q])
+    owns, per_bm25, bm25 = lexical.owns, lexical.per_bm25, lexical.bm25
+    touched_q, touched_rows, touched, in_top = lexical.touched_q, lexical.touched_rows, lexical.touched, lexical.in_top
 
     # the candidates: both legs' documents by (query, base row); rows are in int-id order
     found = dense_ids >= 0

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from index_shards import compaction
+from index_shards import compaction, hybrid_sealed
 from index_shards.build import BuildConfig, build_collection
 from index_shards.hybrid_sealed import MIN_SEALED_BATCH, sealed, sealed_batch
 from index_shards.hybrid_search import fused_search
@@ -117,8 +117,6 @@ def test_documents_only_bm25_brings_in_and_queries_that_read_deeper(tmp_path, mo
             vectors.append(unit_at(rng, cosine))
     (live,) = live_shards(tmp_path / "c", documents, np.stack(vectors), EmbeddingVersion("t", "0" * 64, 8), 1)
     reads: list[int] = []
-    import index_shards.hybrid_sealed as hybrid_sealed
-
     real_pass = hybrid_sealed._pass
 
     def recording(live_, vectors_, queries_, k_, read, *rest):  # the real pass, its depths noted
@@ -175,3 +173,21 @@ def test_a_batch_split_to_bound_its_memory_answers_the_same(msmarco, tmp_path, c
     texts = [msmarco.dataset.queries[q] for q in msmarco.query_ids[:9]]
     queries = [LexicalQuery(text, None, WeightedFusion(0.8, 0.2, 20)) for text in texts]
     assert_batch_is_alone(live, msmarco.query_vectors[:9].astype(np.float32), queries, 10)
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_a_deeper_pass_reuses_its_queries_lexical_leg_as_scored(msmarco, tmp_path, filtered):
+    """The queries a pass sends deeper keep their lexical leg (no dense read changes it): their
+    share of the batch's arrays is what scoring those queries alone gives, array for array."""
+    (live,) = live_shards(tmp_path / "c", tagged(msmarco), msmarco.vectors, msmarco.version, 1)
+    filter_ = parse_filter({"must": [{"key": "topic", "match": {"any": [1, 3]}}]}) if filtered else None
+    texts = [msmarco.dataset.queries[q] for q in msmarco.query_ids[:12]] + ["zzzqx unseenword"]
+    queries = [LexicalQuery(text, None, WeightedFusion(0.7, 0.3, 5 + 7 * (i % 3))) for i, text in enumerate(texts)]
+    leg = hybrid_sealed._LexicalLeg.score(live, queries, 10, filter_)
+    for chosen in ([0], [2, 5, 11], [1, 12], list(range(13))):
+        alone = hybrid_sealed._LexicalLeg.score(live, [queries[i] for i in chosen], 10, filter_)
+        part = leg.of(chosen)
+        assert part.owns == alone.owns
+        for name in ("per_bm25", "bm25", "touched_q", "touched_rows", "touched", "in_top"):
+            mine, theirs = getattr(part, name), getattr(alone, name)
+            assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), (chosen, name)
