@@ -54,6 +54,17 @@ def load_corpus(names: tuple[str, ...] = ("msmarco", "dbpedia")) -> Corpus:
     return Corpus([d.doc_id for d in documents], documents, np.concatenate(vectors), query_vectors, encoder.version)
 
 
+def query_texts(names: tuple[str, ...] = ("msmarco", "dbpedia")) -> list[str]:
+    """The shared corpora's real query texts (100), in the order ``load_corpus`` embeds them."""
+    from retrieval.datasets import load_beir
+
+    texts: list[str] = []
+    for name in names:
+        dataset = load_beir(data_dir() / name)
+        texts.extend(dataset.queries[q] for q in sorted(dataset.queries))
+    return texts
+
+
 def percentiles_ms(latencies_s: list[float] | np.ndarray) -> dict[str, float]:
     values = np.asarray(latencies_s, dtype=np.float64) * 1000.0
     if values.size == 0:

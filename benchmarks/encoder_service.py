@@ -32,22 +32,20 @@ from typing import Any
 
 import faiss
 
-from benchmarks.common import data_dir, load_corpus, machine_info, percentiles_ms, scratch_dir, write_result
+from benchmarks.common import (
+    load_corpus,
+    machine_info,
+    percentiles_ms,
+    query_texts,
+    scratch_dir,
+    write_result,
+)
 from benchmarks.query_latency import cluster_pids, run_load
 from index_shards.build import BuildConfig, build_collection
-from retrieval.datasets import load_beir
 from retrieval.encoders import load_encoder
 from serving.encoding.settings import EncoderSettings
 from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
-
-
-def query_texts() -> list[str]:
-    texts: list[str] = []
-    for name in ("msmarco", "dbpedia"):
-        dataset = load_beir(data_dir() / name)
-        texts.extend(dataset.queries[q] for q in sorted(dataset.queries))
-    return texts
 
 
 def in_process(corpus: Any, texts: list[str], duration_s: float) -> dict[str, Any]:

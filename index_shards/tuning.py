@@ -11,8 +11,9 @@ the recall of the sharded search, and picks the cheapest value whose recall meet
 With ``rebuild`` (``shardrag tune --rebuild``) the structure is searched too: each worker rebuilds
 its shard's index from the stored vectors under every candidate of :func:`structure_candidates`
 (nlist for IVF, M for HNSW, PQ code sizes, and for a Flat index the approximate structures that
-could replace it) and evaluates each one's knob grid the same way; the driver picks per structure,
-then the structure whose choice serves the most queries per second.
+could replace it) — every HNSW candidate at each build breadth of :func:`breadth_candidates` —
+and evaluates each one's knob grid the same way; the driver picks per structure, then the
+structure whose choice serves the most queries per second.
 
 Exact answers come from the vectors the index stores. For PQ/SQ indexes those are decoded codes
 (for fast-scan codes, which cannot be decoded one by one, the index's own every-list scan): the
@@ -31,6 +32,7 @@ import faiss
 import numpy as np
 
 from index_shards.faiss_index import (
+    FAISS_EF_CONSTRUCTION,
     SearchableIndex,
     build_index,
     has_id_map,
@@ -144,6 +146,30 @@ def structure_candidates(factory: str, dim: int, min_count: int) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+# The wider breadth tried beside the published one (FAISS links with 40 unless told otherwise):
+# at 1M vectors 100 against 40 lifted recall@10 at ef_search 256 from 0.895 to 0.938 (filtered
+# worst queries from 0.0 to 0.7–0.8) for a 1.4× build and the same QPS (docs/benchmarks.md, "An
+# HNSW graph's build breadth").
+WIDER_EF_CONSTRUCTION = 100
+_MAX_TRIED_BREADTH = 800  # past it a build costs ~20× FAISS's default for a graph already well linked
+
+
+def breadth_candidates(factory: str, published: int | None) -> list[int | None]:
+    """The build breadths (``ef_construction``) ``--rebuild`` links an HNSW ``factory`` with: the
+    published version's (None: FAISS's 40), then a wider one — 100, or twice the published when
+    that is 100 or more. Only the breadth of a structure without an HNSW graph is None alone."""
+    if "HNSW" not in factory.upper():
+        return [None]
+    base = published if published is not None else FAISS_EF_CONSTRUCTION
+    wider = min(max(WIDER_EF_CONSTRUCTION, 2 * base), _MAX_TRIED_BREADTH)
+    return [published] + ([wider] if wider > base else [])
+
+
+def structure_label(factory: str, ef_construction: int | None) -> str:
+    """How a report names a structure: its factory, and its build breadth when one was given."""
+    return factory if ef_construction is None else f"{factory} efC{ef_construction}"
+
+
 @dataclass(frozen=True, slots=True)
 class ShardTask:
     """What one worker evaluates: a shard directory and the tuning queries."""
@@ -155,7 +181,7 @@ class ShardTask:
     max_value: int | None = None  # never try the knob above this (a latency budget); None: the full grid
     exact: bool = True  # compute this shard's exact answers (False: the caller brings ground truth to choose())
     rebuild_as: str | None = None  # rebuild the shard's index with this factory (from its stored vectors) first
-    ef_construction: int | None = None  # a rebuilt HNSW graph's breadth: the published version's (None: FAISS's 40)
+    ef_construction: int | None = None  # a rebuilt HNSW graph's breadth (None: FAISS's 40)
 
 
 def _higher_better(scores: np.ndarray, metric: str) -> np.ndarray:
@@ -202,13 +228,15 @@ def evaluate_shard(task: ShardTask) -> ShardTuning:
     index, factory, metric, shard_id = load_index(task.shard_dir)
     faiss.omp_set_num_threads(1)  # one query at a time on one core: the figure a replica serves at c=1
     return evaluate_index(index, factory, metric, shard_id, task,
-                          index_bytes=(Path(task.shard_dir) / INDEX_FILE).stat().st_size)
+                          index_bytes=(Path(task.shard_dir) / INDEX_FILE).stat().st_size,
+                          breadth=read_shard_manifest(task.shard_dir).ef_construction)
 
 
 def evaluate_index(index: faiss.Index, factory: str, metric: str, shard_id: int, task: ShardTask, *,
-                   index_bytes: int) -> ShardTuning:
-    """:func:`evaluate_shard` of an index in hand (``task.shard_dir`` unused). It sets the knob on
-    ``index`` for every candidate: give it an index no live query searches (a clone)."""
+                   index_bytes: int, breadth: int | None = None) -> ShardTuning:
+    """:func:`evaluate_shard` of an index in hand (``task.shard_dir`` unused; ``breadth``: the
+    ``ef_construction`` it was built with). It sets the knob on ``index`` for every candidate:
+    give it an index no live query searches (a clone)."""
     queries = np.ascontiguousarray(task.queries, dtype=np.float32)
     ask = min(task.k + 1, max(int(index.ntotal), 1))  # +1: room to drop a pseudo-query's own id
     if task.exact:
@@ -217,12 +245,12 @@ def evaluate_index(index: faiss.Index, factory: str, metric: str, shard_id: int,
         exact_scores = np.zeros((len(queries), 0), dtype=np.float32)
         exact_ids = np.zeros((len(queries), 0), dtype=np.int64)
     build_s, rebuilt = 0.0, False
-    if task.rebuild_as is not None and task.rebuild_as != factory:
+    if task.rebuild_as is not None and (task.rebuild_as != factory or _relinked(task, factory, breadth)):
         ids = stored_ids(index)
         vectors = stored_vectors(index, ids)
         started = time.perf_counter()  # on the worker's one core: the tasks run side by side
-        breadth = task.ef_construction if "HNSW" in task.rebuild_as.upper() else None  # as the published graph
-        index, factory = build_index(vectors, ids, task.rebuild_as, metric, ef_construction=breadth), task.rebuild_as
+        wanted = task.ef_construction if "HNSW" in task.rebuild_as.upper() else None
+        index, factory = build_index(vectors, ids, task.rebuild_as, metric, ef_construction=wanted), task.rebuild_as
         build_s, rebuilt = time.perf_counter() - started, True
     knob = knob_of(index)
     values = [v for v in knob[1] if task.max_value is None or v <= task.max_value] if knob else []
@@ -248,6 +276,11 @@ def evaluate_index(index: faiss.Index, factory: str, metric: str, shard_id: int,
     return result
 
 
+def _relinked(task: ShardTask, factory: str, breadth: int | None) -> bool:
+    """Whether ``task`` asks for the published HNSW ``factory`` linked with another breadth."""
+    return "HNSW" in factory.upper() and task.ef_construction != breadth
+
+
 def _exact_answers(index: faiss.Index, metric: str, queries: np.ndarray, ask: int,
                    task: ShardTask) -> tuple[np.ndarray, np.ndarray]:
     """Every stored vector scored. Fast-scan codes cannot be decoded one by one, so there the
@@ -266,6 +299,29 @@ def _exact_answers(index: faiss.Index, metric: str, queries: np.ndarray, ask: in
 
 
 @dataclass(frozen=True, slots=True)
+class Structure:
+    """A candidate of ``--rebuild``: a factory, and for an HNSW graph the breadth it is linked with
+    (None: FAISS's 40, or whatever the published index was built with when it is not rebuilt)."""
+
+    factory: str
+    ef_construction: int | None = None
+
+    @property
+    def label(self) -> str:
+        return structure_label(self.factory, self.ef_construction)
+
+
+def structures_to_try(factory: str, dim: int, min_count: int, published_breadth: int | None) -> list[Structure]:
+    """Every structure ``--rebuild`` builds and tunes for a published ``factory`` (itself first,
+    as published): :func:`structure_candidates`, each HNSW one at every :func:`breadth_candidates`."""
+    published = Structure(factory.replace(" ", ""), published_breadth if "HNSW" in factory.upper() else None)
+    out = [published]
+    for candidate in structure_candidates(factory, dim, min_count):
+        out += [Structure(candidate, breadth) for breadth in breadth_candidates(candidate, published_breadth)]
+    return list(dict.fromkeys(out))
+
+
+@dataclass(frozen=True, slots=True)
 class StructureReport:
     """One candidate structure of ``--rebuild``: its knob search and what it costs to hold."""
 
@@ -273,16 +329,41 @@ class StructureReport:
     build_s: float  # the slowest shard's rebuild, on one core (0: the published index)
     index_bytes: int  # every shard's index together
     report: TuneReport
+    ef_construction: int | None = None  # an HNSW graph's build breadth (None: FAISS's 40 / as published)
+
+    @property
+    def label(self) -> str:
+        return structure_label(self.factory, self.ef_construction)
 
 
-def choose_structure(by_factory: dict[str, list[ShardTuning]], target: float, k: int, tune_rows: np.ndarray,
-                     holdout_rows: np.ndarray) -> tuple[list[StructureReport], StructureReport | None]:
+def choose_structure(by_structure: dict[Structure, list[ShardTuning]], target: float, k: int,
+                     tune_rows: np.ndarray, holdout_rows: np.ndarray
+                     ) -> tuple[list[StructureReport], StructureReport | None]:
     """:func:`choose` per structure, against the exact answers of the first (the published index,
-    whose tasks computed them), then the structure whose choice serves the most queries/s."""
-    published = next(iter(by_factory.values()))
+    whose tasks computed them), then the structure whose choice serves the most queries/s. A wider
+    build breadth of a factory competes only where it needs a smaller knob value than a narrower
+    breadth of the same factory that meets the target: at the same value the two search alike, and
+    their QPS differ by timing noise alone, so the cheaper build is kept."""
+    published = next(iter(by_structure.values()))
     truth = merge_top_k([r.exact_scores for r in published], [r.exact_ids for r in published], k)
-    reports = [StructureReport(factory, max(r.build_s for r in results), sum(r.index_bytes for r in results),
-                               choose(results, target, k, tune_rows, holdout_rows, truth=truth))
-               for factory, results in by_factory.items()]
-    meeting = [s for s in reports if s.report.chosen is not None]
+    reports = [StructureReport(structure.factory, max(r.build_s for r in results),
+                               sum(r.index_bytes for r in results),
+                               choose(results, target, k, tune_rows, holdout_rows, truth=truth),
+                               structure.ef_construction)
+               for structure, results in by_structure.items()]
+    meeting = [s for s in reports if s.report.chosen is not None and not _narrower_does_as_well(s, reports)]
     return reports, max(meeting, key=lambda s: s.report.chosen.qps if s.report.chosen else 0.0) if meeting else None
+
+
+def _breadth(structure: StructureReport) -> int:
+    return structure.ef_construction if structure.ef_construction is not None else FAISS_EF_CONSTRUCTION
+
+
+def _narrower_does_as_well(structure: StructureReport, reports: list[StructureReport]) -> bool:
+    """Whether a narrower build of ``structure``'s factory meets the target at a knob value no
+    larger than ``structure``'s own choice."""
+    chosen = structure.report.chosen
+    assert chosen is not None
+    return any(other.factory == structure.factory and _breadth(other) < _breadth(structure)
+               and other.report.chosen is not None and other.report.chosen.value <= chosen.value
+               for other in reports)

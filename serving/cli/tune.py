@@ -5,11 +5,12 @@ The shards are evaluated where their files are, in parallel: worker processes on
 (``--backend local``) or Ray tasks (``--backend ray``, on a running Ray cluster with ``--ray-address``).
 The measuring itself lives in ``index_shards.tuning``.
 
-``--rebuild`` searches the structure as well (nlist, M, PQ code size; for Flat, the approximate
-indexes that could replace it): every candidate is built from each shard's stored vectors inside
-the workers and tuned like the published index. A published version's files never change, so when
-another structure wins the command prints the build that makes it (then tune that build); when
-the published structure wins, its knob is written as without ``--rebuild``.
+``--rebuild`` searches the structure as well (nlist, M, PQ code size, an HNSW graph's build
+breadth; for Flat, the approximate indexes that could replace it): every candidate is built from
+each shard's stored vectors inside the workers and tuned like the published index. A published
+version's files never change, so when another structure wins the command prints the build that
+makes it (then tune that build); when the published structure wins, its knob is written as
+without ``--rebuild``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from index_shards.tuning import (
     choose_structure,
     evaluate_shard,
     sample_queries,
-    structure_candidates,
+    structures_to_try,
 )
 from retrieval.errors import ConfigError, InvalidRequest
 from retrieval.tuning_choice import ShardTuning, TuneReport, choose, split_holdout
@@ -88,22 +89,23 @@ def run_tuning(args: argparse.Namespace, runner: Runner) -> tuple[TuneReport, Pa
 def run_rebuild(args: argparse.Namespace, runner: Runner) -> tuple[list[StructureReport], StructureReport | None,
                                                                    Path, CollectionManifest]:
     """Every candidate structure built in the workers from each shard's stored vectors and tuned
-    (an HNSW candidate linked with the published version's ``ef_construction``, like with like)."""
+    (each HNSW candidate at the published version's ``ef_construction`` and at a wider one)."""
     directory, manifest = resolve_version(root_of(args), args.collection, args.version)
     shards = [str(shard_dir(directory, i)) for i in range(manifest.num_shards)]
     min_count = min(read_shard_manifest(d).count for d in shards)
-    factories = structure_candidates(manifest.factory, manifest.embedding_version.dim, min_count)  # PQ/SQ: refused
+    structures = structures_to_try(manifest.factory, manifest.embedding_version.dim, min_count,
+                                   manifest.ef_construction)  # PQ/SQ: refused
     queries, exclude, source = _tuning_queries(args, runner, shards, manifest.embedding_version.id)
     print(f"rebuilding {args.collection} version {manifest.embedding_version.id} ({manifest.num_shards} shards of "
-          f"≥{min_count:,} vectors) as {len(factories)} structures ({', '.join(factories)}), each tuned on {source}, "
-          f"recall@{args.k} target {args.recall}", file=sys.stderr, flush=True)
-    tasks = [(ShardTask(d, queries, exclude, args.k, args.max_value, exact=factory == factories[0],
-                        rebuild_as=factory, ef_construction=manifest.ef_construction),)
-             for factory in factories for d in shards]
+          f"≥{min_count:,} vectors) as {len(structures)} structures ({', '.join(s.label for s in structures)}), "
+          f"each tuned on {source}, recall@{args.k} target {args.recall}", file=sys.stderr, flush=True)
+    tasks = [(ShardTask(d, queries, exclude, args.k, args.max_value, exact=structure == structures[0],
+                        rebuild_as=structure.factory, ef_construction=structure.ef_construction),)
+             for structure in structures for d in shards]
     results: list[ShardTuning] = runner(evaluate_shard, tasks)
-    by_factory = {factory: results[i * len(shards):(i + 1) * len(shards)] for i, factory in enumerate(factories)}
+    by_structure = {structure: results[i * len(shards):(i + 1) * len(shards)] for i, structure in enumerate(structures)}
     tune_rows, holdout_rows = split_holdout(len(queries), args.holdout, args.seed)
-    reports, best = choose_structure(by_factory, args.recall, args.k, tune_rows, holdout_rows)
+    reports, best = choose_structure(by_structure, args.recall, args.k, tune_rows, holdout_rows)
     return reports, best, directory, manifest
 
 
@@ -147,37 +149,40 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def _rebuild(args: argparse.Namespace, runner: Runner) -> int:
     reports, best, directory, manifest = run_rebuild(args, runner)
-    published = manifest.factory
+    published = reports[0]
     print_structures(reports, best)
     if args.json:
         Path(args.json).write_text(json.dumps({"structures": [
-            {"factory": s.factory, "build_s": s.build_s, "index_bytes": s.index_bytes, **s.report.to_dict()}
-            for s in reports], "chosen": best.factory if best else None}, indent=1))
+            {"factory": s.factory, "ef_construction": s.ef_construction, "label": s.label, "build_s": s.build_s,
+             "index_bytes": s.index_bytes, **s.report.to_dict()} for s in reports],
+            "chosen": best.factory if best else None,
+            "chosen_ef_construction": best.ef_construction if best else None}, indent=1))
     if args.plot:
-        tuned = [s.report for s in reports if s.report.knob is not None]
-        if tuned and plot_frontier(tuned[0], Path(args.plot), tuned[1:]):
+        tuned = [s for s in reports if s.report.knob is not None]
+        if tuned and plot_frontier(tuned[0].report, Path(args.plot), [s.report for s in tuned[1:]],
+                                   [s.label for s in tuned]):
             print(f"plot: {args.plot}")
     if best is None:
         print(f"\nno structure reaches recall@{args.k} {args.recall} with 95 % confidence; nothing written.",
               file=sys.stderr)
         return 1
-    if best.factory != published:
+    if best is not published:
         root = f" --root {args.root}" if args.root else ""
         chosen = best.report.chosen
         assert chosen is not None
-        print(f"\nchosen: {best.factory}"
+        print(f"\nchosen: {best.label}"
               + (f" with {best.report.knob}={chosen.value}" if best.report.knob else "")
-              + f" ({chosen.qps:.0f} QPS per replica at c=1; the published {published}: {best_of(reports[0])}). "
+              + f" ({chosen.qps:.0f} QPS per replica at c=1; the published {published.label}: {best_of(published)}). "
               "A published version's files never change: build it, then tune that build —\n"
               f"  shardrag build --collection {args.collection}{root} --from-version {directory.name} "
-              f"--factory '{best.factory}'{breadth_flag(manifest, best.factory)} --overwrite    # plus --model DIR if "
+              f"--factory '{best.factory}'{breadth_flag(best.ef_construction)} --overwrite    # plus --model DIR if "
               "this version's encoder is not "
               "the default; replicas pick it up when they load the version again\n"
               f"  shardrag tune --collection {args.collection}{root} --recall {args.recall}\nNothing written.")
         return 0
     if best.report.knob is None:  # an exact index is the cheapest at this target (small shards)
-        print(f"\nchosen: the published {published}, exact — no approximate structure is faster at recall@{args.k} "
-              f"{args.recall}. Nothing to write.")
+        print(f"\nchosen: the published {published.label}, exact — no approximate structure is faster at "
+              f"recall@{args.k} {args.recall}. Nothing to write.")
         return 0
     return _write_choice(args, best.report, directory)
 
@@ -270,7 +275,8 @@ def add_tune_command(commands: Any) -> None:
     tune.add_argument("--dry-run", action="store_true", help="measure and report, write nothing")
     tune.add_argument("--rebuild", action="store_true",
                       help="also search the structure: rebuild each shard (in the workers, from its stored "
-                           "vectors) at other nlist / M / PQ sizes — for Flat, as HNSW and IVF — tune each, and "
+                           "vectors) at other nlist / M / PQ sizes — for Flat, as HNSW and IVF; an HNSW graph also "
+                           "linked wider (ef_construction 100, or twice the published) — tune each, and "
                            "report the cheapest structure that meets --recall (PQ/SQ versions: refused, their "
                            "vectors cannot be decoded exactly)")
     tune.set_defaults(func=cmd_tune)

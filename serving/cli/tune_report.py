@@ -8,29 +8,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from index_shards.manifest import CollectionManifest
 from index_shards.tuning import StructureReport
 from retrieval.tuning_choice import TuneReport
 
 
 def print_structures(reports: list[StructureReport], best: StructureReport | None) -> None:
-    print(f"\n{'structure':18} {'build s':>8} {'index MiB':>10} {'knob':>14} {'recall@k':>9} {'95% low':>8} "
+    print(f"\n{'structure':22} {'build s':>8} {'index MiB':>10} {'knob':>14} {'recall@k':>9} {'95% low':>8} "
           f"{'held-out':>8} {'QPS(c=1)':>9}")
     for structure in reports:
         report, chosen = structure.report, structure.report.chosen
         build = f"{structure.build_s:8.1f}" if structure.build_s else f"{'(built)':>8}"
         if not report.candidates:  # every value of its knob is above --max-value
-            print(f"{structure.factory:18} {build} {structure.index_bytes / 2**20:10.1f} "
+            print(f"{structure.label:22} {build} {structure.index_bytes / 2**20:10.1f} "
                   f"{'(over --max-value)':>14}")
             continue
         shown = chosen or max(report.candidates, key=lambda c: c.recall)  # the best it did, when it missed
         knob = f"{report.knob}={shown.value}" if report.knob else "exact"
         held = f"{shown.holdout_recall:8.4f}" if shown.holdout_recall is not None else f"{'-':>8}"
         mark = "  <- chosen" if structure is best else ("" if chosen else "  (misses the target)")
-        print(f"{structure.factory:18} {build} {structure.index_bytes / 2**20:10.1f} {knob:>14} {shown.recall:9.4f} "
+        print(f"{structure.label:22} {build} {structure.index_bytes / 2**20:10.1f} {knob:>14} {shown.recall:9.4f} "
               f"{shown.recall_low:8.4f} {held} {shown.qps:9.0f}{mark}")
     print("\nper structure: the cheapest knob value that meets the target (or its best, when none does); build s "
-          "on one core, the slowest shard; QPS one query at a time, the slowest shard's rate")
+          "on one core, the slowest shard; QPS one query at a time, the slowest shard's rate; efC N: an HNSW "
+          "graph linked with ef_construction N (a wider build is chosen only where it needs a smaller knob value "
+          "than the narrower one)")
 
 
 def print_report(report: TuneReport) -> None:
@@ -50,9 +51,11 @@ def print_report(report: TuneReport) -> None:
               "(the probe's recall), not the original embeddings")
 
 
-def plot_frontier(report: TuneReport, path: Path, others: Sequence[TuneReport] = ()) -> bool:
+def plot_frontier(report: TuneReport, path: Path, others: Sequence[TuneReport] = (),
+                  labels: Sequence[str] = ()) -> bool:
     """Recall vs QPS as a PNG (needs matplotlib: pip install 'shardrag[bench]'); ``others``: more
-    structures' curves on the same axes (``--rebuild``)."""
+    structures' curves on the same axes (``--rebuild``), ``labels`` naming ``report`` then each of
+    them (default: their factories)."""
     try:
         import matplotlib
 
@@ -60,12 +63,13 @@ def plot_frontier(report: TuneReport, path: Path, others: Sequence[TuneReport] =
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    names = list(labels) if labels else [r.factory for r in (report, *others)]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for other in others:
+    for other, name in zip(others, names[1:], strict=True):
         ax.plot([c.qps for c in other.candidates], [c.recall for c in other.candidates], ".--", alpha=0.7,
-                label=other.factory)
+                label=name)
     ax.plot([c.qps for c in report.candidates], [c.recall for c in report.candidates], "o-",
-            label=report.factory if others else "candidates")
+            label=names[0] if others else "candidates")
     for c in report.candidates:
         ax.annotate(str(c.value), (c.qps, c.recall), fontsize=7, textcoords="offset points", xytext=(3, 3))
     if report.chosen:
@@ -82,11 +86,10 @@ def plot_frontier(report: TuneReport, path: Path, others: Sequence[TuneReport] =
     return True
 
 
-def breadth_flag(manifest: CollectionManifest, factory: str) -> str:
-    """The build flag that keeps the published graph's breadth for an HNSW ``factory`` (``--factory``
-    alone would build it with FAISS's 40, as the candidates were not)."""
-    wanted = manifest.ef_construction is not None and "HNSW" in factory.upper()
-    return f" --ef-construction {manifest.ef_construction}" if wanted else ""
+def breadth_flag(ef_construction: int | None) -> str:
+    """The build flag for a chosen structure's HNSW breadth (``--factory`` alone builds a graph
+    with FAISS's 40; None: that is the breadth it was tuned with)."""
+    return f" --ef-construction {ef_construction}" if ef_construction is not None else ""
 
 
 def best_of(structure: StructureReport) -> str:

@@ -188,25 +188,33 @@ def test_rebuild_finds_a_cheaper_structure_for_flat_that_holds_on_held_out_queri
     assert _tune(tmp_path, "--recall", str(target), "--queries", str(tmp_path / "tune.txt"), "--rebuild",
                  "--json", str(tmp_path / "r.json")) == 0
     report = json.loads((tmp_path / "r.json").read_text())
-    structures = {s["factory"]: s for s in report["structures"]}
-    assert report["structures"][0]["factory"] == "Flat" and structures["Flat"]["chosen"]["recall"] == 1.0
-    chosen = structures[report["chosen"]]
+    structures = {s["label"]: s for s in report["structures"]}
+    assert report["structures"][0]["label"] == "Flat" and structures["Flat"]["chosen"]["recall"] == 1.0
+    # every HNSW candidate is tried as FAISS links it (40) and wider (100)
+    assert {"HNSW16", "HNSW16 efC100", "HNSW32", "HNSW32 efC100"} <= set(structures)
+    breadth = report["chosen_ef_construction"]
+    chosen = next(s for s in report["structures"] if (s["factory"], s["ef_construction"]) == (report["chosen"],
+                                                                                               breadth))
     assert report["chosen"] != "Flat" and chosen["chosen"]["recall_low"] >= target
     assert chosen["chosen"]["qps"] > structures["Flat"]["chosen"]["qps"]  # why it was chosen: it is cheaper
+    if breadth is not None:  # a wider graph won only by needing a smaller knob value than the narrower one
+        narrower = structures[report["chosen"]]["chosen"]
+        assert narrower is None or narrower["value"] > chosen["chosen"]["value"]
     out = capsys.readouterr().out
-    assert f"--factory '{report['chosen']}'" in out and "Nothing written" in out
+    flag = f" --ef-construction {breadth}" if breadth is not None else ""
+    assert f"--factory '{report['chosen']}'{flag} --overwrite" in out and "Nothing written" in out
     assert read_search_defaults(directory) is None  # the published Flat version is left as it is
 
     # Build what it recommends, with the knob it chose, and search the 50 queries it never saw
     rebuilt = tmp_path / "rebuilt"
-    build_collection(rebuilt, documents, vectors, msmarco.version, BuildConfig("c", 2, "hash", report["chosen"]),
-                     show_progress=False)
+    build_collection(rebuilt, documents, vectors, msmarco.version,
+                     BuildConfig("c", 2, "hash", report["chosen"], ef_construction=breadth), show_progress=False)
     ids = [doc.doc_id for doc in documents]
     exact = np.argsort(-(query_vectors[held_out] @ vectors.T), axis=1)[:, :10]
     truth = [[ids[i] for i in row] for row in exact]
     recall = _sharded_recall(resolve_version(rebuilt, "c")[0], 2, query_vectors[held_out], truth,
                              {chosen["knob"]: chosen["chosen"]["value"]})
-    REPORT.append(f"tune --rebuild Flat: {report['chosen']} with {chosen['knob']}={chosen['chosen']['value']} "
+    REPORT.append(f"tune --rebuild Flat: {chosen['label']} with {chosen['knob']}={chosen['chosen']['value']} "
                   f"({chosen['chosen']['qps']:.0f} vs Flat {structures['Flat']['chosen']['qps']:.0f} QPS); held-out "
                   f"real queries recall@10 {recall:.3f} (target {target})")
     assert recall >= target

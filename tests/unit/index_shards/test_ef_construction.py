@@ -129,3 +129,23 @@ def test_a_tune_rebuild_links_its_hnsw_candidates_as_the_published_graph(tmp_pat
     flat = evaluate_shard(ShardTask(str(shard.directory), queries, exclude, 10, max_value=10,
                                     rebuild_as="IVF16,Flat", ef_construction=4))  # no graph: the breadth is not for it
     assert flat.factory == "IVF16,Flat"
+
+
+def test_a_tune_rebuild_relinks_the_published_graph_only_at_another_breadth(tmp_path):
+    """``--rebuild`` tries the published HNSW factory linked wider too: that task rebuilds the
+    graph from the stored vectors (and it searches better at the same ef_search), while the task at
+    the published breadth tunes the published graph as it is."""
+    shard = build(tmp_path, "HNSW16", 4)
+    queries = data()[2][:100]
+    exclude = np.full(len(queries), -1, dtype=np.int64)
+
+    def evaluated(breadth: int | None) -> tuple[float, float]:
+        result = evaluate_shard(ShardTask(str(shard.directory), queries, exclude, 10, max_value=10,
+                                          rebuild_as="HNSW16", ef_construction=breadth))
+        assert result.factory == "HNSW16" and result.values[0] == 8
+        return result.build_s, float(per_query_recall(result.ids[0][:, :10], result.exact_ids[:, :10]).mean())
+
+    (as_published, published_recall), (wider, wider_recall) = evaluated(4), evaluated(100)
+    assert as_published == 0 and wider > 0  # only the other breadth was built
+    assert wider_recall > published_recall + 0.15
+    assert evaluated(None)[0] > 0  # FAISS's 40 is another breadth than the published 4 too
