@@ -77,6 +77,9 @@ def main() -> None:
         tune_s = time.perf_counter() - started
         report = json.loads((root / "report.json").read_text())
     structures = report["structures"]
+    for s in structures:  # a report of the command before breadths were compared names neither
+        s.setdefault("label", s["factory"])
+        s.setdefault("ef_construction", None)
     published = structures[0]["ef_construction"]
     now, before = best(structures), best([s for s in structures if s["ef_construction"] == published])
     wider_build_s = sum(s["build_s"] for s in structures if s["ef_construction"] != published)

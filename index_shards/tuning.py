@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,7 @@ from retrieval.tuning_choice import (  # the choosing half (pure numpy): the gat
     is_lossy,
     merge_top_k,
 )
+from retrieval.types import check_ef_construction
 
 # Candidate values: roughly ×1.5 steps, so the frontier has enough points and the chosen value
 # is at most ~1.5× the cheapest that would do.
@@ -311,13 +313,21 @@ class Structure:
         return structure_label(self.factory, self.ef_construction)
 
 
-def structures_to_try(factory: str, dim: int, min_count: int, published_breadth: int | None) -> list[Structure]:
+def structures_to_try(factory: str, dim: int, min_count: int, published_breadth: int | None,
+                      breadths: Sequence[int] | None = None) -> list[Structure]:
     """Every structure ``--rebuild`` builds and tunes for a published ``factory`` (itself first,
-    as published): :func:`structure_candidates`, each HNSW one at every :func:`breadth_candidates`."""
-    published = Structure(factory.replace(" ", ""), published_breadth if "HNSW" in factory.upper() else None)
+    as published): :func:`structure_candidates`, each HNSW one at every breadth of ``breadths``
+    (default :func:`breadth_candidates`). FAISS's 40 is named None, so the same graph is never
+    built twice under two names."""
+    def named(breadth: int | None) -> int | None:
+        return None if breadth == FAISS_EF_CONSTRUCTION else breadth
+
+    published = Structure(factory.replace(" ", ""), named(published_breadth) if "HNSW" in factory.upper() else None)
     out = [published]
     for candidate in structure_candidates(factory, dim, min_count):
-        out += [Structure(candidate, breadth) for breadth in breadth_candidates(candidate, published_breadth)]
+        tried = breadth_candidates(candidate, published_breadth) if breadths is None or "HNSW" not in \
+            candidate.upper() else [check_ef_construction(b) for b in breadths]
+        out += [Structure(candidate, named(breadth)) for breadth in tried]
     return list(dict.fromkeys(out))
 
 

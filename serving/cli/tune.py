@@ -37,6 +37,7 @@ from index_shards.tuning import (
 )
 from retrieval.errors import ConfigError, InvalidRequest
 from retrieval.tuning_choice import ShardTuning, TuneReport, choose, split_holdout
+from retrieval.types import check_ef_construction
 from serving.cli.common import root_of
 from serving.cli.task_runners import Runner, local_runner, ray_runner
 from serving.cli.tune_report import best_of, breadth_flag, plot_frontier, print_report, print_structures
@@ -94,7 +95,7 @@ def run_rebuild(args: argparse.Namespace, runner: Runner) -> tuple[list[Structur
     shards = [str(shard_dir(directory, i)) for i in range(manifest.num_shards)]
     min_count = min(read_shard_manifest(d).count for d in shards)
     structures = structures_to_try(manifest.factory, manifest.embedding_version.dim, min_count,
-                                   manifest.ef_construction)  # PQ/SQ: refused
+                                   manifest.ef_construction, args.ef_construction)  # PQ/SQ: refused
     queries, exclude, source = _tuning_queries(args, runner, shards, manifest.embedding_version.id)
     print(f"rebuilding {args.collection} version {manifest.embedding_version.id} ({manifest.num_shards} shards of "
           f"≥{min_count:,} vectors) as {len(structures)} structures ({', '.join(s.label for s in structures)}), "
@@ -109,6 +110,22 @@ def run_rebuild(args: argparse.Namespace, runner: Runner) -> tuple[list[Structur
     return reports, best, directory, manifest
 
 
+def breadths(text: str) -> list[int]:
+    """``--ef-construction``'s comma-separated list (each within the build's range)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of integers, e.g. 40,100") from None
+    if not values:
+        raise argparse.ArgumentTypeError("at least one breadth, e.g. 40,100")
+    for value in values:
+        try:
+            check_ef_construction(value)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+    return values
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise InvalidRequest("--k must be ≥ 1", field="k")
@@ -120,6 +137,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise InvalidRequest("--max-value must be ≥ 1", field="max_value")
     if args.sample < 10:
         raise InvalidRequest("--sample must be ≥ 10", field="sample")
+    if args.ef_construction is not None and not args.rebuild:
+        raise InvalidRequest("--ef-construction lists the build breadths --rebuild links HNSW candidates with; "
+                             "add --rebuild (tuning the published index never rebuilds it)", field="ef_construction")
     if args.live:
         return _tune_live(args)
     runner = ray_runner(args.ray_address) if args.backend == "ray" else \
@@ -279,4 +299,8 @@ def add_tune_command(commands: Any) -> None:
                            "linked wider (ef_construction 100, or twice the published) — tune each, and "
                            "report the cheapest structure that meets --recall (PQ/SQ versions: refused, their "
                            "vectors cannot be decoded exactly)")
+    tune.add_argument("--ef-construction", type=breadths, default=None, metavar="N[,N...]",
+                      help="with --rebuild: the build breadths to link every HNSW candidate with, e.g. 40 "
+                           "(FAISS's default only: compare M alone) or 40,100,200 (default: the published "
+                           "version's breadth and a wider one, 100 or twice the published)")
     tune.set_defaults(func=cmd_tune)

@@ -118,11 +118,15 @@ def test_bad_arguments_fail_fast_naming_the_flag(tmp_path):
     build_collection(tmp_path, documents, vectors, version, BuildConfig("c", 1, "hash", "IVF8,Flat"),
                      show_progress=False)
     bad = ((["--recall", "1.5"], "recall"), (["--k", "0"], "k"), (["--sample", "3"], "sample"),
-           (["--queries", str(tmp_path / "missing.txt")], "queries"), (["--max-value", "0"], "max_value"))
+           (["--queries", str(tmp_path / "missing.txt")], "queries"), (["--max-value", "0"], "max_value"),
+           (["--ef-construction", "100"], "ef_construction"))  # build breadths without --rebuild: nothing to build
     for flags, field in bad:
         with pytest.raises(InvalidRequest) as caught:
             _tune(tmp_path, *flags)
         assert caught.value.field == field
+    for breadths in ("2", "40,x", ","):  # out of the build's range, not integers, none: refused while parsing
+        with pytest.raises(SystemExit):
+            _tune(tmp_path, "--rebuild", "--ef-construction", breadths)
     with pytest.raises(NotFound):
         _tune(tmp_path / "elsewhere")
     assert read_search_defaults(resolve_version(tmp_path, "c")[0]) is None

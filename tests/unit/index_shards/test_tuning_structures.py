@@ -53,6 +53,20 @@ def test_every_hnsw_candidate_is_also_linked_wider_than_published():
     assert [s.label for s in flat[:3]] == ["Flat", "HNSW16", "HNSW16 efC100"]
 
 
+def test_the_breadths_asked_for_replace_the_default_pair_and_40_is_faiss_default():
+    # --ef-construction 40: M alone, as before breadths were compared (40 is the published None)
+    assert structures_to_try("HNSW16", 384, 5_000, None, [40]) == [Structure(f"HNSW{m}") for m in (16, 8, 24, 32, 48)]
+    wide = structures_to_try("HNSW16", 384, 5_000, 64, [40, 64, 200])
+    assert wide[0] == Structure("HNSW16", 64)  # the published graph, as published, first
+    assert {s.ef_construction for s in wide if s.factory == "HNSW8"} == {None, 64, 200}
+    assert len(wide) == 15  # 5 M × 3 breadths, the published one once
+    ivf = structures_to_try("IVF64,Flat", 384, 5_000, None, [100])
+    assert all(s.ef_construction is None for s in ivf)  # no graph: breadths do not apply
+    with pytest.raises(ConfigError) as caught:
+        structures_to_try("HNSW16", 384, 5_000, None, [1])
+    assert caught.value.field == "ef_construction"
+
+
 def tuning(right_from: int, seconds: float) -> ShardTuning:
     """One shard's answers to 40 queries (query i's true neighbour is id i) at ef_search 8, 16,
     32: right from ``right_from`` on, wrong below it; every value timed at ``seconds``."""
