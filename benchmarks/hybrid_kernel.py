@@ -32,7 +32,7 @@ import numpy as np
 import index_shards.hybrid_search as hybrid_search
 from benchmarks.common import machine_info, write_result
 from benchmarks.hybrid_shard import SPEC, inputs, report, shards_and_statistics
-from index_shards.hybrid_sealed import MAX_DEPTH, SealedAnswer, sealed_batch, term_plan
+from index_shards.hybrid_sealed import MAX_DEPTH, SealedAnswer, sealed, sealed_batch, term_plan
 from index_shards.segment import LiveShard
 from retrieval.bm25 import K1, B, CorpusStats, LexicalQuery
 from retrieval.filters import Filter
@@ -270,9 +270,10 @@ def run(live: LiveShard, vectors: np.ndarray, queries: list[str], stats: list[Co
         fuse: Callable[..., list[SealedAnswer | None]]) -> list[Any]:
     """Every query in calls of ``batch`` through ``hybrid_search.fused_search`` (its documents and
     columns included), the batch pass being ``fuse`` — for calls of every size."""
-    saved = hybrid_search.sealed_batch, hybrid_search.MIN_SEALED_BATCH
+    saved = hybrid_search.sealed_batch, hybrid_search.batch_pass_applies
     hybrid_search.sealed_batch = fuse
-    hybrid_search.MIN_SEALED_BATCH = 1 if fuse is not sealed_batch else saved[1]
+    if fuse is not sealed_batch:  # the kernel answers calls of every size
+        hybrid_search.batch_pass_applies = lambda live, _: sealed(live)
     answers: list[Any] = []
     try:
         for _ in range(repeat):
@@ -281,7 +282,7 @@ def run(live: LiveShard, vectors: np.ndarray, queries: list[str], stats: list[Co
                 lexical = [LexicalQuery(text, stats[start + i], SPEC) for i, text in enumerate(queries[chunk])]
                 answers.extend(hybrid_search.fused_search(live, vectors[chunk], lexical, 10))
     finally:
-        hybrid_search.sealed_batch, hybrid_search.MIN_SEALED_BATCH = saved
+        hybrid_search.sealed_batch, hybrid_search.batch_pass_applies = saved
     return answers
 
 

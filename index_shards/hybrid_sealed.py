@@ -9,7 +9,8 @@ by element, so the same bits. It follows the per-query path step for step: docum
 both legs' first lists whose BM25 could lift them past the k-th are added, and a query with more
 of them than a few times the dense leg's depth reads that leg 4× deeper (a second pass for those
 queries, with their lexical leg as the first pass scored it). A call of fewer than
-:data:`MIN_SEALED_BATCH` queries, or a shard with writes since its base, goes the per-query way.
+:data:`MIN_SEALED_BATCH` queries, a shard with writes since its base, or a base of more than
+:data:`MAX_SEALED_ROWS` documents goes the per-query way (:func:`batch_pass_applies`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ MAX_DEPTH = 4096  # how deep either leg is read at most (a shard's answer stays 
 # from about three queries (one 2.5k-document shard: 1 query 0.45 against 0.39 ms, 2 even, 3 0.30
 # against 0.33, 7 0.23 against 0.30); c=1 traffic arrives one query a call
 MIN_SEALED_BATCH = 3
+# ... and only on a base of at most this many documents. The pass scores a queries × documents
+# array and walks every touched (query, document) cell again for each deeper read of the dense
+# leg; the per-query path walks one query's postings. Calls of 7 weighted queries, ms a query,
+# batch pass against per-query path (benchmarks/hybrid_scale.py's shards; HNSW32 / IVF256,Flat /
+# Flat): 10k 0.55/0.63, 0.45/0.50, 0.77/0.79; 30k 0.93/0.97, 0.88/0.88, 1.56/1.52; 50k
+# 1.47/1.40, 1.48/1.42, 3.76/3.31; 100k 2.34/1.85, 2.25/1.95, 7.76/7.39 — the same answers.
+MAX_SEALED_ROWS = 32_768
 # how deep a weighted hybrid reads the dense leg first on a flat shard of n documents: n // 128, at
 # most 512 (and at least the request's depth). The documents holding a query's terms grow with the
 # shard, and with them those that could still reach the k-th past a shallow dense list: on a 100k
@@ -78,8 +86,15 @@ def first_read(live: LiveShard, depth: int) -> int:
 
 
 def sealed(live: LiveShard) -> bool:
-    """Whether the batch pass applies: nothing written since the base."""
+    """Whether the shard is as its base was built: nothing written since."""
     return live.segment_size == 0 and live.tombstones == 0
+
+
+def batch_pass_applies(live: LiveShard, queries: int) -> bool:
+    """Whether a call of ``queries`` weighted queries goes through :func:`sealed_batch`: enough
+    queries to pay for it, a :func:`sealed` shard, and a base small enough that it is the cheaper
+    way (:data:`MAX_SEALED_ROWS`)."""
+    return queries >= MIN_SEALED_BATCH and sealed(live) and live.base.lexicon.count <= MAX_SEALED_ROWS
 
 
 def sealed_batch(live: LiveShard, vectors: np.ndarray, queries: Sequence[LexicalQuery], k: int, read: int, *,

@@ -34,10 +34,9 @@ import numpy as np
 
 from index_shards.hybrid_sealed import (
     MAX_DEPTH,
-    MIN_SEALED_BATCH,
+    batch_pass_applies,
     distinct,
     first_read,
-    sealed,
     sealed_batch,
     similarity_f64,
 )
@@ -102,7 +101,7 @@ def fused_search(live: LiveShard, vectors: np.ndarray, queries: Sequence[Lexical
     assert all(spec is not None for spec in specs)  # the caller routes only weighted hybrid queries here
     first = first_read(live, max(max(spec.depth, k) for spec in specs if spec is not None))
     finished = sealed_batch(live, vectors, queries, k, first, nprobe=nprobe, ef_search=ef_search, filter_=filter_) \
-        if len(queries) >= MIN_SEALED_BATCH and sealed(live) else [None] * len(queries)
+        if batch_pass_applies(live, len(queries)) else [None] * len(queries)
     chosen: list[tuple[_Candidates, np.ndarray, np.ndarray, dict[str, list[float]], CorpusStats]] = []
     rest = [i for i, answer in enumerate(finished) if answer is None]
     if rest:  # a shard with writes since its base, or a query the batch pass could not finish

@@ -13,7 +13,7 @@ import pytest
 
 from index_shards import compaction, hybrid_sealed
 from index_shards.build import BuildConfig, build_collection
-from index_shards.hybrid_sealed import MIN_SEALED_BATCH, sealed, sealed_batch
+from index_shards.hybrid_sealed import MIN_SEALED_BATCH, batch_pass_applies, sealed, sealed_batch
 from index_shards.hybrid_search import fused_search
 from index_shards.layout import resolve_version, shard_dir
 from index_shards.segment import LiveShard
@@ -51,7 +51,7 @@ def assert_batch_is_alone(live: LiveShard, vectors: np.ndarray, queries: list[Le
                           filter_=None) -> None:
     """One call with the whole batch (the batch pass) against each query in a call of its own
     (the per-query path): equal, floats to the bit."""
-    assert len(queries) >= MIN_SEALED_BATCH and sealed(live)
+    assert batch_pass_applies(live, len(queries))
     together = fused_search(live, vectors, queries, k, filter_=filter_)
     for i, query in enumerate(queries):
         (alone,) = fused_search(live, vectors[i:i + 1], [query], k, filter_=filter_)
@@ -191,3 +191,19 @@ def test_a_deeper_pass_reuses_its_queries_lexical_leg_as_scored(msmarco, tmp_pat
         for name in ("per_bm25", "bm25", "touched_q", "touched_rows", "touched", "in_top"):
             mine, theirs = getattr(part, name), getattr(alone, name)
             assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), (chosen, name)
+
+
+def test_a_big_base_answers_a_batch_the_per_query_way_with_the_same_answers(msmarco, tmp_path, monkeypatch):
+    """Past MAX_SEALED_ROWS documents the per-query path is the cheaper one (measured in the
+    constant's comment): a batch there never reaches the batch pass, and answers as before."""
+    (live,) = live_shards(tmp_path / "c", msmarco.documents, msmarco.vectors, msmarco.version, 1)
+    texts = [msmarco.dataset.queries[q] for q in msmarco.query_ids][:7]
+    vectors = msmarco.query_vectors[:7].astype(np.float32)
+    queries = [LexicalQuery(text, None, WeightedFusion(0.8, 0.2, 20)) for text in texts]
+    assert batch_pass_applies(live, 7) and not batch_pass_applies(live, MIN_SEALED_BATCH - 1)
+    small = fused_search(live, vectors, queries, 10)
+    monkeypatch.setattr(hybrid_sealed, "MAX_SEALED_ROWS", live.base.lexicon.count - 1)
+    assert sealed(live) and not batch_pass_applies(live, 7)
+    passes = []
+    monkeypatch.setattr(hybrid_sealed, "_pass", lambda *args: passes.append(args) or [None] * len(args[2]))
+    assert fused_search(live, vectors, queries, 10) == small and not passes
