@@ -177,11 +177,11 @@ def _rebuild(args: argparse.Namespace, runner: Runner) -> int:
              "index_bytes": s.index_bytes, **s.report.to_dict()} for s in reports],
             "chosen": best.factory if best else None,
             "chosen_ef_construction": best.ef_construction if best else None}, indent=1))
-    if args.plot:
-        tuned = [s for s in reports if s.report.knob is not None]
-        if tuned and plot_frontier(tuned[0].report, Path(args.plot), [s.report for s in tuned[1:]],
-                                   [s.label for s in tuned]):
-            print(f"plot: {args.plot}")
+    tuned = [s for s in reports if s.report.knob is not None]
+    if args.plot and tuned:  # exact structures have no frontier to draw
+        print(f"plot: {args.plot}" if plot_frontier(tuned[0].report, Path(args.plot), [s.report for s in tuned[1:]],
+                                                    [s.label for s in tuned])
+              else "no plot: matplotlib is not installed (pip install 'shardrag[bench]')")
     if best is None:
         print(f"\nno structure reaches recall@{args.k} {args.recall} with 95 % confidence; nothing written.",
               file=sys.stderr)
