@@ -279,8 +279,12 @@ def evaluate_index(index: faiss.Index, factory: str, metric: str, shard_id: int,
 
 
 def _relinked(task: ShardTask, factory: str, breadth: int | None) -> bool:
-    """Whether ``task`` asks for the published HNSW ``factory`` linked with another breadth."""
-    return "HNSW" in factory.upper() and task.ef_construction != breadth
+    """Whether ``task`` asks for the published HNSW ``factory`` linked with another breadth (None
+    and 40 are the same: FAISS's default)."""
+    def named(value: int | None) -> int:
+        return FAISS_EF_CONSTRUCTION if value is None else value
+
+    return "HNSW" in factory.upper() and named(task.ef_construction) != named(breadth)
 
 
 def _exact_answers(index: faiss.Index, metric: str, queries: np.ndarray, ask: int,

@@ -149,3 +149,7 @@ def test_a_tune_rebuild_relinks_the_published_graph_only_at_another_breadth(tmp_
     assert as_published == 0 and wider > 0  # only the other breadth was built
     assert wider_recall > published_recall + 0.15
     assert evaluated(None)[0] > 0  # FAISS's 40 is another breadth than the published 4 too
+    default = build(tmp_path / "default", "HNSW16", 40)  # a build that named FAISS's own 40
+    unnamed = evaluate_shard(ShardTask(str(default.directory), queries, exclude, 10, max_value=10,
+                                       rebuild_as="HNSW16", ef_construction=None))
+    assert unnamed.build_s == 0  # None is 40: the published graph, tuned as it is
