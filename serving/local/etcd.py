@@ -33,10 +33,24 @@ def etcd_available() -> bool:
     return os.access(ETCD, os.X_OK)
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1 now. Every socket stays bound until all are, so
+    the kernel cannot hand one port out twice — one at a time it did, and two members given the
+    same peer port made all three refuse to start."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 class EtcdMember:
@@ -91,11 +105,20 @@ class EtcdCluster:
         if hosts is not None and len(hosts) != members:
             raise ConfigError(f"{members} etcd members need {members} hosts, not {len(hosts)}", field="hosts")
         self.directory = Path(directory) / "etcd"
-        ports = [(2379, 2380) if hosts else (free_port(), free_port()) for _ in range(members)]
-        addresses = [h.address for h in hosts] if hosts else ["127.0.0.1"] * members
+        self.hosts = hosts
+        self.members = self._members(members)
+
+    def _members(self, count: int) -> list[EtcdMember]:
+        hosts = self.hosts
+        if hosts:
+            ports = [(2379, 2380)] * count
+        else:
+            picked = free_ports(2 * count)
+            ports = [(picked[2 * i], picked[2 * i + 1]) for i in range(count)]
+        addresses = [h.address for h in hosts] if hosts else ["127.0.0.1"] * count
         initial = ",".join(f"m{i}=http://{addresses[i]}:{peer}" for i, (_, peer) in enumerate(ports))
-        self.members = [EtcdMember(f"m{i}", self.directory, client, peer, initial, hosts[i] if hosts else None)
-                        for i, (client, peer) in enumerate(ports)]
+        return [EtcdMember(f"m{i}", self.directory, client, peer, initial, hosts[i] if hosts else None)
+                for i, (client, peer) in enumerate(ports)]
 
     @property
     def client_urls(self) -> list[str]:
@@ -106,18 +129,37 @@ class EtcdCluster:
         """The ``--coordinator`` value naming every member."""
         return "etcd://" + ",".join(url[len("http://"):] for url in self.client_urls)
 
-    def start(self, timeout_s: float = 30.0) -> EtcdCluster:
-        for member in self.members:
-            member.start()
-        self.wait_healthy(timeout_s)
+    def start(self, timeout_s: float = 30.0, attempts: int = 3) -> EtcdCluster:
+        """Start every member of a new cluster and wait until each answers. On 127.0.0.1 a port
+        chosen free can be taken before etcd binds it (another test's process): a member that
+        exits while the cluster starts means fresh ports and a fresh start, up to ``attempts``."""
+        for attempt in range(1, max(attempts, 1) + 1):
+            for member in self.members:
+                member.start()
+            try:
+                self.wait_healthy(timeout_s, every_member=True)
+                return self
+            except RuntimeError:
+                exited = not all(member.alive for member in self.members)
+                self.stop()
+                if self.hosts is not None or attempt == attempts or not exited:
+                    raise
+            for member in self.members:  # a new cluster: nothing of the failed start is kept
+                shutil.rmtree(member.directory / f"{member.name}.data", ignore_errors=True)
+            self.members = self._members(len(self.members))
         return self
 
-    def wait_healthy(self, timeout_s: float = 30.0) -> None:
+    def wait_healthy(self, timeout_s: float = 30.0, *, every_member: bool = False) -> None:
+        """Until every running member answers (``every_member``: every member, and one that has
+        exited fails at once — as at a cluster's start, where none is meant to be down)."""
         deadline = time.monotonic() + timeout_s
         while True:
             problems = []
             for member in self.members:
                 if not member.alive:
+                    if every_member:
+                        raise RuntimeError(f"etcd member {member.name} exited while the cluster started:\n"
+                                           + (member.log.read_text()[-2000:] if member.log.exists() else ""))
                     continue
                 try:
                     answer = httpx.post(f"{member.client_url}/v3/kv/range", json={"key": "Lw=="}, timeout=1.0)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from serving.local.etcd import MISSING, EtcdCluster, EtcdMember, etcd_available, free_port
+from serving.local.etcd import MISSING, EtcdCluster, EtcdMember, etcd_available, free_port, free_ports
 
-__all__ = ["EtcdCluster", "EtcdMember", "etcd_available", "free_port", "require_etcd"]
+__all__ = ["EtcdCluster", "EtcdMember", "etcd_available", "free_port", "free_ports", "require_etcd"]
 
 
 def require_etcd() -> None:

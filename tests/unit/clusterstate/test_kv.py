@@ -3,6 +3,7 @@ the same tests: compare-and-swap, prefixes, leases that lapse and take their key
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 
@@ -13,7 +14,7 @@ from clusterstate.etcd import EtcdKV
 from clusterstate.kv import KV, LeaseExpired
 from clusterstate.local import LocalKV
 from retrieval.errors import ConfigError, CoordinatorUnavailable
-from tests.helpers.etcd import EtcdCluster, free_port
+from tests.helpers.etcd import EtcdCluster, free_port, free_ports
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,39 @@ def test_one_dead_member_of_three_is_passed_over(tmp_path):
         assert kv.put("/t/k", b"v") is not None
         cluster.members[0].kill()
         assert kv.get("/t/k").value == b"v" and kv.put("/t/k", b"w") is not None
+
+
+def test_ports_picked_together_are_distinct():
+    # one at a time the kernel handed one port out twice: two members on one peer port, no cluster
+    ports = free_ports(64)
+    assert len(set(ports)) == 64
+
+
+def test_a_member_whose_port_was_taken_starts_again_on_fresh_ports(tmp_path):
+    """A port chosen free can be taken before etcd binds it (another test's process): the member
+    exits, and the cluster starts again on new ports instead of reporting itself healthy."""
+    cluster = EtcdCluster(tmp_path, members=3)
+    taken = int(cluster.members[1].peer_url.rsplit(":", 1)[1])
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        with cluster:
+            assert all(member.alive for member in cluster.members)
+            assert all(not member.peer_url.endswith(f":{taken}") for member in cluster.members)
+            kv = EtcdKV(cluster.client_urls, timeout_s=1.0)
+            assert kv.put("/t/k", b"v") is not None and kv.get("/t/k").value == b"v"
+    assert "address already in use" in (tmp_path / "etcd" / "m1.log").read_text()
+
+
+def test_a_start_that_cannot_succeed_says_which_member_exited(tmp_path):
+    cluster = EtcdCluster(tmp_path, members=1)
+    taken = int(cluster.members[0].client_url.rsplit(":", 1)[1])
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        with pytest.raises(RuntimeError, match="etcd member m0 exited while the cluster started"):
+            cluster.start(attempts=1)
+    assert not any(member.alive for member in cluster.members)
 
 
 def test_coordinator_specs(tmp_path):
