@@ -28,7 +28,10 @@ For each the parameters best on msmarco are applied unchanged to dbpedia (as the
 and the best dbpedia figure any of its parameters reaches is shown too. Then BM25's own k1 and b
 (the shards use Lucene's 1.2 and 0.75) over a grid, chosen together with the weighted fusion's
 weight on msmarco, and the title counted 1–4 times in a document's BM25 (dbpedia's documents have
-titles; msmarco's have none, so its figures and chosen weight stay). JSON:
+titles; msmarco's have none, so its figures and chosen weight stay). Last, pseudo-relevance
+feedback (Rocchio on the query vector: the top m documents' mean vector added β times, by the
+dense leg alone or by the weighted fusion), given to the dense ranking and to the hybrid alike, so
+that what the lexical leg adds is compared with feedback on both sides. JSON:
 benchmarks/results/hybrid_fusions.json.
 """
 
@@ -56,6 +59,8 @@ BM25_K1 = (0.4, 0.7, 0.9, 1.2, 1.6, 2.0, 3.0)  # BM25's own parameters tried bes
 BM25_B = (0.2, 0.4, 0.6, 0.75, 0.9, 1.0)
 GATES = {"gate-top": (0.3, 0.5, 0.7, 0.9), "gate-agree": (0.2, 0.4, 0.6, 0.8), "gate-dense-gap": (0.1, 0.2, 0.3, 0.5)}
 TITLE_COUNTS = (1, 2, 3, 4)  # how many times a title's terms count in its document's BM25
+FEEDBACK_DEPTHS = (3, 5, 10)  # m: how many top documents feed back into the query vector
+FEEDBACK_BETAS = (0.25, 0.5, 1.0, 2.0)  # β: their mean vector's weight beside the query's
 
 
 @dataclass
@@ -92,6 +97,8 @@ class Corpus:
     cosine: np.ndarray
     lexicon: BaseLexicon
     qrels: dict[str, dict[str, int]]
+    vectors: np.ndarray  # the documents' (float64), for pseudo-relevance feedback
+    query_vectors: np.ndarray
 
 
 def load(name: str, encoder: CachingEncoder, title_count: int = 1) -> Corpus:
@@ -105,7 +112,7 @@ def load(name: str, encoder: CachingEncoder, title_count: int = 1) -> Corpus:
     lexicon = BaseLexicon.build((row, "\n".join([d.title] * title_count) if d.title else "", d.text)
                                 for row, d in enumerate(documents))
     return Corpus(name, [d.doc_id for d in documents], query_ids, [judged[q] for q in query_ids],
-                  query_vectors @ vectors.T, lexicon, dataset.qrels)
+                  query_vectors @ vectors.T, lexicon, dataset.qrels, vectors, query_vectors)
 
 
 def matrices(corpus: Corpus, k1: float = K1, b: float = B) -> Matrices:
@@ -162,6 +169,43 @@ def title_grid(corpora: dict[str, Corpus], encoder: CachingEncoder) -> list[dict
                      "dbpedia": round(cells[chosen], 4), "best_dbpedia": round(max(cells.values()), 4),
                      "best_w": max(cells, key=lambda w: cells[w])})
     return rows
+
+
+def with_feedback(corpus: Corpus, m: Matrices, source: str, depth: int, beta: float) -> Matrices:
+    """The matrices with every query's vector moved towards its top ``depth`` documents (Rocchio):
+    q + β·mean, renormalized; ranked first by the dense leg (``source`` "dense") or by the
+    weighted fusion at 0.8 ("fused": the lexical leg picks the feedback too)."""
+    first = m.cosine if source == "dense" else fuse("weighted", m, 0.8)
+    top = np.argsort(-first, axis=1, kind="stable")[:, :depth]
+    moved = corpus.query_vectors + beta * corpus.vectors[top].mean(axis=1)
+    moved /= np.linalg.norm(moved, axis=1, keepdims=True)
+    return Matrices(m.doc_ids, m.query_ids, moved @ corpus.vectors.T, m.bm25, m.bound, m.qrels)
+
+
+def feedback_grid(corpora: dict[str, Corpus], sets: dict[str, Matrices]) -> dict[str, Any]:
+    """Dense with feedback (depth, β chosen on msmarco) against the weighted hybrid with feedback
+    (depth, β, its source and weight chosen on msmarco): is the lexical leg still worth its place
+    once the dense ranking has feedback too? Every cell, both choices and the best dbpedia cells."""
+    cells: dict[str, dict[str, float]] = {}
+    for depth in FEEDBACK_DEPTHS:
+        for beta in FEEDBACK_BETAS:
+            moved = {source: {name: with_feedback(corpora[name], m, source, depth, beta) for name, m in sets.items()}
+                     for source in ("dense", "fused")}
+            cells[f"dense m={depth} beta={beta}"] = {name: round(f.ndcg(f.cosine), 4)
+                                                      for name, f in moved["dense"].items()}
+            for source in ("dense", "fused"):
+                for w in WEIGHTS:
+                    cells[f"hybrid from={source} m={depth} beta={beta} w={w}"] = {
+                        name: round(f.ndcg(fuse("weighted", f, w)), 4) for name, f in moved[source].items()}
+
+    def chosen(prefix: str) -> str:
+        return max((p for p in cells if p.startswith(prefix)), key=lambda p: (cells[p]["msmarco"], p))
+
+    def best_dbpedia(prefix: str) -> str:
+        return max((p for p in cells if p.startswith(prefix)), key=lambda p: cells[p]["dbpedia"])
+
+    return {"cells": cells, "dense_chosen": chosen("dense"), "hybrid_chosen": chosen("hybrid"),
+            "dense_best_dbpedia": best_dbpedia("dense"), "hybrid_best_dbpedia": best_dbpedia("hybrid")}
 
 
 def ranks(scores: np.ndarray) -> np.ndarray:
@@ -275,8 +319,14 @@ def main() -> None:
     for row in titles:
         print(f"title ×{row['title_count']}: lexical {row['lexical']:.4f}, w {row['w']:.2f} → dbpedia "
               f"{row['dbpedia']:.4f}; best {row['best_dbpedia']:.4f} (w {row['best_w']:.2f})")
+    print("\npseudo-relevance feedback on both sides (Rocchio; choices on msmarco, applied to dbpedia):")
+    feedback = feedback_grid(corpora, sets)
+    for label in ("dense_chosen", "hybrid_chosen", "dense_best_dbpedia", "hybrid_best_dbpedia"):
+        cell = feedback[label]
+        print(f"{label:>20}: {cell:<40} msmarco {feedback['cells'][cell]['msmarco']:.4f}, "
+              f"dbpedia {feedback['cells'][cell]['dbpedia']:.4f}")
     results: dict[str, Any] = {"machine": machine_info(), "k": K, "legs": legs, "summary": summary, "grid": cells_of,
-                               "bm25_parameters": parameters, "title_counts": titles}
+                               "bm25_parameters": parameters, "title_counts": titles, "feedback": feedback}
     print(f"\nwrote {write_result('hybrid_fusions', results)}")
 
 
