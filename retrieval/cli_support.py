@@ -2,8 +2,9 @@
 ``python -m training``): log format, and one exit-status convention.
 
     0    done
-    2    an error: a bad flag or value, a damaged shard, a refused request — printed as one
-         ``error: ...`` line on stderr (argparse's own usage errors exit 2 as well)
+    2    an error: a bad flag or value, a damaged shard, a refused request, a server that does not
+         answer — printed as one ``error: ...`` line on stderr (argparse's own usage errors
+         exit 2 as well)
     130  interrupted (Ctrl-C)
 """
 
@@ -30,3 +31,23 @@ def run_command(args: argparse.Namespace, *, verbose: bool = False, log_level: s
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        unreachable = _unreachable(exc)
+        if unreachable is None:
+            raise
+        print(f"error: {unreachable}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _unreachable(exc: Exception) -> str | None:
+    """A command's HTTP call that never got an answer (refused, timed out, a name that does not
+    resolve) as one line, or None for any other error. httpx is looked up, not imported: a command
+    that never loaded it cannot have raised its errors."""
+    httpx = sys.modules.get("httpx")
+    if httpx is None or not isinstance(exc, httpx.TransportError):
+        return None
+    try:
+        where = f" {exc.request.method} {exc.request.url}"
+    except RuntimeError:  # an error raised without its request
+        where = ""
+    return f"no answer from{where}: {exc or type(exc).__name__} (is a server running at that URL?)"
