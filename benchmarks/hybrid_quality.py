@@ -21,28 +21,25 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from benchmarks.common import data_dir, machine_info, write_result
 from index_shards.build import BuildConfig, build_collection
-from retrieval.datasets import load_beir
+from retrieval.client import ShardragClient
+from retrieval.datasets import BeirDataset, load_beir
 from retrieval.embedding_cache import CachingEncoder, EmbeddingCache, default_cache_dir
 from retrieval.encoders import encode_documents, load_default_encoder
 from retrieval.fusion import DEFAULT_WEIGHTS, DENSE
 from retrieval.ir_metrics import ndcg_at_k
+from retrieval.search_quality import SearchSetting, rankings_of, settings_for
 from serving.local.launcher import LocalCluster
 
 SHARDS = 3
 GRID = [round(0.05 * i, 2) for i in range(1, 20)]
 
 
-def ndcg(http: httpx.Client, dataset: Any, extra: dict[str, Any]) -> float:
-    rankings = {}
-    for query_id, text in dataset.judged_queries().items():
-        reply = http.post("/v1/query", json={"text": text, "k": 10, "with_text": False, **extra})
-        reply.raise_for_status()
-        rankings[query_id] = [hit["doc_id"] for hit in reply.json()["hits"]]
-    return ndcg_at_k(rankings, dataset.qrels, 10)
+def ndcg(client: ShardragClient, dataset: BeirDataset, setting: SearchSetting) -> float:
+    """nDCG@10 of the judged queries through ``/v1/query`` at k=10 (``retrieval.search_quality``,
+    what ``shardrag eval --url`` runs)."""
+    return ndcg_at_k(rankings_of(client, dataset.judged_queries(), setting), dataset.qrels, 10)
 
 
 def main() -> None:
@@ -56,16 +53,11 @@ def main() -> None:
             build_collection(root, dataset.corpus, vectors, encoder.version, BuildConfig(name, SHARDS),
                              show_progress=False)
             with LocalCluster(root, name, replicas=1, workdir=Path(tmp) / "logs") as cluster, \
-                    httpx.Client(base_url=cluster.gateway_url, timeout=120) as http:
-                modes = {
-                    "dense": ndcg(http, dataset, {}),
-                    "lexical": ndcg(http, dataset, {"mode": "lexical"}),
-                    "hybrid rrf": ndcg(http, dataset, {"mode": "hybrid", "fusion": "rrf"}),
-                    "hybrid weighted": ndcg(http, dataset, {"mode": "hybrid"}),
-                }
-                grid = {f"w={w}": ndcg(http, dataset, {
-                    "mode": "hybrid", "fusion": "weighted", "weights": {"dense": w, "lexical": round(1 - w, 2)}})
-                    for w in GRID}
+                    ShardragClient(cluster.gateway_url, timeout_s=120) as client:
+                modes = {setting.label: ndcg(client, dataset, setting)
+                         for setting in settings_for(("dense", "lexical", "rrf", "weighted"))}
+                grid = {f"w={setting.dense_weight}": ndcg(client, dataset, setting)
+                        for setting in settings_for((), GRID)}
         results["datasets"][name] = {"modes": modes, "weighted_grid": grid}
         print(f"\n{name}: " + ", ".join(f"{mode} {value:.4f}" for mode, value in modes.items()), flush=True)
     grid = results["datasets"]["msmarco"]["weighted_grid"]

@@ -14,8 +14,8 @@ from index_shards.layout import resolve_version, shard_dir
 from index_shards.shard import Shard
 from retrieval.datasets import BeirDataset
 from retrieval.encoders import Encoder
-from retrieval.ir_metrics import mrr_at_k, ndcg_at_k, recall_at_k
 from retrieval.merge import merge_topk_columns
+from retrieval.search_quality import metrics_of
 
 
 def evaluate_version(root: str | Path, collection: str, version_id: str, encoder: Encoder, dataset: BeirDataset, *,
@@ -35,7 +35,5 @@ def evaluate_version(root: str | Path, collection: str, version_id: str, encoder
         rankings[query_id] = [columns[s][0][i] for s, i in merge_topk_columns(columns, depth)]
     return {
         **({"rankings": rankings} if with_rankings else {}),
-        "version": version_id, "queries": len(query_ids),
-        "ndcg@10": ndcg_at_k(rankings, dataset.qrels, 10), "recall@10": recall_at_k(rankings, dataset.qrels, 10),
-        "recall@100": recall_at_k(rankings, dataset.qrels, 100), "mrr@10": mrr_at_k(rankings, dataset.qrels, 10),
+        "version": version_id, "queries": len(query_ids), **metrics_of(rankings, dataset.qrels),
     }

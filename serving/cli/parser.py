@@ -44,6 +44,8 @@ DESCRIPTION = """``shardrag`` — build, serve and query sharded retrieval colle
                   [--rollout]         ... and export, build, stage, activate it behind the gate (resumable)
   shardrag eval --collection NAME --dataset DIR --models default,CKPT
                                       nDCG@10 / recall / MRR through the sharded index
+  shardrag eval --url URL --dataset DIR [--weights 0.5:0.95:0.05]
+                                      ... through a running gateway, per search mode and fusion weight
   shardrag gateway --cluster FILE     run only the gateway process (used by serve and Helm)
   shardrag kv-node / generator        run a KV-cache node / an answer generator worker
 

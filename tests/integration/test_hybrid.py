@@ -5,9 +5,13 @@ and says where each leg ranked each hit; a filter holds on both legs; bad input 
 naming the field. nDCG@10 of every mode is reported (the acceptance table and the choice of
 weights: benchmarks/hybrid_quality.py)."""
 
+import json
 import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -25,9 +29,10 @@ from retrieval.bm25 import LexicalQuery
 from retrieval.contract import SearchParams
 from retrieval.ir_metrics import ndcg_at_k
 from retrieval.records import DELETE, UPSERT, WalRecord
+from retrieval.search_quality import best_weight
 from retrieval.types import EmbeddingVersion
 from serving.local.launcher import LocalCluster
-from tests.conftest import REPORT
+from tests.conftest import REPORT, data_dir
 from tests.helpers.metrics import lexical_rounds
 
 pytestmark = pytest.mark.slow
@@ -265,3 +270,60 @@ def test_bad_mode_input_is_refused_naming_the_field(setup):
         reply = http.post("/v1/query", json=body)
         assert 400 <= reply.status_code < 500, (body, reply.text)
         assert reply.json()["error"]["field"] == field, (body, reply.text)
+
+
+def test_eval_through_the_gateway_reports_each_mode_and_weight(setup):
+    """``shardrag eval --url``: the judged queries through the running gateway, one row per mode and
+    dense weight, the figures those queries give when sent here; the best weight named."""
+    corpus, cluster, http, _ = setup
+    name, queries = corpus.dataset.name, corpus.dataset.judged_queries()
+    command = [sys.executable, "-m", "serving", "eval", "--url", cluster.gateway_url, "--collection", name,
+               "--dataset", str(data_dir() / name)]
+    done = subprocess.run(command + ["--weights", "0.8,1", "--json"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = {row["setting"]: row for row in json.loads(done.stdout)}
+    assert list(rows) == ["dense", "lexical", "hybrid rrf", "hybrid weighted", "weighted w=0.8", "weighted w=1"]
+    for label, extra in {"dense": {}, "lexical": {"mode": "lexical"}, "hybrid rrf": {"mode": "hybrid", "fusion": "rrf"},
+                         "weighted w=0.8": {"mode": "hybrid", "weights": {"dense": 0.8, "lexical": 0.2}}}.items():
+        rankings = {query_id: [hit["doc_id"] for hit in query(http, text, **extra)["hits"]]
+                    for query_id, text in queries.items()}
+        assert rows[label]["ndcg@10"] == ndcg_at_k(rankings, corpus.dataset.qrels, 10), label
+        assert (rows[label]["queries"], rows[label]["k"]) == (len(queries), K)
+        assert 0 < rows[label]["recall@10"] <= 1 and 0 < rows[label]["mrr@10"] <= 1
+    # the gateway's default weights are 0.8 / 0.2; a lexical weight of 0 leaves the dense ranking
+    assert rows["hybrid weighted"]["ndcg@10"] == rows["weighted w=0.8"]["ndcg@10"]
+    assert rows["weighted w=1"]["ndcg@10"] == pytest.approx(rows["dense"]["ndcg@10"], abs=1e-9)
+    # without --url the same command searches the index files in process: the dense figures agree
+    on_disk = subprocess.run([sys.executable, "-m", "serving", "eval", "--collection", name, "--root",
+                              str(cluster.root), "--dataset", str(data_dir() / name), "--device", "cpu", "--json"],
+                             capture_output=True, text=True, timeout=600)
+    assert on_disk.returncode == 0, on_disk.stderr
+    (disk,) = json.loads(on_disk.stdout)
+    assert disk["ndcg@10"] == pytest.approx(rows["dense"]["ndcg@10"], abs=1e-9)
+    assert disk["mrr@10"] == pytest.approx(rows["dense"]["mrr@10"], abs=1e-9) and disk["queries"] == len(queries)
+
+    # the table, at k=20: a weighted hybrid is the exact fused top k, so its top 10 — and nDCG@10 — are
+    # the same as at k=10; the best weight is named
+    shown = subprocess.run(command + ["--modes", "dense", "--weights", "0.8,1", "--k", "20"], capture_output=True,
+                           text=True, timeout=600)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "R@20" in lines[0] and [line.split()[:2] for line in lines[2:4]] == [["weighted", "w=0.8"],
+                                                                                 ["weighted", "w=1"]]
+    assert [line.split()[2] for line in lines[2:4]] == [f"{rows[label]['ndcg@10']:.4f}"
+                                                       for label in ("weighted w=0.8", "weighted w=1")]
+    best = best_weight(list(rows.values()))
+    assert best is not None
+    assert lines[-1].startswith(f"best weighted fusion by nDCG@10: dense {best['dense_weight']:g},"), shown.stdout
+
+    for flags, words in ((["--weights", "2"], "between 0 and 1"), (["--modes", "sparse"], "unknown mode"),
+                         (["--models", "a,b"], "--models")):
+        refused = subprocess.run(command + flags, capture_output=True, text=True, timeout=600)
+        assert refused.returncode == 2 and refused.stderr.startswith("error: ") and words in refused.stderr, flags
+    # a gateway that is not there (a port held, never listening): one error line, not a traceback
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{held.getsockname()[1]}"
+        refused = subprocess.run([*command[:5], gone, *command[6:]], capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and f"error: no answer from POST {gone}/" in refused.stderr
+    assert "Traceback" not in refused.stderr
