@@ -14,13 +14,13 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from httpkit.api import ERROR_RESPONSES
+from httpkit.api import ERROR_RESPONSES, JSON_INTEGER, JsonInt
 from httpkit.auth import guard_from_env, internal_policy
 from httpkit.errors import install_error_handlers
 from httpkit.metrics import add_metrics_route
@@ -34,20 +34,21 @@ from serving.answer.result import GenerationResult
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     role: str = Field(pattern="^(system|user|assistant)$")
     content: str = Field(max_length=32_000)
 
 
 class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict, as the gateway's bodies: "false" is not a boolean nor true a token id
+    model_config = ConfigDict(extra="forbid", strict=True)
     messages: list[Message] | None = Field(None, min_length=1, description="chat messages (the model's template)")
-    prompt_ids: list[int] | None = Field(None, min_length=1, max_length=8192, description="or raw token ids")
-    max_new_tokens: int = Field(64, ge=1, le=1024)
+    prompt_ids: list[JsonInt] | None = Field(None, min_length=1, max_length=8192, description="or raw token ids")
+    max_new_tokens: Annotated[int, JSON_INTEGER] = Field(64, ge=1, le=1024)
     greedy: bool = True
     temperature: float = Field(0.7, gt=0, le=5)
     top_p: float = Field(0.9, gt=0, le=1)
-    seed: int | None = None
+    seed: JsonInt | None = None
     stream: bool = False
     use_cache: bool = Field(True, description="false: prefill everything (the cold baseline)")
     passages: list[str] | None = Field(None, max_length=64, description="the passages as they appear verbatim "

@@ -2,9 +2,10 @@
 builds a complete gateway (``factory``), the lexical and hybrid modes of a query
 (``search_modes``: BM25 across the shards, or both legs fused), its config (``config``: one settings dataclass per
 component), API models, the OpenAPI query schema, the cluster view and Prometheus metrics; the
-collections created at run time: their API (``collection_routes``), their rollouts
-(``collection_rollout``: re-embedding in place), their REST tune (``collection_tune``), a stack
-per collection (``collections``) and tenant confinement (``tenancy``).
+collections created at run time: their API (``collection_routes``; its create body:
+``collection_models``), their rollouts (``collection_rollout``: re-embedding in place), their REST
+tune (``collection_tune``), a stack per collection (``collections``) and tenant confinement
+(``tenancy``).
 
 May import every lower room of ``serving`` (answer, versions, shardcall, transport), ``httpkit``
 and ``retrieval``; never ``local``, ``cli`` or ``index_shards``.

@@ -25,23 +25,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Path, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
 from clusterstate.collections import NAME_PATTERN, CollectionSpec, Quotas, vector_version
 from httpkit.api import ERROR_RESPONSES, ErrorResponse
 from httpkit.asgi import read_request_body
 from httpkit.auth import SCOPE_KEY, ApiKey
 from httpkit.responses import EVENT_STREAM, json_response
-from retrieval.analysis import DEFAULT_LANGUAGE, languages
 from retrieval.errors import Forbidden, InvalidRequest, NotFound
-from retrieval.types import EF_CONSTRUCTION_RANGE
 from serving.answer.service import AnswerRequest, RetrieveFn
 from serving.gateway.api_models import QueryRequest
+from serving.gateway.collection_models import CollectionCreate
 from serving.gateway.collection_rollout import add_collection_rollout_routes
 from serving.gateway.collection_tune import add_collection_tune_route
 from serving.gateway.collections import CollectionStack, live_count
@@ -65,68 +62,6 @@ from serving.writes.snapshots import live_snapshot
 RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES, 404: {"model": ErrorResponse, "description": "no such collection (or document)"}}
 NamePath = Annotated[str, Path(pattern=NAME_PATTERN.pattern, description="collection name")]
-
-
-class QuotasModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    # bounded: the cluster state's JSON holds 64-bit integers (a larger one was a 500, found by the fuzzer)
-    max_documents: int = Field(0, ge=0, le=10**15, description="live documents the collection may hold (0: no limit)")
-    max_rps: float = Field(0.0, ge=0, le=1e6, description="requests per second per gateway (0: no limit)")
-
-
-class CollectionCreate(BaseModel):
-    """Give ``dim`` (a vector-only collection: clients send vectors) or ``model`` (text is embedded
-    by that encoder; it must be one this gateway serves)."""
-
-    # Exactly one of the two (the schema's oneOf says so); neither takes null.
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [{"required": ["dim"]},
-                                                                          {"required": ["model"]}]})
-
-    dim: int = Field(None, ge=1, le=65536, description="vector dimension (vector-only collections)")  # type: ignore[assignment]
-    model: str = Field(None, min_length=1, max_length=200,  # type: ignore[assignment]
-                       description="encoder that embeds text (one this gateway serves)")
-    metric: Literal["ip", "l2"] = Field("ip", description="ip (cosine on normalised vectors) or l2")
-    shards: int = Field(1, ge=1, le=16, description="slices of the index")
-    replicas: int = Field(1, ge=1, le=7, description="copies of each slice, on distinct nodes")
-    factory: str = Field("Flat", pattern=r"^(Flat|HNSW(4|8|16|24|32|48|64))$",
-                         description="FAISS index: Flat (exact) or HNSW<M> — kinds a collection that starts "
-                                     "empty can hold without training")
-    ef_construction: int | None = Field(None, ge=EF_CONSTRUCTION_RANGE[0], le=EF_CONSTRUCTION_RANGE[1],
-                                        description="HNSW factories only: candidates kept while linking each "
-                                                    "vector into the graph when a compaction builds it — larger "
-                                                    "recalls more at the same ef_search and builds more slowly "
-                                                    "(default FAISS's 40)")
-    partitioner: Literal["hash"] = Field("hash", description="how ids map to shards")
-    tenant_field: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$",
-                                     description="payload field holding each document's tenant (tenant-scoped keys)")
-    lexical_language: str = Field(DEFAULT_LANGUAGE, min_length=1, max_length=32,
-                                  description="how lexical and hybrid search analyse the texts: a Snowball "
-                                              "stemmer's language (english, which also drops English stop words; "
-                                              "german, french, spanish, ...), cjk (Chinese, Japanese, Korean: "
-                                              "character bigrams) or none (words as they are)")
-    quotas: QuotasModel = Field(default_factory=QuotasModel)
-
-    @field_validator("lexical_language")
-    @classmethod
-    def _known_language(cls, value: str) -> str:
-        if value not in languages():
-            raise PydanticCustomError("lexical_language", f"lexical_language must be one of {', '.join(languages())}")
-        return value
-
-    @field_validator("ef_construction")
-    @classmethod
-    def _hnsw_only(cls, value: int | None, info: ValidationInfo) -> int | None:
-        factory = str(info.data.get("factory", ""))  # declared before it: already validated (absent if invalid)
-        if value is not None and not factory.startswith("HNSW"):
-            raise PydanticCustomError("ef_construction", f"ef_construction applies to HNSW factories, not {factory!r}")
-        return value
-
-    @model_validator(mode="after")
-    def _one_space(self) -> CollectionCreate:
-        if (self.dim is None) == (self.model is None):
-            raise ValueError("give exactly one of dim (vector-only) and model (text)")
-        return self
 
 
 def _body(model: str) -> dict[str, Any]:

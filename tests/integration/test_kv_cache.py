@@ -198,10 +198,15 @@ def test_budgets_hold_under_pressure(nodes, generators):
 def test_bad_requests_are_4xx_naming_the_field(generators, nodes):
     url = generators[0]
     for body, field in (({"prompt_ids": [1, 2, 999999]}, "prompt_ids"), ({"prompt_ids": []}, "prompt_ids"),
-                        ({"prompt_ids": [1], "max_new_tokens": 0}, "max_new_tokens"), ({}, "")):
+                        ({"prompt_ids": [1], "max_new_tokens": 0}, "max_new_tokens"), ({}, ""),
+                        # strict JSON types: lax mode took "false" as a boolean and true as token 1
+                        ({"prompt_ids": [1], "greedy": "false"}, "greedy"), ({"prompt_ids": [1, True]}, "prompt_ids"),
+                        ({"prompt_ids": [1], "max_new_tokens": "4"}, "max_new_tokens")):
         response = httpx.post(f"{url}/v1/generate", json=body, timeout=10)
         assert 400 <= response.status_code < 500, response.text
         assert field in response.text
+    assert httpx.post(f"{url}/v1/generate", json={"prompt_ids": [1, 2.0], "max_new_tokens": 1.0,
+                                                  "temperature": 1, "greedy": False}, timeout=30).status_code == 200
     response = httpx.post(f"{nodes[0].ready['url']}/v1/blocks/put", content=b"garbage",
                           headers={"content-type": "application/octet-stream"}, timeout=5)
     assert response.status_code == 400 and "body" in response.text

@@ -211,3 +211,31 @@ def test_the_status_page_is_html_and_the_cluster_view_has_balancer_state(client)
 def test_fault_commands_name_a_shard_or_replica_that_does_not_exist(client, path, field):
     response = client.put(path, json={"spec": "latency=fixed:1"})
     assert 400 <= response.status_code < 500 and response.json()["error"]["field"] == field
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"dim": 8, "quotas": {"max_rps": False}}, "quotas.max_rps"),  # lax mode took false as a rate of 0
+    ({"dim": 8, "quotas": {"max_rps": "5"}}, "quotas.max_rps"),
+    ({"dim": 8, "quotas": {"max_documents": True}}, "quotas.max_documents"),
+    ({"dim": 8, "quotas": {"max_documents": 2.5}}, "quotas.max_documents"),
+    ({"dim": True}, "dim"),
+    ({"dim": "8"}, "dim"),
+    ({"dim": 8, "shards": "2"}, "shards"),
+    ({"dim": 8, "replicas": False}, "replicas"),
+    ({"dim": 8, "factory": "HNSW32", "ef_construction": True}, "ef_construction"),
+    ({"dim": 8, "metric": 1}, "metric"),
+])
+def test_a_collection_body_of_the_wrong_json_type_is_refused_naming_the_field(client, body, field):
+    response = client.put("/v1/collections/typed", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == field
+    assert client.get("/v1/collections/typed").status_code == 404  # nothing was created
+
+
+def test_a_collection_body_takes_json_integers_written_with_a_fraction_of_zero():
+    # JSON has one number type and JSON Schema counts 3.0 as an integer: strict typing must not refuse it
+    from serving.gateway.collection_models import CollectionCreate
+    body = CollectionCreate.model_validate_json('{"dim": 8.0, "shards": 2.0, "quotas": {"max_documents": 5.0, '
+                                                '"max_rps": 3}}')
+    assert (body.dim, body.shards, body.quotas.max_documents, body.quotas.max_rps) == (8, 2, 5, 3.0)
+    assert isinstance(body.dim, int) and isinstance(body.quotas.max_rps, float)
