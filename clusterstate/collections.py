@@ -28,6 +28,7 @@ from typing import Any
 
 from clusterstate.kv import KV
 from retrieval.errors import Conflict, InvalidRequest, NotFound, ShardUnavailable
+from retrieval.query_defaults import PLAIN, QueryDefaults
 from retrieval.types import EmbeddingVersion
 
 META_ROOT = "/shardrag-meta/"
@@ -70,6 +71,7 @@ class CollectionSpec:
     lexical_language: str = "english"  # how lexical and hybrid search analyse its texts (retrieval.analysis)
     ef_construction: int | None = None  # HNSW factories: the graph's build breadth (None: FAISS's 40)
     quotas: Quotas = field(default_factory=Quotas)
+    query_defaults: QueryDefaults = PLAIN  # what a query naming no mode, fusion or weights gets
     placement: tuple[tuple[str, ...], ...] = ()  # shard → the node ids holding its replicas
     uid: str = ""
     created_at: float = 0.0
@@ -90,7 +92,8 @@ class CollectionSpec:
                 "factory": self.factory, "partitioner": self.partitioner,
                 "tenant_field": self.tenant_field, "lexical_language": self.lexical_language,
                 "ef_construction": self.ef_construction,
-                "quotas": self.quotas.to_dict(), "placement": [list(p) for p in self.placement],
+                "quotas": self.quotas.to_dict(), "query_defaults": self.query_defaults.to_dict(),
+                "placement": [list(p) for p in self.placement],
                 "uid": self.uid, "created_at": self.created_at, "versions": [dict(v) for v in self.versions],
                 "retired": list(self.retired)}
 
@@ -105,6 +108,7 @@ class CollectionSpec:
                    lexical_language=str(data.get("lexical_language", "english")),
                    ef_construction=int(data["ef_construction"]) if data.get("ef_construction") is not None else None,
                    quotas=Quotas(int(quotas.get("max_documents", 0)), float(quotas.get("max_rps", 0.0))),
+                   query_defaults=QueryDefaults.from_dict(data.get("query_defaults"), "query_defaults"),
                    placement=tuple(tuple(p) for p in data.get("placement", ())),
                    uid=str(data.get("uid", "")), created_at=float(data.get("created_at", 0.0)),
                    versions=tuple(dict(v) for v in data.get("versions", ())),
@@ -226,6 +230,10 @@ class Collections:
         def change(spec: CollectionSpec) -> CollectionSpec:
             return spec if version_id in spec.retired else replace(spec, retired=(*spec.retired, version_id))
         return self._change(name, uid, change)
+
+    def set_query_defaults(self, name: str, uid: str, defaults: QueryDefaults) -> CollectionSpec:
+        """Record the collection's query defaults (every gateway reads them with the spec)."""
+        return self._change(name, uid, lambda spec: replace(spec, query_defaults=defaults))
 
     def _change(self, name: str, uid: str, change: Callable[[CollectionSpec], CollectionSpec]) -> CollectionSpec:
         for _ in range(20):  # compare-and-set: another gateway may change the spec meanwhile

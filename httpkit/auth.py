@@ -186,8 +186,9 @@ def gateway_policy(method: str, path: str) -> str | None:
     name, rest = collection_path(path)
     if name is not None and rest == "" and method in ("PUT", "DELETE"):
         return "admin"  # create or drop a collection
-    if name is not None and (rest in ("/rollout", "/tune") or rest.startswith(("/rollout/", "/backup/"))):
-        return "admin"  # a collection's rollouts (as /admin/rollout), tuning and backups
+    if name is not None and (rest in ("/rollout", "/tune", "/query-defaults") or
+                             rest.startswith(("/rollout/", "/backup/"))):
+        return "admin"  # a collection's rollouts (as /admin/rollout), tuning, query defaults and backups
     if method == "POST" and (path.startswith("/v1/documents") or rest.startswith("/documents")):
         return "write"
     return "read"
@@ -219,8 +220,9 @@ def check_key_reach(key: ApiKey, method: str, path: str) -> None:
                         field="authorization")
     if key.tenant is not None and rest == "" and method != "GET":
         raise Forbidden("a tenant-scoped key cannot create or drop collections", field="authorization")
-    if key.tenant is not None and (rest in ("/rollout", "/tune") or rest.startswith("/rollout/")):
-        raise Forbidden("a tenant-scoped key cannot run a collection's rollouts or tune it", field="authorization")
+    if key.tenant is not None and (rest in ("/rollout", "/tune", "/query-defaults") or rest.startswith("/rollout/")):
+        raise Forbidden("a tenant-scoped key cannot run a collection's rollouts, tune it or set its query defaults",
+                        field="authorization")
 
 
 def _reach(key: ApiKey) -> str:

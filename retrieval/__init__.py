@@ -1,8 +1,9 @@
 """shardrag's light core: types, the shard contract's records (``contract``), the one error tree
 (``errors``, with ``error_for_status``), top-k merge, BM25's corpus statistics (``bm25``), the
-lexical text analysis (``analysis``) and the fusion of ranked lists (``fusion``), wire codec, the
-version protocol's pure state machine (``rollout``), choosing a tuned search knob from measured
-answers (``tuning_choice``), encoders (``bert_encoder``: BERT mean pooling on plain torch),
+lexical text analysis (``analysis``) and the fusion of ranked lists (``fusion``; what a query
+naming no mode or fusion gets: ``query_defaults``), wire codec, the version protocol's pure state
+machine (``rollout``), choosing a tuned search knob from measured answers (``tuning_choice``),
+encoders (``bert_encoder``: BERT mean pooling on plain torch),
 embedding cache, datasets, IR metrics, retrieval quality through a running gateway per search mode
 and fusion weight (``search_quality``: ``shardrag eval --url``), crash-safe writes, the one reader
 of ``SHARDRAG_*`` variables (``env``), the command-line runner, the Python client and its session

@@ -36,6 +36,7 @@ from retrieval.client_types import (
     collection_body,
     collection_path,
     query_body,
+    query_defaults_body,
     rollout_body,
     rollout_error,
     scroll_body,
@@ -93,15 +94,27 @@ class ShardragClient:
     def create_collection(self, name: str, *, dim: int | None = None, model: str | None = None, metric: str = "ip",
                           shards: int = 1, replicas: int = 1, factory: str = "Flat", tenant_field: str | None = None,
                           max_documents: int = 0, max_rps: float = 0.0,
-                          lexical_language: str | None = None, ef_construction: int | None = None) -> dict[str, Any]:
+                          lexical_language: str | None = None, ef_construction: int | None = None,
+                          query_defaults: dict[str, Any] | None = None) -> dict[str, Any]:
         """Create an empty collection (``dim``: vector-only; ``model``: text, embedded by that encoder;
         ``lexical_language``: how lexical search analyses its texts, default english;
-        ``ef_construction``: an HNSW factory's build breadth, default FAISS's 40); answers once
-        every shard's replicas serve it."""
+        ``ef_construction``: an HNSW factory's build breadth, default FAISS's 40; ``query_defaults``:
+        :func:`~retrieval.client_types.query_defaults_body`'s form); answers once every shard's
+        replicas serve it."""
         body = collection_body(dim=dim, model=model, metric=metric, shards=shards, replicas=replicas,
                                factory=factory, tenant_field=tenant_field, max_documents=max_documents,
-                               max_rps=max_rps, lexical_language=lexical_language, ef_construction=ef_construction)
+                               max_rps=max_rps, lexical_language=lexical_language, ef_construction=ef_construction,
+                               query_defaults=query_defaults)
         return self._check(self._http.put(collection_path(name), content=_json(body), headers=JSON))
+
+    def set_query_defaults(self, name: str, *, mode: str = "dense", fusion: str = "weighted",
+                           weights: dict[str, float] | None = None, rrf_k: int = 60) -> dict[str, Any]:
+        """What a query of collection ``name`` that names no mode (fusion, weights, rrf_k) gets — the
+        whole set; a weight measured with ``shardrag eval --url``. Needs an admin key; answers the
+        collection's definition."""
+        body = query_defaults_body(mode=mode, fusion=fusion, weights=weights, rrf_k=rrf_k)
+        return self._check(self._http.put(f"{collection_path(name)}/query-defaults", content=_json(body),
+                                          headers=JSON))
 
     def list_collections(self) -> list[dict[str, Any]]:
         collections: list[dict[str, Any]] = self._check(self._http.get("/v1/collections"))["collections"]
@@ -144,7 +157,7 @@ class ShardragClient:
         with_metadata: bool = False,
         min_seq: dict[str, int] | None = None,
         min_term: dict[str, int] | None = None,
-        mode: str = "dense",
+        mode: str | None = None,
         fusion: str | None = None,
         rrf_k: int | None = None,
         weights: dict[str, float] | None = None,
@@ -155,7 +168,8 @@ class ShardragClient:
         that hold these writes answer (pass the ``seq`` and ``term`` an :meth:`upsert` or
         :meth:`delete` returned; the term keeps out a replica whose log diverged in a failover).
         ``mode``: dense, lexical (BM25) or hybrid, fused by ``fusion`` (rrf with ``rrf_k``, or
-        weighted with ``weights`` per leg) over ``candidates`` hits per leg (``docs/hybrid.md``)."""
+        weighted with ``weights`` per leg) over ``candidates`` hits per leg (``docs/hybrid.md``);
+        each left out is the collection's query default (dense unless set)."""
         body = query_body(text=text, vector=vector, k=k, top_m=top_m, nprobe=nprobe, ef_search=ef_search,
                           timeout_ms=timeout_ms, with_text=with_text, version=version, filter=filter,
                           with_metadata=with_metadata, min_seq=min_seq, min_term=min_term, mode=mode, fusion=fusion,
@@ -296,11 +310,19 @@ class AsyncShardragClient:
                                 metric: str = "ip", shards: int = 1, replicas: int = 1, factory: str = "Flat",
                                 tenant_field: str | None = None, max_documents: int = 0,
                                 max_rps: float = 0.0, lexical_language: str | None = None,
-                                ef_construction: int | None = None) -> dict[str, Any]:
+                                ef_construction: int | None = None,
+                                query_defaults: dict[str, Any] | None = None) -> dict[str, Any]:
         body = collection_body(dim=dim, model=model, metric=metric, shards=shards, replicas=replicas,
                                factory=factory, tenant_field=tenant_field, max_documents=max_documents,
-                               max_rps=max_rps, lexical_language=lexical_language, ef_construction=ef_construction)
+                               max_rps=max_rps, lexical_language=lexical_language, ef_construction=ef_construction,
+                               query_defaults=query_defaults)
         response = await self._http.put(collection_path(name), content=_json(body), headers=JSON)
+        return check(response.status_code, response.content, response.headers)
+
+    async def set_query_defaults(self, name: str, *, mode: str = "dense", fusion: str = "weighted",
+                                 weights: dict[str, float] | None = None, rrf_k: int = 60) -> dict[str, Any]:
+        body = query_defaults_body(mode=mode, fusion=fusion, weights=weights, rrf_k=rrf_k)
+        response = await self._http.put(f"{collection_path(name)}/query-defaults", content=_json(body), headers=JSON)
         return check(response.status_code, response.content, response.headers)
 
     async def list_collections(self) -> list[dict[str, Any]]:
@@ -336,7 +358,7 @@ class AsyncShardragClient:
                     timeout_ms: int | None = None, with_text: bool = True, version: str | None = None,
                     filter: dict[str, Any] | None = None, with_metadata: bool = False,
                     min_seq: dict[str, int] | None = None, min_term: dict[str, int] | None = None,
-                    mode: str = "dense", fusion: str | None = None, rrf_k: int | None = None,
+                    mode: str | None = None, fusion: str | None = None, rrf_k: int | None = None,
                     weights: dict[str, float] | None = None, candidates: int | None = None) -> dict[str, Any]:
         return await self._post(f"{self._data}/query", query_body(
             text=text, vector=vector, k=k, top_m=top_m, nprobe=nprobe, ef_search=ef_search, timeout_ms=timeout_ms,

@@ -36,11 +36,11 @@ def rollout_error(status: int, content: bytes) -> ShardragError:
 def query_body(*, text: str | None, vector: Sequence[float] | None, k: int | None, top_m: int | None,
                nprobe: int | None, ef_search: int | None, timeout_ms: int | None, with_text: bool,
                version: str | None, filter: dict[str, Any] | None, with_metadata: bool,
-               min_seq: dict[str, int] | None, min_term: dict[str, int] | None = None, mode: str = "dense",
+               min_seq: dict[str, int] | None, min_term: dict[str, int] | None = None, mode: str | None = None,
                fusion: str | None = None, rrf_k: int | None = None, weights: dict[str, float] | None = None,
                candidates: int | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"with_text": with_text}
-    if mode != "dense":
+    if mode is not None:  # None: the collection's query default (dense unless set)
         body["mode"] = mode
     if with_metadata:
         body["with_metadata"] = True
@@ -86,14 +86,26 @@ def scroll_body(*, filter: dict[str, Any] | None, limit: int, offset: str | None
 def collection_body(*, dim: int | None = None, model: str | None = None, metric: str = "ip", shards: int = 1,
                     replicas: int = 1, factory: str = "Flat", tenant_field: str | None = None,
                     max_documents: int = 0, max_rps: float = 0.0,
-                    lexical_language: str | None = None, ef_construction: int | None = None) -> dict[str, Any]:
+                    lexical_language: str | None = None, ef_construction: int | None = None,
+                    query_defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """``PUT /v1/collections/{name}``'s body: exactly one of ``dim`` (vector-only) and ``model``."""
     body: dict[str, Any] = {"metric": metric, "shards": shards, "replicas": replicas, "factory": factory,
                             "quotas": {"max_documents": max_documents, "max_rps": max_rps}}
     for name, value in (("dim", dim), ("model", model), ("tenant_field", tenant_field),
-                        ("lexical_language", lexical_language), ("ef_construction", ef_construction)):
+                        ("lexical_language", lexical_language), ("ef_construction", ef_construction),
+                        ("query_defaults", query_defaults)):
         if value is not None:
             body[name] = value
+    return body
+
+
+def query_defaults_body(*, mode: str = "dense", fusion: str = "weighted", weights: dict[str, float] | None = None,
+                        rrf_k: int = 60) -> dict[str, Any]:
+    """``PUT /v1/collections/{name}/query-defaults``'s body (the whole set: what is left out is
+    the plain default); also ``query_defaults`` of a create."""
+    body: dict[str, Any] = {"mode": mode, "fusion": fusion, "rrf_k": rrf_k}
+    if weights is not None:
+        body["weights"] = dict(weights)
     return body
 
 

@@ -26,15 +26,22 @@ from typing import Any
 import numpy as np
 
 from retrieval.errors import InvalidRequest
+
+# the legs, fusions and their defaults are named in retrieval.query_defaults (no numpy: the
+# cluster state reads them)
+from retrieval.query_defaults import (
+    DEFAULT_FUSION,
+    DEFAULT_RRF_K,
+    DEFAULT_WEIGHTS,
+    DENSE,
+    LEXICAL,
+    MAX_WEIGHT,
+    RRF,
+    WEIGHTED,
+)
 from retrieval.types import Hit
 
-DENSE, LEXICAL = "dense", "lexical"
 LEGS = (DENSE, LEXICAL)
-RRF, WEIGHTED = "rrf", "weighted"
-DEFAULT_FUSION = WEIGHTED
-DEFAULT_RRF_K = 60
-DEFAULT_WEIGHTS: Mapping[str, float] = {DENSE: 0.8, LEXICAL: 0.2}  # chosen on msmarco (docs/hybrid.md)
-MAX_WEIGHT = 1000.0
 
 
 @dataclass(slots=True, frozen=True)

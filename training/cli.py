@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from index_shards.layout import DEFAULT_ROOT, collections_root
 from retrieval import env
@@ -152,6 +152,8 @@ def _eval_through_gateway(args: argparse.Namespace) -> int:
     with ShardragClient(url, timeout_s=args.timeout, api_key=args.api_key) as client:
         searched = client.collection(args.collection) if args.collection else client
         rows = evaluate_settings(searched, dataset, settings, k=args.k, show_progress=not args.json)
+        # the collection the gateway was started with takes its query defaults from the gateway config
+        created = bool(args.collection) and not client.get_collection(args.collection).get("default")
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -170,7 +172,24 @@ def _eval_through_gateway(args: argparse.Namespace) -> int:
         print(f"best weighted fusion by nDCG@10: dense {w:g}, lexical {1 - w:.4g} — query with "
               f"\"weights\": {{\"dense\": {w:g}, \"lexical\": {1 - w:.4g}}} "
               f"(`shardrag query --mode hybrid --weights {w:g},{1 - w:.4g}`)")
+    print(_as_default(top, args.collection if created else None))
     return 0
+
+
+def _as_default(row: dict[str, Any], collection: str | None) -> str:
+    """How to make ``row``'s setting what the collection's queries get when they name none (``collection``:
+    a created one; None: the one the gateway was started with)."""
+    defaults: dict[str, Any] = {"mode": row["mode"]}
+    flags = f"--mode {row['mode']}"
+    if row["mode"] == "hybrid":
+        defaults["fusion"] = row["fusion"]
+        flags += f" --fusion {row['fusion']}"
+    if (w := row.get("dense_weight")) is not None:
+        defaults["weights"] = {"dense": w, "lexical": round(1 - w, 4)}
+        flags += f" --weights {w:g},{1 - w:.4g}"
+    if collection:
+        return f"make it the collection's query default: shardrag collections defaults {collection} {flags}"
+    return f"make it the query default: the gateway config's \"query_defaults\": {json.dumps(defaults)}"
 
 
 def build_parser() -> argparse.ArgumentParser:

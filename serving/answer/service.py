@@ -26,8 +26,9 @@ from retrieval.errors import ConfigError, GeneratorUnavailable, InvalidRequest
 from serving.answer.prompt import build_messages, passage_texts
 from serving.answer.routing import AffinityRouter
 
-RetrieveFn = Callable[[str, int, int | None, str, str], Awaitable[dict[str, Any]]]
-"""(question, k, timeout_ms, mode, fusion) → the query response (hits with title and text, version, partial)."""
+RetrieveFn = Callable[[str, int, int | None, str | None, str | None], Awaitable[dict[str, Any]]]
+"""(question, k, timeout_ms, mode, fusion) → the query response (hits with title and text, version,
+partial); a mode or fusion of None is the collection's query default."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,9 +62,11 @@ class AnswerRequest(BaseModel):
                           "generators' --kv-reuse)")
     recompute_fraction: float | None = Field(None, ge=0, le=1, description="passage reuse: share of the reused "
                                              "tokens recomputed (default: the generators' setting, 0.15)")
-    mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="how the passages are retrieved "
-                                                        "(as /v1/query's mode; docs/hybrid.md)")
-    fusion: Literal["rrf", "weighted"] = Field("weighted", description="hybrid retrieval: how the legs are fused")
+    mode: Literal["dense", "lexical", "hybrid"] | None = Field(
+        None, description="how the passages are retrieved, as /v1/query's mode (default: the collection's query "
+                          "defaults, dense unless set; docs/hybrid.md)")
+    fusion: Literal["rrf", "weighted"] | None = Field(None, description="hybrid retrieval: how the legs are fused "
+                                                      "(default: the collection's, weighted unless set)")
 
 
 class AnswerService:
@@ -89,7 +92,7 @@ class AnswerService:
                                        "generators)", field="question")
         if not request.question.strip():
             raise InvalidRequest("question is empty", field="question")
-        if request.mode != "hybrid" and "fusion" in request.model_fields_set:
+        if request.mode is not None and request.mode != "hybrid" and request.fusion is not None:
             raise InvalidRequest(f"fusion shapes a hybrid retrieval, and mode is {request.mode} (send \"mode\": "
                                  "\"hybrid\", or leave fusion out)", field="fusion")
         started = time.perf_counter()

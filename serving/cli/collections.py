@@ -1,5 +1,6 @@
-"""``shardrag collections create|list|show|drop``: collections created at run time, through a
-running gateway (the nodes of its cluster host them)."""
+"""``shardrag collections create|list|show|defaults|drop``: collections created at run time,
+through a running gateway (the nodes of its cluster host them); ``defaults`` sets what a query
+naming no mode, fusion or weights gets (retrieval.query_defaults)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import json
 import sys
 from typing import Any
 
-from serving.cli.common import DEFAULT_URL, gateway_url
+from serving.cli.common import DEFAULT_URL, gateway_url, weights_argument
 
 
 def add_collections_command(commands: Any) -> None:
     collections = commands.add_parser(
-        "collections", help="create, list, show and drop collections of a running cluster",
+        "collections",
+        help="create, list, show and drop collections of a running cluster, and set their query defaults",
         description="Collections created at run time: placed on the cluster's nodes (shardrag serve --nodes N), "
                     "empty and writable at once, kept in the cluster state so every gateway serves them. Data "
                     "goes to /v1/collections/NAME/query and /v1/collections/NAME/documents. Creating and "
@@ -44,9 +46,19 @@ def add_collections_command(commands: Any) -> None:
                              "... (a Snowball stemmer), cjk (character bigrams) or none (words as they are)")
     create.add_argument("--max-documents", type=int, default=0, help="document quota (default 0: none)")
     create.add_argument("--max-rps", type=float, default=0.0, help="requests/s quota per gateway (default 0: none)")
+    _query_default_arguments(create)
     actions.add_parser("list", help="every collection (a scoped key sees its own)", parents=[common])
     show = actions.add_parser("show", help="definition, placement, replicas and live documents", parents=[common])
     show.add_argument("name")
+    defaults = actions.add_parser(
+        "defaults", parents=[common], help="set what a query naming no mode, fusion or weights gets",
+        description="A collection's query defaults: the mode, fusion, weights and rrf_k of every query and answer "
+                    "that names none (a query's own fields win; a query with a vector and no text stays dense). "
+                    "Measure the best for your corpus first: shardrag eval --url URL --dataset DIR --collection "
+                    "NAME. The whole set is replaced: what is left out returns to its default. Needs an admin key; "
+                    "every gateway applies it within its refresh (a few seconds).")
+    defaults.add_argument("name")
+    _query_default_arguments(defaults)
     drop = actions.add_parser("drop", help="drop a collection: its replicas and files go from every node",
                               parents=[common])
     drop.add_argument("name")
@@ -63,9 +75,12 @@ def cmd_collections(args: argparse.Namespace) -> int:
                 args.name, dim=args.dim, model=args.model, metric=args.metric, shards=args.shards,
                 replicas=args.replicas, factory=args.factory, tenant_field=args.tenant_field,
                 max_documents=args.max_documents, max_rps=args.max_rps, lexical_language=args.lexical_language,
-                ef_construction=args.ef_construction)
+                ef_construction=args.ef_construction, query_defaults=_query_defaults(args))
             summary = (f"created {answer['name']}: {answer['dim']} dims, {answer['shards']} shard(s) × "
                        f"{answer['replicas']} replica(s) on {sorted({n for g in answer['placement'] for n in g})}")
+        elif args.action == "defaults":
+            answer = client.set_query_defaults(args.name, **_query_defaults(args))
+            summary = f"{args.name}: a query naming none gets {_describe_defaults(answer['query_defaults'])}"
         elif args.action == "list":
             answer = client.list_collections()
             summary = "\n".join(_row(row) for row in answer) or "(no collections)"
@@ -85,11 +100,39 @@ def cmd_collections(args: argparse.Namespace) -> int:
     return 0
 
 
+def _query_default_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", choices=("dense", "lexical", "hybrid"), default="dense",
+                        help="query defaults: a text query's mode (default dense)")
+    parser.add_argument("--fusion", choices=("rrf", "weighted"), default="weighted",
+                        help="query defaults: a hybrid query's fusion (default weighted)")
+    parser.add_argument("--weights", default=None, metavar="DENSE,LEXICAL",
+                        help="query defaults: a weighted hybrid's weights, e.g. 0.95,0.05 (default: the ones chosen "
+                             "on msmarco, 0.8,0.2)")
+    parser.add_argument("--rrf-k", type=int, default=60, help="query defaults: rrf's rank offset (default 60)")
+
+
+def _query_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    return {"mode": args.mode, "fusion": args.fusion, "weights": weights_argument(args.weights),
+            "rrf_k": args.rrf_k}
+
+
+def _describe_defaults(defaults: dict[str, Any]) -> str:
+    if defaults["mode"] != "hybrid":
+        return f"mode {defaults['mode']}"
+    if defaults["fusion"] == "rrf":
+        return f"mode hybrid, fusion rrf k={defaults['rrf_k']}"
+    weights = defaults.get("weights")
+    chosen = f"dense={weights['dense']:g} lexical={weights['lexical']:g}" if weights else "msmarco's weights"
+    return f"mode hybrid, fusion weighted {chosen}"
+
+
 def _row(row: dict[str, Any]) -> str:
     if row.get("default"):
         return f"{row['name']:24s} (the collection the cluster was started with)"
     tenant = f", tenant field {row['tenant_field']!r}" if row.get("tenant_field") else ""
     documents = f", {row['documents']} documents" if "documents" in row else ""
     space = row.get("model") or "vectors"
+    defaults = row.get("query_defaults")
+    queries = f", queries: {_describe_defaults(defaults)}" if defaults and defaults["mode"] != "dense" else ""
     return (f"{row['name']:24s} {row['dim']} dims ({space}, {row['metric']}), {row['shards']} shard(s) × "
-            f"{row['replicas']}{tenant}{documents}")
+            f"{row['replicas']}{tenant}{documents}{queries}")

@@ -226,14 +226,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only documents whose metadata match, as JSON (or @FILE), e.g. "
                             "'{\"must\": [{\"key\": \"lang\", \"match\": {\"value\": \"en\"}}]}' (docs/filters.md)")
     query.add_argument("--with-metadata", action="store_true", help="print each hit's metadata")
-    query.add_argument("--mode", choices=("dense", "lexical", "hybrid"), default="dense",
-                       help="dense (vectors, default), lexical (BM25 over titles and texts) or hybrid (both, "
-                            "fused; each hit shows each leg's rank) (docs/hybrid.md)")
+    query.add_argument("--mode", choices=("dense", "lexical", "hybrid"), default=None,
+                       help="dense (vectors), lexical (BM25 over titles and texts) or hybrid (both, fused; each hit "
+                            "shows each leg's rank) (docs/hybrid.md). Default, and for the three below: the "
+                            "collection's query defaults (dense, weighted, msmarco's weights, 60 unless set)")
     query.add_argument("--fusion", choices=("rrf", "weighted"), default=None,
-                       help="hybrid: weighted (bounds-normalized scores, default) or rrf (reciprocal rank fusion)")
-    query.add_argument("--rrf-k", type=int, default=None, help="rrf: Σ 1/(rrf_k + rank) (default 60)")
+                       help="hybrid: weighted (bounds-normalized scores) or rrf (reciprocal rank fusion)")
+    query.add_argument("--rrf-k", type=int, default=None, help="rrf: Σ 1/(rrf_k + rank)")
     query.add_argument("--weights", default=None, metavar="DENSE,LEXICAL",
-                       help="weighted: the legs' weights, e.g. 0.6,0.4 (default: the ones chosen on msmarco)")
+                       help="weighted: the legs' weights, e.g. 0.6,0.4")
     query.add_argument("--candidates", type=int, default=None,
                        help="hybrid: rrf: hits each leg brings to the fusion; weighted: how deep each leg is read "
                             "first (default max(k, 20))")

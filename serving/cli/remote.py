@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import quote
 
 from retrieval.errors import ConfigError
-from serving.cli.common import auth_headers, gateway_url
+from serving.cli.common import auth_headers, gateway_url, weights_argument
 
 
 def cmd_query(args: argparse.Namespace) -> int:
@@ -21,7 +21,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     with ShardragClient(url, timeout_s=args.timeout, api_key=args.api_key) as client:
         response = client.query(text=args.text, k=args.k, top_m=args.top_m, filter=filter_,
                                 with_metadata=args.with_metadata, mode=args.mode, fusion=args.fusion,
-                                rrf_k=args.rrf_k, weights=_weights(args.weights), candidates=args.candidates)
+                                rrf_k=args.rrf_k, weights=weights_argument(args.weights), candidates=args.candidates)
     if args.json:
         print(json.dumps(response, indent=1))
         return 0
@@ -29,6 +29,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     fusion = f", {diagnostics['fusion']}" if diagnostics.get("fusion") else ""
     terms = diagnostics.get("lexical_terms")
     searched = f", terms: {' '.join(terms) if terms else 'none'}" if terms is not None else ""
+    defaulted = diagnostics.get("defaulted")
+    searched += f"; {', '.join(defaulted)} from the collection's query defaults" if defaulted else ""
     print(f"{len(response['hits'])} hits in {diagnostics['took_ms']:.1f} ms "
           f"({diagnostics['shards_answered']}/{diagnostics['shards_total']} shards, {response['version']}, "
           f"{diagnostics.get('mode', 'dense')}{fusion}{searched})")
@@ -40,19 +42,6 @@ def cmd_query(args: argparse.Namespace) -> int:
         if "metadata" in hit:
             print(f"      {json.dumps(hit['metadata'], sort_keys=True)}")
     return 0
-
-
-def _weights(text: str | None) -> dict[str, float] | None:
-    """--weights DENSE,LEXICAL as the API's {"dense", "lexical"}."""
-    if text is None:
-        return None
-    parts = text.split(",")
-    try:
-        dense, lexical = (float(part) for part in parts)
-    except ValueError:
-        raise ConfigError(f"--weights takes two numbers, DENSE,LEXICAL (e.g. 0.7,0.3), got {text!r}",
-                          field="weights") from None
-    return {"dense": dense, "lexical": lexical}
 
 
 def _json_argument(text: str, flag: str) -> Any:

@@ -74,7 +74,8 @@ class QueryRequest(BaseModel):
                         "answer is the same either way, trimming only moves fewer hits)")
     mode: Literal["dense", "lexical", "hybrid"] = Field(
         "dense", description="dense: the vector index; lexical: BM25 over titles and texts, ranked as on one "
-        "unsharded index; hybrid: both legs fused (docs/hybrid.md)")
+        "unsharded index; hybrid: both legs fused (docs/hybrid.md). Left out: the collection's query defaults "
+        "(dense unless set; a query with a vector and no text is dense); so are fusion, rrf_k and weights")
     fusion: Literal["rrf", "weighted"] = Field(
         "weighted", description="hybrid: weighted (each leg's score normalized by its bounds — cosine to [0, 1], "
         "BM25 over the most the query's terms can score — times its weight, summed: the exact top k of every "
@@ -141,6 +142,9 @@ class DiagnosticsModel(BaseModel):
     lexical_terms: list[str] | None = Field(None, description="lexical and hybrid: the query's terms as the "
                                             "lexical leg searched them — analysed in the collection's language "
                                             "(stemmed, stop words dropped); empty: no term to search for")
+    defaulted: list[str] = Field(default_factory=list, description="the fields (mode, fusion, weights, rrf_k) "
+                                 "this query took from its collection's search defaults because it named none "
+                                 "(docs/hybrid.md)")
 
 
 class QueryResponse(BaseModel):

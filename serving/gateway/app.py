@@ -219,7 +219,7 @@ def create_app(setup: GatewaySetup) -> Any:
                 view = gateway.registry.view
                 topology = view.versions[view.state.active].topology if view.state.active in view.versions else None
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            components.update(query_request_schemas(limits, topology))
+            components.update(query_request_schemas(limits, topology, setup.config.query_defaults))
             components.update(filter_schemas())
             components.update(write_schemas(limits, topology, writes_settings))
             app.openapi_schema = schema

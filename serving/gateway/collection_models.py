@@ -1,6 +1,7 @@
-"""The body of ``PUT /v1/collections/{name}``: what a created collection is (its space, its index,
-its slices and copies, how its texts are analysed) and its quotas, checked field by field so bad
-input is a 422 naming the field."""
+"""The bodies of ``PUT /v1/collections/{name}`` — what a created collection is (its space, its
+index, its slices and copies, how its texts are analysed), its quotas and its query defaults —
+and of ``PUT /v1/collections/{name}/query-defaults``, checked field by field so bad input is a
+422 naming the field."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pydantic_core import PydanticCustomError
 
 from httpkit.api import JSON_INTEGER
 from retrieval.analysis import DEFAULT_LANGUAGE, languages
+from retrieval.query_defaults import MAX_RRF_K, QueryDefaults
 from retrieval.types import EF_CONSTRUCTION_RANGE
+from serving.gateway.api_models import LegWeights
 
 
 class QuotasModel(BaseModel):
@@ -22,6 +25,23 @@ class QuotasModel(BaseModel):
     max_documents: Annotated[int, JSON_INTEGER] = Field(
         0, ge=0, le=10**15, description="live documents the collection may hold (0: no limit)")
     max_rps: float = Field(0.0, ge=0, le=1e6, description="requests per second per gateway (0: no limit)")
+
+
+class QueryDefaultsModel(BaseModel):
+    """What a query of the collection that names no mode (fusion, weights, rrf_k) is searched with;
+    a query's own fields win, and one with a vector and no text stays dense."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="a text query's mode")
+    fusion: Literal["rrf", "weighted"] = Field("weighted", description="a hybrid query's fusion")
+    weights: LegWeights | None = Field(None, description="a weighted hybrid's per-leg weights (default: the ones "
+                                       "chosen on msmarco; measure yours with shardrag eval --url)")
+    rrf_k: Annotated[int, JSON_INTEGER] = Field(60, ge=0, le=MAX_RRF_K, description="an rrf hybrid's rank offset")
+
+    def to_defaults(self) -> QueryDefaults:
+        weights = self.weights.model_dump() if self.weights is not None else None
+        return QueryDefaults(self.mode, self.fusion, weights, self.rrf_k).validate()
 
 
 class CollectionCreate(BaseModel):
@@ -58,6 +78,7 @@ class CollectionCreate(BaseModel):
                                               "german, french, spanish, ...), cjk (Chinese, Japanese, Korean: "
                                               "character bigrams) or none (words as they are)")
     quotas: QuotasModel = Field(default_factory=QuotasModel)
+    query_defaults: QueryDefaultsModel = Field(default_factory=QueryDefaultsModel)
 
     @field_validator("lexical_language")
     @classmethod

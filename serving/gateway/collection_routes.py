@@ -5,6 +5,7 @@
     GET    /v1/collections                        every collection (those a scoped key may use)
     GET    /v1/collections/{name}                 its definition, placement and live documents
     DELETE /v1/collections/{name}                 drop it (its nodes remove its replicas and files)
+    PUT    /v1/collections/{name}/query-defaults  the mode, fusion and weights of a query naming none
     POST   /v1/collections/{name}/query           as POST /v1/query
     POST   /v1/collections/{name}/documents       as POST /v1/documents
     POST   /v1/collections/{name}/documents/delete
@@ -35,14 +36,14 @@ from httpkit.api import ERROR_RESPONSES, ErrorResponse
 from httpkit.asgi import read_request_body
 from httpkit.auth import SCOPE_KEY, ApiKey
 from httpkit.responses import EVENT_STREAM, json_response
-from retrieval.errors import Forbidden, InvalidRequest, NotFound
+from retrieval.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from serving.answer.service import AnswerRequest, RetrieveFn
 from serving.gateway.api_models import QueryRequest
-from serving.gateway.collection_models import CollectionCreate
+from serving.gateway.collection_models import CollectionCreate, QueryDefaultsModel
 from serving.gateway.collection_rollout import add_collection_rollout_routes
 from serving.gateway.collection_tune import add_collection_tune_route
 from serving.gateway.collections import CollectionStack, live_count
-from serving.gateway.query import QueryService, parse_body, retrieval_body
+from serving.gateway.query import QueryService, parse_body, retrieval_body, with_query_defaults
 from serving.gateway.tenancy import (
     confine_delete,
     confine_filter,
@@ -122,7 +123,8 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
                               version=version if body.model else None, shards=body.shards, replicas=body.replicas,
                               factory=body.factory, partitioner=body.partitioner, tenant_field=body.tenant_field,
                               lexical_language=body.lexical_language, ef_construction=body.ef_construction,
-                              quotas=Quotas(body.quotas.max_documents, body.quotas.max_rps))
+                              quotas=Quotas(body.quotas.max_documents, body.quotas.max_rps),
+                              query_defaults=body.query_defaults.to_defaults())
         collections = gateway().collections
         placed = await asyncio.to_thread(collections.collections.create, spec)
         await collections.wait_ready(placed)
@@ -145,7 +147,8 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
              responses=RESPONSES)
     async def show_collection(name: NamePath) -> Response:
         if name == default_name():
-            return json_response({"name": name, "default": True, "cluster": "/v1/cluster"})
+            return json_response({"name": name, "default": True, "cluster": "/v1/cluster",
+                                  "query_defaults": gateway().queries.defaults.to_dict()})
         collections = gateway().collections
         stack = await collections.get(name)
         await stack.registry.refresh()
@@ -169,18 +172,32 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
             raise NotFound(f"no collection {name!r}", field="name")
         return json_response({"dropped": name})
 
+    @app.put("/v1/collections/{name}/query-defaults", summary="Set the mode, fusion and weights a query of the "
+             "collection gets when it names none", responses=RESPONSES)
+    async def set_query_defaults(name: NamePath, body: QueryDefaultsModel) -> Response:
+        if name == default_name():
+            raise Conflict(f"{name!r} is the collection this gateway was started with: its query defaults are the "
+                           "gateway config's query_defaults section, the same file on every gateway", field="name")
+        collections = gateway().collections
+        stack = await collections.get(name)
+        spec = await asyncio.to_thread(collections.collections.set_query_defaults, name, stack.spec.uid,
+                                       body.to_defaults())
+        stack.adopt(spec)  # here at once; every other gateway within its refresh
+        return json_response(collections.describe(spec))
+
     limits = lambda: gateway().config.limits  # noqa: E731 - read when a request comes
     write_limit = lambda: gateway().config.writes.max_body_bytes  # noqa: E731
 
     @app.post("/v1/collections/{name}/query", summary="Top-k documents of the collection for a text or a vector",
-              responses=RESPONSES, openapi_extra=_body("QueryRequest"))
+              responses=RESPONSES, openapi_extra=_body("CollectionQueryRequest"))
     async def query(name: NamePath, request: Request) -> Response:
         queries, _, stack, tenant_field, tenant = await services(name, request)
         parsed = queries.parse(await read_request_body(request, limits().max_body_bytes))
-        if stack is not None and stack.spec.model is None and parsed.vector is None and parsed.mode != "lexical":
+        if stack is not None and stack.spec.model is None and parsed.vector is None and \
+                with_query_defaults(parsed, queries.defaults)[0].mode != "lexical":
             # no encoder to embed the text: BM25 (lexical) takes text alone, dense and hybrid a vector
             raise InvalidRequest(f"collection {name!r} holds vectors only (no encoder): send a vector "
-                                 f"({parsed.mode} search needs one; lexical search takes text alone)",
+                                 "(dense and hybrid search need one; lexical search takes text alone)",
                                  field="vector" if parsed.text is None else "text")
         if tenant is not None and tenant_field is not None:
             parsed = parsed.model_copy(update={"filter": confine_filter(parsed.filter, tenant_field, tenant)})
@@ -270,7 +287,8 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
             raise InvalidRequest(f"collection {name!r} holds vectors only (no encoder): it cannot retrieve for a "
                                  "question", field="question")
 
-        async def retrieve(text: str, k: int, timeout_ms: int | None, mode: str, fusion: str) -> dict[str, Any]:
+        async def retrieve(text: str, k: int, timeout_ms: int | None, mode: str | None,
+                           fusion: str | None) -> dict[str, Any]:
             parsed = QueryRequest.model_validate(retrieval_body(text, k, timeout_ms, mode, fusion))
             if tenant is None or tenant_field is None:
                 return await queries.query(parsed)

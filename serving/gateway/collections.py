@@ -5,7 +5,8 @@ every collection shares (the shard client and its balancer, the encoder service,
 The specs and the live nodes are read from the cluster state (clusterstate.collections); a
 stack is built on the first request for its collection and rebuilt when its spec (uid) or its
 replicas' URLs change, so a collection created or dropped through another gateway is seen here
-within one ``refresh_s``, and a restarted node's new address within the same. Nothing here is
+within one ``refresh_s``, and a restarted node's new address within the same; so are its query
+defaults set through another gateway (adopted in place). Nothing here is
 state that correctness depends on: every stack can be thrown away and built again.
 """
 
@@ -71,6 +72,12 @@ class CollectionStack:
     counted_at: float = 0.0
     live_documents: int = 0
     closed: bool = field(default=False)
+
+    def adopt(self, spec: CollectionSpec) -> None:
+        """A changed spec of the same incarnation on the same replicas: its query defaults take
+        effect for the next query (nothing else of a spec changes without a rebuild)."""
+        self.spec = spec
+        self.queries.defaults = spec.query_defaults
 
     def admit(self) -> None:
         """The collection's requests-per-second quota (this gateway's share of it) → 429 naming it."""
@@ -164,7 +171,8 @@ class CollectionStacks:
         fanout = FanOut(replicas, caller, coalesce=config.calls.coalesce, max_batch=config.calls.max_batch,
                         max_inflight_per_replica=config.calls.max_inflight_per_replica,
                         topk_probability=config.calls.topk_probability)
-        queries = QueryService(config.limits, registry, fanout, self.metrics, recent_queries=100)
+        queries = QueryService(config.limits, registry, fanout, self.metrics, recent_queries=100,
+                               defaults=spec.query_defaults)
         writes = WriteService(registry, self.client, config.writes, writable=self.writable)
         quota = spec.quotas.max_rps
         limiter = RateLimiter(quota, max(1.0, quota), share=self.quota_share) if quota > 0 else None
@@ -232,6 +240,8 @@ class CollectionStacks:
                 if spec is None or spec.uid != stack.spec.uid or replica_urls(spec, nodes) != stack.replicas:
                     self.stacks.pop(name, None)
                     await stack.close()
+                elif spec.query_defaults != stack.spec.query_defaults:
+                    stack.adopt(spec)
 
     async def forget(self, name: str) -> None:
         stack = self.stacks.pop(name, None)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.errors import ConfigError
+from retrieval.query_defaults import QueryDefaults
 from serving.answer.service import AnswerSettings
 from serving.encoding.settings import EncoderSettings
 from serving.shardcall.call import HedgingSettings
@@ -76,6 +77,8 @@ class GatewayConfig:
     answer: AnswerSettings = field(default_factory=AnswerSettings)  # /v1/answer
     writes: WriteSettings = field(default_factory=WriteSettings)  # /v1/documents
     cluster: ClusterSettings = field(default_factory=ClusterSettings)  # the shared cluster state (etcd, local)
+    # the started-with collection's query defaults (a created collection keeps its own in its spec)
+    query_defaults: QueryDefaults = field(default_factory=QueryDefaults)
     discovery_timeout_s: float = 60.0  # how long startup waits for every replica's /v1/info
     probe_timeout_s: float = 1.0  # per-replica timeout of health probes and /v1/info polls
     supervision_path: str | None = None  # the local launcher's restart log (JSON), shown in /v1/cluster
@@ -123,7 +126,7 @@ class GatewayConfig:
 SECTIONS: dict[str, type[Any]] = {
     "limits": Limits, "calls": FanOutSettings, "hedging": HedgingSettings, "ejection": EjectionSettings,
     "rollout": RolloutSettings, "gate": GateSettings, "encoder": EncoderSettings, "answer": AnswerSettings,
-    "writes": WriteSettings, "cluster": ClusterSettings,
+    "writes": WriteSettings, "cluster": ClusterSettings, "query_defaults": QueryDefaults,
 }
 TOP_LEVEL = ("discovery_timeout_s", "probe_timeout_s", "supervision_path")
 

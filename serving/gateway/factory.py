@@ -143,7 +143,7 @@ class GatewaySetup:
                         max_inflight_per_replica=config.calls.max_inflight_per_replica,
                         topk_probability=config.calls.topk_probability, on_call=on_call)
         queries = QueryService(config.limits, registry, fanout, metrics,
-                               recent_queries=max(config.gate.sample * 4, 100))
+                               recent_queries=max(config.gate.sample * 4, 100), defaults=config.query_defaults)
 
         def on_event(event: RolloutEvent) -> None:
             metrics.rollout_events.labels(kind=event.kind).inc()

@@ -4,6 +4,7 @@ collection's dimension, so that every request the schema allows is one the gatew
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from retrieval.filters import (
@@ -16,6 +17,7 @@ from retrieval.filters import (
     OCCURS,
     RANGE_BOUNDS,
 )
+from retrieval.query_defaults import PLAIN, QueryDefaults
 from serving.gateway.api_models import QueryRequest
 from serving.gateway.config import Limits
 from serving.versions.topology import Topology
@@ -23,9 +25,17 @@ from serving.writes.models import MAX_ID_CHARS, DeleteRequest, ScrollRequest, Up
 from serving.writes.plan import WriteSettings
 
 
-def query_request_schemas(limits: Limits, topology: Topology | None) -> dict[str, Any]:
+def query_request_schemas(limits: Limits, topology: Topology | None,
+                          defaults: QueryDefaults = PLAIN) -> dict[str, Any]:
     """``QueryRequest`` and the models it refers to (``LegWeights``), as components: a ``$ref`` to
-    ``#/components/schemas/X`` must find X there, not in the request's own ``$defs``."""
+    ``#/components/schemas/X`` must find X there, not in the request's own ``$defs``.
+
+    ``QueryRequest`` (``/v1/query``) is exact for the collection the gateway was started with when
+    its query defaults are plain: a query naming no mode is dense. ``CollectionQueryRequest``
+    (``/v1/collections/{name}/query``) — and ``QueryRequest`` under other defaults — states the
+    mode rules for a query that names its mode only: one naming none takes its collection's
+    defaults (``retrieval.query_defaults``), which the collection checks (a 422 naming the field),
+    as it checks its own vector dimension."""
     schema = QueryRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     defs = schema.pop("$defs", {})
     props = schema["properties"]
@@ -59,15 +69,23 @@ def query_request_schemas(limits: Limits, topology: Topology | None) -> dict[str
     props["filter"] = {"anyOf": [{"$ref": f"#/components/schemas/{FILTER_SCHEMA}0"}, {"type": "null"}],
                        "description": props["filter"].get("description", "")}
     has_text = {"required": ["text"], "properties": {"text": {"type": "string"}}}
+    has_vector = {"required": ["vector"], "properties": {"vector": {"type": "array"}}}
+    # a created collection has its own dimension (checked by it, a 422 naming vector)
+    loose = copy.deepcopy(schema)
+    for option in loose["properties"]["vector"].get("anyOf", []):
+        if option.get("type") == "array":
+            option.update(minItems=1)
+            option.pop("maxItems", None)
+    loose["allOf"] = [_SESSION_RULE, *_named_mode_rules(has_text, has_vector)]
+    if not defaults.is_plain:
+        schema["allOf"] = [_SESSION_RULE, *_named_mode_rules(has_text, has_vector)]
+        return {**defs, "QueryRequest": schema, "CollectionQueryRequest": loose}
     schema["allOf"] = [
-        # min_seq and min_term only with consistency "session" (a session read); "eventual" takes none
-        {"if": {"anyOf": [{"required": [name], "properties": {name: {"type": "object", "minProperties": 1}}}
-                          for name in ("min_seq", "min_term")]},
-         "then": {"required": ["consistency"], "properties": {"consistency": {"const": "session"}}}},
+        _SESSION_RULE,
         # dense (the default): exactly one of text and vector; lexical and hybrid: the text (hybrid
         # may add a vector for its dense leg)
         {"if": {"properties": {"mode": {"const": "dense"}}},
-         "then": {"oneOf": [has_text, {"required": ["vector"], "properties": {"vector": {"type": "array"}}}]},
+         "then": {"oneOf": [has_text, has_vector]},
          "else": has_text},
         # lexical ranks the text alone, on every shard: no vector, no top_m
         {"if": {"required": ["mode"], "properties": {"mode": {"const": "lexical"}}},
@@ -82,7 +100,34 @@ def query_request_schemas(limits: Limits, topology: Topology | None) -> dict[str
          "else": {"properties": {"fusion": False, "rrf_k": False, "weights": {"type": "null"},
                                  "candidates": {"type": "null"}}}},
     ]
-    return {**defs, "QueryRequest": schema}
+    return {**defs, "QueryRequest": schema, "CollectionQueryRequest": loose}
+
+
+# min_seq and min_term only with consistency "session" (a session read); "eventual" takes none
+_SESSION_RULE: dict[str, Any] = {
+    "if": {"anyOf": [{"required": [name], "properties": {name: {"type": "object", "minProperties": 1}}}
+                     for name in ("min_seq", "min_term")]},
+    "then": {"required": ["consistency"], "properties": {"consistency": {"const": "session"}}}}
+
+
+def _named_mode_rules(has_text: dict[str, Any], has_vector: dict[str, Any]) -> list[dict[str, Any]]:
+    """The mode rules for a query that names its mode (and fusion); one naming neither needs a text
+    or a vector, the rest being its collection's query defaults."""
+    def named(field: str, value: str) -> dict[str, Any]:
+        return {"required": [field], "properties": {field: {"const": value}}}
+
+    no_fusion = {"properties": {"fusion": False, "rrf_k": False, "weights": {"type": "null"},
+                                "candidates": {"type": "null"}}}
+    return [
+        {"if": named("mode", "dense"), "then": {"oneOf": [has_text, has_vector]},
+         "else": {"if": {"required": ["mode"]}, "then": has_text, "else": {"anyOf": [has_text, has_vector]}}},
+        {"if": named("mode", "lexical"),
+         "then": {"properties": {"vector": {"type": "null"}, "top_m": {"type": "null"}}}},
+        {"if": named("mode", "hybrid"),
+         "then": {"if": named("fusion", "rrf"), "then": {"properties": {"weights": {"type": "null"}}},
+                  "else": {"if": named("fusion", "weighted"), "then": {"properties": {"rrf_k": False}}}},
+         "else": {"if": {"required": ["mode"]}, "then": no_fusion}},
+    ]
 
 
 FILTER_SCHEMA = "ShardragFilter"  # components/schemas/ShardragFilter0 .. ShardragFilter{MAX_DEPTH}

@@ -27,8 +27,10 @@ from retrieval.errors import (
     validation_error_body,
 )
 from retrieval.filters import parse_filter
+from retrieval.fusion import RRF, WEIGHTED
+from retrieval.query_defaults import PLAIN, QueryDefaults
 from retrieval.wire import check_finite
-from serving.gateway.api_models import QueryRequest
+from serving.gateway.api_models import LegWeights, QueryRequest
 from serving.gateway.config import Limits
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.search_modes import Legs, SearchModes, shaped_hit
@@ -65,13 +67,23 @@ def parse_body(model: type[M], body: bytes) -> M:
 
 class QueryService:
     def __init__(self, limits: Limits, registry: VersionRegistry, fanout: FanOut, metrics: GatewayMetrics, *,
-                 recent_queries: int = 200) -> None:
+                 recent_queries: int = 200, defaults: QueryDefaults = PLAIN) -> None:
         self.limits = limits
+        self.defaults = defaults  # the collection's query defaults (a query's own fields win)
         self.registry = registry
         self.fanout = fanout
         self.metrics = metrics
         self.recent_queries: deque[str] = deque(maxlen=recent_queries)  # the quality gate's default sample
         self.modes = SearchModes(self, LexicalFanOut(fanout, metrics.count_lexical_rounds))  # lexical and hybrid
+
+    @property
+    def defaults(self) -> QueryDefaults:
+        return self._defaults
+
+    @defaults.setter
+    def defaults(self, defaults: QueryDefaults) -> None:
+        self._defaults = defaults
+        self._defaulting = not defaults.is_plain  # read per query: a plain collection's pay nothing
 
     @staticmethod
     def parse(body: bytes) -> QueryRequest:
@@ -101,8 +113,8 @@ class QueryService:
                                            timeout_s=self.limits.default_timeout_ms / 1000.0)
         return [hit.doc_id for hit in outcome.hits]
 
-    async def retrieve(self, text: str, k: int, timeout_ms: int | None, mode: str = "dense",
-                       fusion: str = "weighted") -> dict[str, Any]:
+    async def retrieve(self, text: str, k: int, timeout_ms: int | None, mode: str | None = None,
+                       fusion: str | None = None) -> dict[str, Any]:
         """A text query with titles and texts (the answer service's retrieval)."""
         return await self.query(QueryRequest.model_validate(retrieval_body(text, k, timeout_ms, mode, fusion)))
 
@@ -147,7 +159,11 @@ class QueryService:
         if not limits.min_timeout_ms <= timeout_ms <= limits.max_timeout_ms:
             raise InvalidRequest(f"timeout_ms must be between {limits.min_timeout_ms} and {limits.max_timeout_ms}",
                                  field="timeout_ms")
-        check_fusion_fields(request)
+        given = request.model_fields_set
+        defaulted: list[str] = []
+        if self._defaulting:  # a plain collection's queries are searched as they come
+            request, defaulted = with_query_defaults(request, self._defaults)
+        check_fusion_fields(request, given)
         snapshot = self._snapshot(request.version)
         text = self._text(request)
         filter_ = parse_filter(request.filter) if request.filter is not None else None
@@ -157,7 +173,7 @@ class QueryService:
         session = self._session(request, snapshot)
         if request.mode != "dense":
             legs = await self.modes.run(request, text, params, snapshot, session, timeout_ms, started)
-            return self._answer(request, legs, started)
+            return self._answer(request, legs, started, defaulted)
         encode_ms = 0.0
         if request.vector is not None:
             vector = self._vector(request, snapshot)
@@ -172,7 +188,7 @@ class QueryService:
                                               exact=request.exact)
         fanout_ms = (time.perf_counter() - fanout_started) * 1000.0
         return self._answer(request, Legs(result, [shaped_hit(h, request.with_metadata) for h in result.hits],
-                                          encode_ms, fanout_ms), started)
+                                          encode_ms, fanout_ms), started, defaulted)
 
     def _text(self, request: QueryRequest) -> str | None:
         """The query text, checked; None for a dense vector query."""
@@ -202,7 +218,7 @@ class QueryService:
         self.recent_queries.append(text)
         return vector, encode_ms
 
-    def _answer(self, request: QueryRequest, legs: Legs, started: float) -> dict[str, Any]:
+    def _answer(self, request: QueryRequest, legs: Legs, started: float, defaulted: list[str]) -> dict[str, Any]:
         result = legs.result
         missing = sorted(result.missing)
         allow_partial = request.allow_partial if request.allow_partial is not None else self.limits.allow_partial
@@ -242,6 +258,7 @@ class QueryService:
                 "fusion": legs.fusion,
                 "lexical_ms": legs.lexical_ms,
                 "lexical_terms": legs.lexical_terms,
+                "defaulted": defaulted,
             },
         }
 
@@ -249,11 +266,31 @@ class QueryService:
 _FUSION_FIELDS = ("fusion", "rrf_k", "weights", "candidates")
 
 
-def check_fusion_fields(request: QueryRequest) -> None:
+def with_query_defaults(request: QueryRequest, defaults: QueryDefaults) -> tuple[QueryRequest, list[str]]:
+    """The query as it is searched — the fields it names, the collection's defaults for the others
+    — and the fields the defaults gave. A query with a vector and no text stays dense: a lexical
+    leg needs text."""
+    given = request.model_fields_set
+    update: dict[str, Any] = {}
+    if "mode" not in given and request.text is not None and defaults.mode != request.mode:
+        update["mode"] = defaults.mode
+    if update.get("mode", request.mode) == "hybrid":
+        if "fusion" not in given and defaults.fusion != request.fusion:
+            update["fusion"] = defaults.fusion
+        fusion = update.get("fusion", request.fusion)
+        if fusion == WEIGHTED and "weights" not in given and (weights := defaults.leg_weights()) is not None:
+            update["weights"] = LegWeights(**weights)
+        if fusion == RRF and "rrf_k" not in given and defaults.rrf_k != request.rrf_k:
+            update["rrf_k"] = defaults.rrf_k
+    return (request.model_copy(update=update), list(update)) if update else (request, [])
+
+
+def check_fusion_fields(request: QueryRequest, given: set[str] | None = None) -> None:
     """Refuse the fields that shape a fusion where they would be ignored: ``fusion: rrf`` without
     ``mode: hybrid`` is a dense query its sender believes hybrid, ``weights`` with rrf a weighting
-    that never happens, ``rrf_k`` with the weighted fusion an offset nobody reads."""
-    given = request.model_fields_set
+    that never happens, ``rrf_k`` with the weighted fusion an offset nobody reads. ``given``: the
+    fields the sender named (default: the request's own; a collection's defaults never count)."""
+    given = request.model_fields_set if given is None else given
     if request.mode != "hybrid":
         for name in _FUSION_FIELDS:
             if name in given and getattr(request, name) is not None:
@@ -268,9 +305,13 @@ def check_fusion_fields(request: QueryRequest) -> None:
                              "leave rrf_k out)", field="rrf_k")
 
 
-def retrieval_body(text: str, k: int, timeout_ms: int | None, mode: str, fusion: str) -> dict[str, Any]:
-    """The query an answer's retrieval sends: its fusion only when it is a hybrid one."""
-    body: dict[str, Any] = {"text": text, "k": k, "timeout_ms": timeout_ms, "mode": mode}
-    if mode == "hybrid":
+def retrieval_body(text: str, k: int, timeout_ms: int | None, mode: str | None,
+                   fusion: str | None) -> dict[str, Any]:
+    """The query an answer's retrieval sends: the mode and fusion it named (the others are the
+    collection's query defaults)."""
+    body: dict[str, Any] = {"text": text, "k": k, "timeout_ms": timeout_ms}
+    if mode is not None:
+        body["mode"] = mode
+    if fusion is not None:
         body["fusion"] = fusion
     return body

@@ -314,7 +314,12 @@ def test_eval_through_the_gateway_reports_each_mode_and_weight(setup):
                                                        for label in ("weighted w=0.8", "weighted w=1")]
     best = best_weight(list(rows.values()))
     assert best is not None
-    assert lines[-1].startswith(f"best weighted fusion by nDCG@10: dense {best['dense_weight']:g},"), shown.stdout
+    assert lines[-2].startswith(f"best weighted fusion by nDCG@10: dense {best['dense_weight']:g},"), shown.stdout
+    # and how to make the best setting what a query naming none gets: here the gateway config's section,
+    # this being the collection the gateway was started with
+    top = max((rows[label] for label in ("dense", "weighted w=0.8", "weighted w=1")), key=lambda r: r["ndcg@10"])
+    assert lines[-1].startswith('make it the query default: the gateway config\'s "query_defaults": '
+                                f'{{"mode": "{top["mode"]}"'), shown.stdout
 
     for flags, words in ((["--weights", "2"], "between 0 and 1"), (["--modes", "sparse"], "unknown mode"),
                          (["--models", "a,b"], "--models")):

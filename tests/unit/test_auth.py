@@ -113,6 +113,10 @@ def test_scoped_keys_parse_and_reach_their_collections_only():
     assert gateway_policy("POST", "/v1/collections/docs/tune") == "admin"
     with pytest.raises(Forbidden):
         check_key_reach(scoped, "POST", "/v1/collections/docs/tune")
+    # and so do its query defaults (every query of every tenant of it would change)
+    assert gateway_policy("PUT", "/v1/collections/docs/query-defaults") == "admin"
+    with pytest.raises(Forbidden):
+        check_key_reach(scoped, "PUT", "/v1/collections/docs/query-defaults")
 
 
 @pytest.mark.parametrize("attributes", ["colors=red", "tenant=", "rps=-1", "rps=x", "tenant=a tenant=b"])

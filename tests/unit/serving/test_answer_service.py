@@ -68,9 +68,21 @@ def test_a_fusion_without_a_hybrid_retrieval_is_refused_naming_it():
             await service.close()
         return caught.value
 
-    # a fusion asked for without mode hybrid would be a dense retrieval its sender thinks hybrid
-    for request in (AnswerRequest(question="why?", fusion="rrf"), AnswerRequest(question="why?", mode="lexical",
-                                                                               fusion="weighted")):
-        error = asyncio.run(scenario(request))
-        assert error.status_code == 422 and error.field == "fusion" and "hybrid" in error.message
+    # a fusion asked for with another mode would be a retrieval its sender thinks hybrid
+    error = asyncio.run(scenario(AnswerRequest(question="why?", mode="lexical", fusion="weighted")))
+    assert error.status_code == 422 and error.field == "fusion" and "hybrid" in error.message
     assert asked == []  # refused before retrieving anything
+
+    async def unnamed(request):
+        service = AnswerService(["http://127.0.0.1:9"], retrieve)
+        try:
+            with pytest.raises(GeneratorUnavailable):  # none there; what retrieval was asked is the point
+                await service.answer(request)
+        finally:
+            await service.close()
+
+    # no mode named: the collection's query defaults decide (the query service refuses a fusion
+    # its defaults do not make hybrid: tests/unit/serving/test_query_defaults.py)
+    asyncio.run(unnamed(AnswerRequest(question="why?", fusion="rrf")))
+    asyncio.run(unnamed(AnswerRequest(question="why?")))
+    assert asked == [(None, "rrf"), (None, None)]
