@@ -1,5 +1,6 @@
 """shardrag's light core: types, the shard contract's records (``contract``), the one error tree
-(``errors``, with ``error_for_status``), top-k merge, BM25's corpus statistics (``bm25``), the
+(``errors``, with ``error_for_status``), what counts as a blank text (``blank``: the API schema's
+pattern and the checks behind it), top-k merge, BM25's corpus statistics (``bm25``), the
 lexical text analysis (``analysis``) and the fusion of ranked lists (``fusion``; what a query
 naming no mode or fusion gets: ``query_defaults``), wire codec, the version protocol's pure state
 machine (``rollout``), choosing a tuned search knob from measured answers (``tuning_choice``),

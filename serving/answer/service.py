@@ -22,6 +22,7 @@ from httpkit.api import JSON_INTEGER, PositiveInt
 from httpkit.auth import internal_headers
 from httpkit.responses import sse_event
 from httpkit.tls import client_ssl_context
+from retrieval.blank import NON_BLANK_PATTERN, is_blank
 from retrieval.errors import ConfigError, GeneratorUnavailable, InvalidRequest
 from serving.answer.prompt import build_messages, passage_texts
 from serving.answer.routing import AffinityRouter
@@ -49,7 +50,8 @@ class AnswerSettings:
 class AnswerRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    question: str = Field(min_length=1, max_length=4096)
+    question: str = Field(min_length=1, max_length=4096, json_schema_extra={"pattern": NON_BLANK_PATTERN},
+                          description="not blank (retrieval.blank)")
     k: Annotated[int, Field(ge=1, le=10), JSON_INTEGER] = Field(3, description="passages retrieved into the prompt")
     max_new_tokens: Annotated[int, Field(ge=1, le=512), JSON_INTEGER] = Field(64)
     stream: bool = Field(False, description="server-sent events: retrieval, token..., done")
@@ -90,8 +92,8 @@ class AnswerService:
         if not self.generators:
             raise GeneratorUnavailable("no generator is configured for /v1/answer (start the cluster with "
                                        "generators)", field="question")
-        if not request.question.strip():
-            raise InvalidRequest("question is empty", field="question")
+        if is_blank(request.question):
+            raise InvalidRequest("question is empty or white space only", field="question")
         if request.mode is not None and request.mode != "hybrid" and request.fusion is not None:
             raise InvalidRequest(f"fusion shapes a hybrid retrieval, and mode is {request.mode} (send \"mode\": "
                                  "\"hybrid\", or leave fusion out)", field="fusion")

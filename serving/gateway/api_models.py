@@ -4,17 +4,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from clusterstate.collections import NAME_PATTERN
 from httpkit.api import ERROR_RESPONSES, JSON_INTEGER, ErrorDetail, ErrorResponse, FiniteFloat, PositiveInt
+from retrieval.blank import NON_BLANK_PATTERN
 from retrieval.fusion import DEFAULT_WEIGHTS, DENSE, LEXICAL
 
 __all__ = ["ERROR_RESPONSES", "ErrorDetail", "ErrorResponse", "QueryRequest", "QueryResponse", "StageCommand",
-           "ActivateCommand", "RetireCommand", "VersionCommand"]
+           "ActivateCommand", "RetireCommand", "VersionCommand", "NamePath", "DocIdPath"]
 
 KnobInt = Annotated[int, Field(ge=1, le=65536), JSON_INTEGER]
 SeqInt = Annotated[int, Field(ge=0), JSON_INTEGER]
+NamePath = Annotated[str, Path(pattern=NAME_PATTERN.pattern, description="collection name")]
+# A document id in a path: the schema says "not blank" as the write bodies do; the write service's
+# own check refuses a blank one (422 naming "id"), so the pattern is the schema's only, not FastAPI's.
+DocIdPath = Annotated[str, Path(description="the document's id", json_schema_extra={"pattern": NON_BLANK_PATTERN})]
 # Embedding version ids: encoder name, weights hash, preprocessing hash — a file-name-safe token.
 VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$"
 

@@ -40,6 +40,7 @@ from serving.answer.service import AnswerRequest
 from serving.gateway.api_models import (
     ERROR_RESPONSES,
     ActivateCommand,
+    DocIdPath,
     QueryResponse,
     RetireCommand,
     StageCommand,
@@ -159,7 +160,7 @@ def create_app(setup: GatewaySetup) -> Any:
     @app.get("/v1/documents/{doc_id:path}", summary="One document with its metadata and seq (404 if absent)",
              responses={**ERROR_RESPONSES, 404: {"model": ErrorResponse,
                                                  "description": "no such document (absent or deleted)"}})
-    async def get_document(doc_id: str) -> Response:
+    async def get_document(doc_id: DocIdPath) -> Response:
         return json_response(await running.gateway.writes.get(doc_id))
 
     @app.get("/v1/cluster", summary="Shards, replicas, versions and live health", responses=ERROR_RESPONSES)

@@ -27,21 +27,25 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import FastAPI, Path
+from fastapi import FastAPI
 from fastapi import Response as FastAPIResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from clusterstate.collections import NAME_PATTERN
 from httpkit.api import ERROR_RESPONSES, ErrorResponse
 from httpkit.responses import json_response
 from retrieval.errors import EncoderError, InvalidRequest, NotFound, ShardragError, ShardUnavailable
-from serving.gateway.api_models import VERSION_PATTERN, ActivateCommand, RetireCommand, VersionCommand
+from serving.gateway.api_models import (
+    VERSION_PATTERN,
+    ActivateCommand,
+    NamePath,
+    RetireCommand,
+    VersionCommand,
+)
 from serving.gateway.collections import READY_TIMEOUT_S, CollectionStack, CollectionStacks
 from serving.versions.rollout import ADMIN_TIMEOUT_S, RolloutService
 
-NamePath = Annotated[str, Path(pattern=NAME_PATTERN.pattern, description="collection name")]
 RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES, 404: {"model": ErrorResponse, "description": "no such collection"}}
 

@@ -26,19 +26,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import FastAPI, Path, Request, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 
-from clusterstate.collections import NAME_PATTERN, CollectionSpec, Quotas, vector_version
+from clusterstate.collections import CollectionSpec, Quotas, vector_version
 from httpkit.api import ERROR_RESPONSES, ErrorResponse
 from httpkit.asgi import read_request_body
 from httpkit.auth import SCOPE_KEY, ApiKey
 from httpkit.responses import EVENT_STREAM, json_response
 from retrieval.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from serving.answer.service import AnswerRequest, RetrieveFn
-from serving.gateway.api_models import QueryRequest
+from serving.gateway.api_models import DocIdPath, NamePath, QueryRequest
 from serving.gateway.collection_models import CollectionCreate, QueryDefaultsModel
 from serving.gateway.collection_rollout import add_collection_rollout_routes
 from serving.gateway.collection_tune import add_collection_tune_route
@@ -62,7 +62,6 @@ from serving.writes.snapshots import live_snapshot
 
 RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES, 404: {"model": ErrorResponse, "description": "no such collection (or document)"}}
-NamePath = Annotated[str, Path(pattern=NAME_PATTERN.pattern, description="collection name")]
 
 
 def _body(model: str) -> dict[str, Any]:
@@ -247,7 +246,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
 
     @app.get("/v1/collections/{name}/documents/{doc_id:path}", summary="One document of the collection",
              responses=RESPONSES)
-    async def get_document(name: NamePath, doc_id: str, request: Request) -> Response:
+    async def get_document(name: NamePath, doc_id: DocIdPath, request: Request) -> Response:
         _, writes, _, tenant_field, tenant = await services(name, request)
         if tenant is not None and tenant_field is not None:
             found = await writes.get(stored_id(tenant, doc_id))  # in its namespace: never another tenant's

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from retrieval.blank import NON_BLANK_PATTERN
 from retrieval.filters import (
     MAX_DEPTH,
     MAX_KEY_CHARS,
@@ -48,7 +49,7 @@ def query_request_schemas(limits: Limits, topology: Topology | None,
 
     set_in("k", maximum=limits.max_k)
     set_in("timeout_ms", minimum=limits.min_timeout_ms, maximum=limits.max_timeout_ms)
-    set_in("text", maxLength=limits.max_text_chars, pattern=r"\S")
+    set_in("text", maxLength=limits.max_text_chars, pattern=NON_BLANK_PATTERN)
     vector: dict[str, Any] = {"type": "array", "minItems": 1,
                               "items": {"type": "number", "minimum": -bound, "maximum": bound}}
     if topology is not None:
@@ -196,9 +197,9 @@ def write_schemas(limits: Limits, topology: Topology | None, writes: WriteSettin
     defs = upsert.pop("$defs", {})
     document = defs["DocumentIn"]
     props = document["properties"]
-    props["id"]["pattern"] = r"\S"
+    props["id"]["pattern"] = NON_BLANK_PATTERN
     props["title"]["maxLength"] = writes.max_text_chars
-    text = {**_non_null(props["text"]), "pattern": r"\S", "maxLength": writes.max_text_chars}
+    text = {**_non_null(props["text"]), "pattern": NON_BLANK_PATTERN, "maxLength": writes.max_text_chars}
     props["text"] = {"anyOf": [text, {"type": "null"}]}
     upsert["properties"]["documents"]["maxItems"] = writes.max_documents
     bound = float(limits.max_vector_abs)
@@ -222,7 +223,7 @@ def write_schemas(limits: Limits, topology: Topology | None, writes: WriteSettin
     delete = DeleteRequest.model_json_schema(ref_template=ref)
     dprops = delete["properties"]
     ids = {**_non_null(dprops["ids"]), "uniqueItems": True, "maxItems": writes.max_documents,
-           "items": {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS, "pattern": r"\S"}}
+           "items": {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS, "pattern": NON_BLANK_PATTERN}}
     dprops["ids"] = {"anyOf": [ids, {"type": "null"}]}
     not_empty = {"anyOf": [{"required": [occur], "properties": {occur: {"minItems": 1}}} for occur in OCCURS]}
     dprops["filter"] = {"anyOf": [{"allOf": [{"$ref": f"#/components/schemas/{FILTER_SCHEMA}0"}, not_empty]},

@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from httpkit import tracing
+from retrieval.blank import is_blank
 from retrieval.contract import SearchParams, SessionFloor
 from retrieval.errors import (
     DeadlineExceeded,
@@ -201,12 +202,11 @@ class QueryService:
             if request.mode != "dense":
                 raise InvalidRequest(f"mode {request.mode} needs the query's text", field="text")
             return None
-        text = request.text.strip()
-        if not text:
-            raise InvalidRequest("text is empty", field="text")
-        if len(text) > self.limits.max_text_chars:
+        if is_blank(request.text):  # retrieval.blank's blanks: the ones the schema's pattern names
+            raise InvalidRequest("text is empty or white space only", field="text")
+        if len(request.text) > self.limits.max_text_chars:  # as given, as the schema's maxLength counts
             raise InvalidRequest(f"text is longer than {self.limits.max_text_chars} characters", field="text")
-        return text
+        return request.text.strip()
 
     async def encode_timed(self, snapshot: VersionSnapshot, text: str, timeout_ms: float) -> tuple[np.ndarray, float]:
         """The text's vector and the milliseconds it took (recorded as the encode latency)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from retrieval.blank import is_blank
 from retrieval.errors import Forbidden, InvalidRequest
 from serving.writes.models import MAX_ID_CHARS, DeleteRequest, DocumentIn, ScrollRequest, UpsertRequest
 
@@ -30,7 +31,12 @@ logger = logging.getLogger(__name__)
 SEPARATOR = "::"
 
 
-def stored_id(tenant: str, doc_id: str, *, field: str = "id") -> str:
+def stored_id(tenant: str, doc_id: str, *, field: str = "id", may_be_blank: bool = False) -> str:
+    """``doc_id`` in ``tenant``'s namespace. A blank id is refused (as the write API refuses it
+    unscoped: the prefix must not make it look named), except where it only matches, never
+    names, a document (``may_be_blank``: a filter's ``has_id``, a listing's cursor)."""
+    if not may_be_blank and is_blank(doc_id):
+        raise InvalidRequest(f"{field} is empty or white space only", field=field)
     stored = f"{tenant}{SEPARATOR}{doc_id}"
     if len(stored) > MAX_ID_CHARS:
         raise InvalidRequest(f"id {doc_id[:40]!r}… with its tenant prefix is longer than {MAX_ID_CHARS} characters",
@@ -50,7 +56,7 @@ def tenant_clause(tenant_field: str, tenant: str) -> dict[str, Any]:
 def _prefix_ids(node: Any, tenant: str) -> Any:
     """A filter with every ``has_id`` list moved into the tenant's namespace."""
     if isinstance(node, dict):
-        return {key: ([stored_id(tenant, str(v), field="filter.has_id") for v in value]
+        return {key: ([stored_id(tenant, str(v), field="filter.has_id", may_be_blank=True) for v in value]
                       if key == "has_id" and isinstance(value, list) else _prefix_ids(value, tenant))
                 for key, value in node.items()}
     if isinstance(node, list):
@@ -79,7 +85,10 @@ def confine_upsert(request: UpsertRequest, tenant_field: str, tenant: str | None
             owner: Any = tenant
             doc_id = stored_id(tenant, document.id, field=f"{where}.id")
         else:
-            prefix, sep, _ = document.id.partition(SEPARATOR)
+            prefix, sep, own_id = document.id.partition(SEPARATOR)
+            if sep and is_blank(own_id):
+                raise InvalidRequest(f"{where}.id names tenant {prefix!r} and no id after {SEPARATOR!r}",
+                                     field=f"{where}.id")
             owner = given if given is not None else (prefix if sep else None)
             if not isinstance(owner, str) or not owner:
                 raise InvalidRequest(f"{where}: this collection keeps tenants in {tenant_field!r}; give the tenant in "
@@ -96,14 +105,16 @@ def confine_upsert(request: UpsertRequest, tenant_field: str, tenant: str | None
 
 def confine_delete(request: DeleteRequest, tenant_field: str, tenant: str) -> DeleteRequest:
     if request.ids is not None:
-        return request.model_copy(update={"ids": [stored_id(tenant, i, field="ids") for i in request.ids]})
+        ids = [stored_id(tenant, doc_id, field=f"ids[{n}]") for n, doc_id in enumerate(request.ids)]
+        return request.model_copy(update={"ids": ids})
     return request.model_copy(update={"filter": confine_filter(request.filter, tenant_field, tenant)})
 
 
 def confine_scroll(request: ScrollRequest, tenant_field: str, tenant: str) -> ScrollRequest:
     """A listing of the tenant's documents only, its cursor in the tenant's namespace (the
     namespace's ids sort as the shown ones do: one prefix)."""
-    offset = stored_id(tenant, request.offset, field="offset") if request.offset is not None else None
+    offset = (stored_id(tenant, request.offset, field="offset", may_be_blank=True)
+              if request.offset is not None else None)
     return request.model_copy(update={"filter": confine_filter(request.filter, tenant_field, tenant),
                                       "offset": offset})
 

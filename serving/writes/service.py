@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from httpkit import tracing
+from retrieval.blank import is_blank
 from retrieval.contract import WriteReply
 from retrieval.errors import (
     DeadlineExceeded,
@@ -200,12 +201,13 @@ class WriteService:
         raise NotFound(f"no document {doc_id!r}", field="id")
 
     # -- validation and routing ------------------------------------------------------------------
-    def _check_ids(self, ids: Sequence[str], field_name: str) -> None:
+    def _check_ids(self, ids: Sequence[str], field_name: str, suffix: str = "") -> None:
+        """Every id named (not blank: retrieval.blank, as the schema's pattern says) and named once."""
         seen: dict[str, int] = {}
         for index, doc_id in enumerate(ids):
-            where = f"{field_name}[{index}]" if field_name != "id" else "id"
-            if not doc_id.strip():
-                raise InvalidRequest(f"{where} is empty", field=where)
+            where = f"{field_name}[{index}]{suffix}" if field_name != "id" else "id"
+            if is_blank(doc_id):
+                raise InvalidRequest(f"{where} is empty or white space only", field=where)
             if doc_id in seen:
                 raise InvalidRequest(f"{where}: id {doc_id!r} also at index {seen[doc_id]}; one write per id "
                                      "per request", field=where)
@@ -215,7 +217,7 @@ class WriteService:
         if len(documents) > self.settings.max_documents:
             raise InvalidRequest(f"{len(documents)} documents; this gateway takes at most "
                                  f"{self.settings.max_documents} per request", field="documents")
-        self._check_ids([d.id for d in documents], "documents")
+        self._check_ids([d.id for d in documents], "documents", ".id")
         for index, doc in enumerate(documents):
             where = f"documents[{index}]"
             if doc.no_vector and doc.vector is not None:
@@ -224,8 +226,8 @@ class WriteService:
             if doc.text is None and doc.vector is None and not doc.no_vector:
                 raise InvalidRequest(f"{where}: give text, a vector, or both (the vector is then used and the text "
                                      "stored), or no_vector: true", field=f"{where}.text")
-            if doc.text is not None and not doc.text.strip():
-                raise InvalidRequest(f"{where}.text is empty", field=f"{where}.text")
+            if doc.text is not None and is_blank(doc.text):
+                raise InvalidRequest(f"{where}.text is empty or white space only", field=f"{where}.text")
             for name, value in (("title", doc.title), ("text", doc.text or "")):
                 if len(value) > self.settings.max_text_chars:
                     raise InvalidRequest(f"{where}.{name} has {len(value)} characters; at most "

@@ -157,13 +157,16 @@ def test_delete_by_filter_and_get_metadata(http):
     ({"documents": [{"id": "a", "vector": [0.1] * 383}]}, 422, "documents[0].vector"),
     ({"documents": [{"id": "a", "vector": [0.1] * 383 + ["x"]}]}, 422, "documents.0.vector.383"),
     ({"documents": [{"id": "", "text": "x"}]}, 422, "documents.0.id"),
-    ({"documents": [{"id": " ", "text": "x"}]}, 422, "documents[0]"),
+    ({"documents": [{"id": " ", "text": "x"}]}, 422, "documents[0].id"),
+    ({"documents": [{"id": "\x1e", "text": "x"}]}, 422, "documents[0].id"),  # blank to Python, not to ECMA's \s
+    ({"documents": [{"id": "a", "text": "\ufeff"}]}, 422, "documents[0].text"),  # blank to ECMA's \s only
+    ({"ids": ["a", "\x1c\x85"]}, 422, "ids[1]"),
     ({"documents": [{"id": "k" * 1024, "text": "x"}]}, 422, "documents.0.id"),
     ({"documents": [{"id": "a", "text": "x", "metadata": ["not", "an", "object"]}]}, 422, "documents.0.metadata"),
     ({"documents": [{"id": "a", "text": "x", "metadata": {"a": {"b": {"c": 1}}}}]}, 422, "documents[0].metadata.a"),
     ({"documents": [{"id": "a", "text": " ", "vector": [0.1] * 384}]}, 422, "documents[0].text"),
     ({"documents": [{"id": "a"}]}, 422, "documents[0].text"),
-    ({"documents": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]}, 422, "documents[1]"),
+    ({"documents": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]}, 422, "documents[1].id"),
     ({"documents": [{"id": "a", "text": "x"}], "write_ack": "some"}, 422, "write_ack"),
     ({"documents": []}, 422, "documents"),
     ({"ids": ["a"], "filter": {"must": []}}, 422, "ids"),

@@ -1,6 +1,7 @@
 """The answer service alone: it is given a retrieve function, never the gateway."""
 
 import asyncio
+import re
 
 import pytest
 
@@ -86,3 +87,27 @@ def test_a_fusion_without_a_hybrid_retrieval_is_refused_naming_it():
     asyncio.run(unnamed(AnswerRequest(question="why?", fusion="rrf")))
     asyncio.run(unnamed(AnswerRequest(question="why?")))
     assert asked == [(None, "rrf"), (None, None)]
+
+
+@pytest.mark.parametrize("question", [" \n", "\x1f", "\ufeff"])
+def test_a_blank_question_is_refused_naming_it_as_the_schema_says(question):
+    asked = []
+
+    async def retrieve(question, k, timeout_ms, mode="dense", fusion="rrf"):
+        asked.append(question)
+        return HITS
+
+    async def scenario():
+        service = AnswerService(["http://127.0.0.1:9"], retrieve)
+        try:
+            with pytest.raises(InvalidRequest) as caught:
+                await service.answer(AnswerRequest(question=question))
+        finally:
+            await service.close()
+        return caught.value
+
+    error = asyncio.run(scenario())
+    assert error.status_code == 422 and error.field == "question" and asked == []
+    pattern = AnswerRequest.model_json_schema()["properties"]["question"]["pattern"]
+    assert re.search(pattern, question) is None  # the schema refuses it too
+    assert re.search(pattern, "why?") is not None

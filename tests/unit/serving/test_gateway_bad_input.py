@@ -2,6 +2,7 @@
 
 import json
 import re
+from urllib.parse import quote
 
 import jsonschema
 import numpy as np
@@ -27,6 +28,14 @@ def client(tmp_path_factory):
 
 
 GOOD = [0.1] * DIM
+
+
+def query_request_validator(client) -> jsonschema.Draft202012Validator:
+    """The served schema's QueryRequest, as a validator (its references resolved in the document)."""
+    schema = client.get("/openapi.json").json()
+    return jsonschema.Draft202012Validator(
+        {**schema["components"]["schemas"]["QueryRequest"], "components": schema["components"]},
+        registry=Registry().with_resource("", Resource.from_contents(schema, DRAFT202012)))
 
 
 def post_raw(client, body: bytes | str):
@@ -110,6 +119,32 @@ def test_text_without_encoder_is_503_naming_text(client):
     assert response.status_code == 503 and response.json()["error"]["field"] == "text"
 
 
+# The schema's non-blank pattern and the gateway's check must agree character for character
+# (JSON Schema's \S and Python's strip() do not: U+001C-U+001F, U+0085, U+FEFF).
+EDGE_TEXTS = ["\x1c", "\x1f ", "\x85", "\ufeff", " \u3000\u2028", "\u200b", "\x00", "x\x1e"]
+
+
+@pytest.mark.parametrize("text", EDGE_TEXTS)
+def test_a_query_text_is_refused_as_blank_exactly_where_the_schema_says_so(client, text):
+    validator = query_request_validator(client)
+    response = client.post("/v1/query", json={"text": text})
+    assert response.json()["error"]["field"] == "text"
+    # allowed by the schema: past the blank check (503: this gateway has no encoder); else a 422
+    assert response.status_code == (503 if validator.is_valid({"text": text}) else 422), response.text
+
+
+@pytest.mark.parametrize("doc_id", EDGE_TEXTS)
+def test_a_document_path_id_is_refused_as_blank_exactly_where_the_schema_says_so(client, doc_id):
+    schema = client.get("/openapi.json").json()
+    (parameter,) = schema["paths"]["/v1/documents/{doc_id}"]["get"]["parameters"]
+    allowed = jsonschema.Draft202012Validator(parameter["schema"]).is_valid(doc_id)
+    response = client.get("/v1/documents/" + quote(doc_id, safe=""))
+    if allowed:
+        assert response.status_code == 404, response.text  # no such document: looked for, not refused
+    else:
+        assert response.status_code == 422 and response.json()["error"]["field"] == "id", response.text
+
+
 def test_still_serving_after_bad_input(client):
     response = client.post("/v1/query", json={"vector": GOOD, "k": 3})
     assert response.status_code == 200
@@ -135,10 +170,7 @@ def test_openapi_documents_query_and_errors(client):
 
 def test_the_schema_allows_a_fusion_field_exactly_where_the_gateway_takes_it(client):
     # the rules schemathesis relies on ("what the schema allows is accepted"), checked case by case
-    schema = client.get("/openapi.json").json()
-    validator = jsonschema.Draft202012Validator(
-        {**schema["components"]["schemas"]["QueryRequest"], "components": schema["components"]},
-        registry=Registry().with_resource("", Resource.from_contents(schema, DRAFT202012)))
+    validator = query_request_validator(client)
     bodies = [
         {"vector": GOOD}, {"vector": GOOD, "fusion": "rrf"}, {"vector": GOOD, "weights": None},
         {"vector": GOOD, "rrf_k": 60}, {"text": "x", "mode": "lexical", "candidates": 5},

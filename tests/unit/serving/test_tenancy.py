@@ -68,3 +68,24 @@ def test_deletes_and_answers_stay_in_the_namespace():
     assert shown_id("acme", stored_id("acme", "q")) == "q" and shown_id("acme", "globex::q") == "globex::q"
     with pytest.raises(InvalidRequest):
         stored_id("acme", "x" * 512)
+
+
+@pytest.mark.parametrize("blank", [" ", "\x1e", "\ufeff"])
+def test_a_blank_id_is_refused_in_a_tenants_namespace_as_it_is_outside_one(blank):
+    # the prefix would make "acme:: " look named; the write service would take it
+    with pytest.raises(InvalidRequest) as scoped:
+        confine_upsert(UpsertRequest(documents=[{"id": "ok", "vector": [1.0]}, {"id": blank, "vector": [1.0]}]),
+                       "tenant", "acme")
+    assert scoped.value.field == "documents.1.id"
+    with pytest.raises(InvalidRequest) as unscoped:
+        confine_upsert(UpsertRequest(documents=[{"id": f"acme::{blank}", "vector": [1.0]}]), "tenant", None)
+    assert unscoped.value.field == "documents.0.id"
+    with pytest.raises(InvalidRequest) as deleted:
+        confine_delete(DeleteRequest(ids=["x", blank]), "tenant", "acme")
+    assert deleted.value.field == "ids[1]"
+    with pytest.raises(InvalidRequest) as read:
+        stored_id("acme", blank)
+    assert read.value.field == "id"
+    # where an id only matches (a filter's has_id), a blank one matches nothing and is let through
+    assert confine_filter({"must": [{"has_id": [blank]}]}, "tenant", "acme")["must"][1]["must"][0]["has_id"] == [
+        f"acme::{blank}"]
