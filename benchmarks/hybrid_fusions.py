@@ -31,12 +31,16 @@ weight on msmarco, and the title counted 1–4 times in a document's BM25 (dbped
 titles; msmarco's have none, so its figures and chosen weight stay). Last, pseudo-relevance
 feedback (Rocchio on the query vector: the top m documents' mean vector added β times, by the
 dense leg alone or by the weighted fusion), given to the dense ranking and to the hybrid alike, so
-that what the lexical leg adds is compared with feedback on both sides. JSON:
+that what the lexical leg adds is compared with feedback on both sides. Finally, whether *any*
+parameter meets acceptance 4 at all — chosen knowing both sets, a weaker test than the acceptance's
+choose-on-one rule: every cell above, the weighted fusion's weight in steps of 0.01, and the
+weighted RRF's k from 1 to 200 with each leg read 20 or 100 deep (``acceptance_4``). JSON:
 benchmarks/results/hybrid_fusions.json.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +65,10 @@ GATES = {"gate-top": (0.3, 0.5, 0.7, 0.9), "gate-agree": (0.2, 0.4, 0.6, 0.8), "
 TITLE_COUNTS = (1, 2, 3, 4)  # how many times a title's terms count in its document's BM25
 FEEDBACK_DEPTHS = (3, 5, 10)  # m: how many top documents feed back into the query vector
 FEEDBACK_BETAS = (0.25, 0.5, 1.0, 2.0)  # β: their mean vector's weight beside the query's
+FINE_WEIGHTS = tuple(round(0.5 + 0.01 * step, 2) for step in range(50))  # 0.50 … 0.99
+RRF_WEIGHTS = tuple(round(0.5 + 0.025 * step, 3) for step in range(20))  # 0.500 … 0.975
+RRF_KS = (1, 2, 5, 10, 20, 30, 40, 60, 100, 200)
+RRF_DEPTHS = (20, 100)
 
 
 @dataclass
@@ -208,6 +216,39 @@ def feedback_grid(corpora: dict[str, Corpus], sets: dict[str, Matrices]) -> dict
             "dense_best_dbpedia": best_dbpedia("dense"), "hybrid_best_dbpedia": best_dbpedia("hybrid")}
 
 
+def meets_acceptance_4(cell: dict[str, float], legs: dict[str, dict[str, float]]) -> bool:
+    """At least the better leg on both sets, and dense + 0.01 on at least one."""
+    return (all(cell[name] >= max(legs[name].values()) for name in legs)
+            and any(cell[name] >= legs[name]["dense"] + 0.01 for name in legs))
+
+
+def acceptance_4(sets: dict[str, Matrices], legs: dict[str, dict[str, float]],
+                 cells_of: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
+    """Every cell of the grid above, a finer weighted grid and the weighted RRF's k: which meet
+    acceptance 4 with parameters chosen knowing both sets, and the five nearest."""
+    cells = {f"{family} {params}": cell for family, by_params in cells_of.items() for params, cell in by_params.items()}
+    for w in FINE_WEIGHTS:
+        cells[f"weighted w={w}"] = {name: round(m.ndcg(fuse("weighted", m, w)), 4) for name, m in sets.items()}
+    leg_ranks = {name: (ranks(m.cosine), ranks(m.bm25)) for name, m in sets.items()}
+    for k, w, depth in itertools.product(RRF_KS, RRF_WEIGHTS, RRF_DEPTHS):
+        if (k, depth) == (60, TOP) and w in WEIGHTS:
+            continue  # the grid's own weighted-rrf cell
+        cell = {}
+        for name, m in sets.items():
+            dense, lexical = leg_ranks[name]
+            fused = w / (k + dense) * (dense <= depth) + (1 - w) / (k + lexical) * ((lexical <= depth) & (m.bm25 > 0))
+            cell[name] = round(m.ndcg(fused), 4)
+        cells[f"weighted-rrf k={k} w={w} depth={depth}"] = cell
+
+    def margin(label: str) -> float:  # the smaller of the two sets' gains over dense
+        return min(cells[label][name] - legs[name]["dense"] for name in legs)
+
+    nearest = sorted(cells, key=margin, reverse=True)[:5]
+    return {"cells_tried": len(cells), "meeting": sorted(p for p in cells if meets_acceptance_4(cells[p], legs)),
+            "nearest": [{"cell": label, **cells[label], "smaller_gain_over_dense": round(margin(label), 4)}
+                        for label in nearest]}
+
+
 def ranks(scores: np.ndarray) -> np.ndarray:
     order = np.argsort(-scores, axis=1, kind="stable")
     result = np.empty_like(order)
@@ -325,8 +366,15 @@ def main() -> None:
         cell = feedback[label]
         print(f"{label:>20}: {cell:<40} msmarco {feedback['cells'][cell]['msmarco']:.4f}, "
               f"dbpedia {feedback['cells'][cell]['dbpedia']:.4f}")
+    search = acceptance_4(sets, legs, cells_of)
+    print(f"\nacceptance 4 with any parameter (chosen knowing both sets): {len(search['meeting'])} of "
+          f"{search['cells_tried']} cells meet it; the nearest (the smaller gain over dense of the two sets):")
+    for row in search["nearest"]:
+        print(f"  {row['cell']:<40} msmarco {row['msmarco']:.4f}, dbpedia {row['dbpedia']:.4f} "
+              f"({row['smaller_gain_over_dense']:+.4f})")
     results: dict[str, Any] = {"machine": machine_info(), "k": K, "legs": legs, "summary": summary, "grid": cells_of,
-                               "bm25_parameters": parameters, "title_counts": titles, "feedback": feedback}
+                               "bm25_parameters": parameters, "title_counts": titles, "feedback": feedback,
+                               "acceptance_4": search}
     print(f"\nwrote {write_result('hybrid_fusions', results)}")
 
 
