@@ -226,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only documents whose metadata match, as JSON (or @FILE), e.g. "
                             "'{\"must\": [{\"key\": \"lang\", \"match\": {\"value\": \"en\"}}]}' (docs/filters.md)")
     query.add_argument("--with-metadata", action="store_true", help="print each hit's metadata")
+    query.add_argument("--collection", default=None,
+                       help="a collection the gateway serves (`shardrag collections list`): its query defaults "
+                            "apply (default: the collection the gateway was started with)")
     query.add_argument("--mode", choices=("dense", "lexical", "hybrid"), default=None,
                        help="dense (vectors), lexical (BM25 over titles and texts) or hybrid (both, fused; each hit "
                             "shows each leg's rank) (docs/hybrid.md). Default, and for the three below: the "

@@ -19,7 +19,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     url = gateway_url(args)
     filter_ = _json_argument(args.filter, "--filter") if args.filter else None
     with ShardragClient(url, timeout_s=args.timeout, api_key=args.api_key) as client:
-        response = client.query(text=args.text, k=args.k, top_m=args.top_m, filter=filter_,
+        target = client.collection(args.collection) if args.collection else client
+        response = target.query(text=args.text, k=args.k, top_m=args.top_m, filter=filter_,
                                 with_metadata=args.with_metadata, mode=args.mode, fusion=args.fusion,
                                 rrf_k=args.rrf_k, weights=weights_argument(args.weights), candidates=args.candidates)
     if args.json:

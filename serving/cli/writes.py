@@ -138,7 +138,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
     ids = [i for i in args.ids.split(",") if i] if args.ids is not None else None
     filter_ = _json_argument(args.filter, "--filter") if args.filter is not None else None
     with ShardragClient(gateway_url(args), timeout_s=args.timeout, api_key=args.api_key) as client:
-        reply = client.delete(ids, filter=filter_, write_ack=args.write_ack)
+        target = client.collection(args.collection) if args.collection else client
+        reply = target.delete(ids, filter=filter_, write_ack=args.write_ack)
     print(json.dumps(reply))
     return 0
 
@@ -196,4 +197,6 @@ def add_write_commands(commands: Any) -> None:
                                              "(every live document it selects; docs/filters.md).")
     delete.add_argument("--ids", default=None, help="comma-separated document ids")
     delete.add_argument("--filter", default=None, help="a filter as JSON, or @FILE")
+    delete.add_argument("--collection", default=None,
+                        help="a collection the gateway serves (default: the collection it was started with)")
     delete.set_defaults(func=cmd_delete)

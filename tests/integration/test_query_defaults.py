@@ -6,6 +6,7 @@ weights or rrf_k — a query's own fields always win — and bad input refused n
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -156,3 +157,28 @@ def test_the_started_with_collection_and_unknown_ones_are_refused(cluster):
         assert "query_defaults" in started.json()["error"]["message"]
         unknown = http.put("/v1/collections/nowhere/query-defaults", json={"mode": "hybrid"})
         assert unknown.status_code == 404
+
+
+def test_the_cli_queries_and_deletes_in_a_named_collection_under_its_defaults(cluster):
+    running, _ = cluster
+    with ShardragClient(running.gateway_url, timeout_s=60) as client:
+        client.create_collection("lakes", dim=DIM, shards=2, query_defaults={"mode": "lexical"})
+        client.collection("lakes").upsert([{"id": f"d{i}", "title": "", "text": text, "vector": unit(i + 1)}
+                                           for i, text in enumerate(TEXTS)])
+
+        def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "serving", *argv, "--url", running.gateway_url],
+                                  capture_output=True, text=True, timeout=120)
+
+        asked = cli("query", "glacier", "--collection", "lakes", "-k", "3", "--json")
+        assert asked.returncode == 0, asked.stderr
+        answer = json.loads(asked.stdout)
+        # the collection's own default (lexical: text alone, no encoder needed) and its documents
+        assert answer["diagnostics"]["mode"] == "lexical" and answer["diagnostics"]["defaulted"] == ["mode"]
+        assert {h["doc_id"] for h in answer["hits"]} == {"d0", "d1"}
+        deleted = cli("delete", "--ids", "d0", "--collection", "lakes")
+        assert deleted.returncode == 0 and json.loads(deleted.stdout)["ids"] == ["d0"], deleted.stderr
+        again = json.loads(cli("query", "glacier", "--collection", "lakes", "--json").stdout)
+        assert {h["doc_id"] for h in again["hits"]} == {"d1"}
+        missing = cli("query", "glacier", "--collection", "no-such-lake")
+        assert missing.returncode != 0 and "no-such-lake" in missing.stderr
