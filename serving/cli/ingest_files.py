@@ -11,6 +11,8 @@ file. Then, per file, with ``H`` its content's sha256:
 * **unchanged** — the file's last passage exists with that hash: nothing is sent (a re-run makes
   no write). The last passage is written alone, after all the others were acknowledged, so its
   presence means the whole file is in;
+* **without text** (nothing but white space, or a PDF of images) — nothing is written, and the
+  passages an earlier version of the file left are deleted;
 * **new or changed** — its passages are written (upserts by id: a run interrupted and re-run
   writes the same passages again, harmlessly), the last one alone, then the passages of the same
   ``source`` with another hash are deleted: exactly the file's old passages, none of another file;
@@ -111,7 +113,8 @@ def ingest_files(args: argparse.Namespace, client: Any) -> dict[str, Any]:
 
     plans = plan_files(args.paths, args.max_tokens, args.overlap, args.quiet)
     floors = SessionFloors()
-    counts = {"files": len(plans), "unchanged": 0, "written_files": 0, "passages_written": 0, "passages_deleted": 0}
+    counts = {"files": len(plans), "unchanged": 0, "written_files": 0, "empty_files": 0, "passages_written": 0,
+              "passages_deleted": 0}
     bar = tqdm(total=sum(len(p.passages) for p in plans), unit="passage", desc="ingest", disable=args.quiet)
     for plan in plans:
         if plan.passages and _is_in(client, plan):
@@ -127,7 +130,8 @@ def ingest_files(args: argparse.Namespace, client: Any) -> dict[str, Any]:
         if last:
             floors.note(client.upsert(last, write_ack=args.write_ack))
             bar.update(1)
-        counts["written_files"] += 1
+        # a file with no text writes nothing, but loses the passages an earlier version of it left
+        counts["written_files" if documents else "empty_files"] += 1
         counts["passages_written"] += len(documents)
         old = {"must": [{"key": "source", "match": {"value": plan.source}}],
                "must_not": [{"key": "file_sha256", "match": {"value": plan.digest}}]}
@@ -170,7 +174,8 @@ def _gone(plans: list[FilePlan]) -> dict[str, Any]:
 
 
 def report(counts: dict[str, Any]) -> None:
+    empty = f", {counts['empty_files']} without text" if counts["empty_files"] else ""
     print(f"{counts['files']} files: {counts['unchanged']} unchanged, {counts['written_files']} written "
-          f"({counts['passages_written']} passages), {counts['passages_deleted']} old passages deleted",
+          f"({counts['passages_written']} passages){empty}, {counts['passages_deleted']} old passages deleted",
           file=sys.stderr)
     print(json.dumps(counts))

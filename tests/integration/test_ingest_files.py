@@ -128,6 +128,16 @@ def test_ingest_files_is_idempotent_replaces_edits_and_syncs_deletions(cluster, 
     assert {i: p["seq"] for i, p in passages_of(client, files["report.pdf"]).items()} == {
         i: p["seq"] for i, p in before["report.pdf"].items()}
 
+    # a file without text (a byte-order mark and blanks): counted as such, nothing written for it;
+    # an edited file emptied: its old passages go
+    (folder / "blank.txt").write_text("\ufeff \n\t\n", encoding="utf-8")
+    files["notes.txt"].write_text("  \n")
+    code, emptied, err = ingest(cluster, str(folder), capsys=capsys)
+    assert code == 0, err
+    assert (emptied["empty_files"], emptied["written_files"], emptied["passages_written"]) == (2, 0, 0)
+    assert emptied["passages_deleted"] == 1 and passages_of(client, files["notes.txt"]) == {}
+    assert "2 without text" in err
+
     # an unreadable file: the run stops before any write and names it
     (folder / "broken.pdf").write_bytes(b"%PDF-1.4 not really")
     (folder / "notes.txt").write_text("an edit that must not be written: the run fails first")
