@@ -47,6 +47,13 @@ class AnswerSettings:
             raise ConfigError("answer.down_for_s must be ≥ 0", field="answer.down_for_s")
 
 
+# What a gateway without generator workers answers on the answer routes (a 404: the routes are not
+# in its schema), so that a user who read about /v1/answer learns how to turn it on.
+ANSWERS_OFF = ("no answer generator runs behind this gateway: POST /v1/answer (and a collection's "
+               "/answer) exists when the cluster is started with --generators N (README, \"RAG answers with "
+               "a distributed KV cache\")")
+
+
 class AnswerRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 

@@ -35,8 +35,8 @@ from httpkit.auth import RateLimiter, gateway_policy, guard_from_env
 from httpkit.errors import install_error_handlers
 from httpkit.metrics import add_metrics_route, status_counter
 from httpkit.responses import EVENT_STREAM, json_response
-from retrieval.errors import ConfigError
-from serving.answer.service import AnswerRequest
+from retrieval.errors import ConfigError, NotFound
+from serving.answer.service import ANSWERS_OFF, AnswerRequest
 from serving.gateway.api_models import (
     ERROR_RESPONSES,
     ActivateCommand,
@@ -119,6 +119,11 @@ def create_app(setup: GatewaySetup) -> Any:
         status, payload = await handle_query(request.scope, await read_request_body(request, limits.max_body_bytes),
                                              request.receive)
         return Response(payload, status_code=status, media_type="application/json")
+
+    if not setup.generators:  # no such endpoint (nor in the schema), but a 404 that says how to get one
+        @app.post("/v1/answer", include_in_schema=False)
+        async def no_answer() -> Response:
+            raise NotFound(ANSWERS_OFF, field="question")
 
     if setup.generators:  # the endpoint exists only with generator workers behind it
         @app.post("/v1/answer", summary="Retrieve, then generate an answer that cites the passages",

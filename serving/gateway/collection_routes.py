@@ -37,7 +37,7 @@ from httpkit.asgi import read_request_body
 from httpkit.auth import SCOPE_KEY, ApiKey
 from httpkit.responses import EVENT_STREAM, json_response
 from retrieval.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from serving.answer.service import AnswerRequest, RetrieveFn
+from serving.answer.service import ANSWERS_OFF, AnswerRequest, RetrieveFn
 from serving.gateway.api_models import DocIdPath, NamePath, QueryRequest
 from serving.gateway.collection_models import CollectionCreate, QueryDefaultsModel
 from serving.gateway.collection_rollout import add_collection_rollout_routes
@@ -276,6 +276,9 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
 
     add_collection_tune_route(app, registry_of)
     if not answers:
+        @app.post("/v1/collections/{name}/answer", include_in_schema=False)
+        async def no_answer(name: NamePath) -> Response:
+            raise NotFound(ANSWERS_OFF, field="question")
         return
 
     @app.post("/v1/collections/{name}/answer", summary="Retrieve from the collection, then generate an answer "

@@ -271,3 +271,12 @@ def test_a_collection_body_takes_json_integers_written_with_a_fraction_of_zero()
                                                 '"max_rps": 3}}')
     assert (body.dim, body.shards, body.quotas.max_documents, body.quotas.max_rps) == (8, 2, 5, 3.0)
     assert isinstance(body.dim, int) and isinstance(body.quotas.max_rps, float)
+
+
+@pytest.mark.parametrize("path", ["/v1/answer", "/v1/collections/c/answer"])
+def test_answers_without_generators_are_a_404_saying_how_to_start_them(client, path):
+    response = client.post(path, json={"question": "why?"})
+    assert response.status_code == 404, response.text
+    error = response.json()["error"]
+    assert error["code"] == "not_found" and error["field"] == "question" and "--generators" in error["message"]
+    assert path.replace("/c/", "/{name}/") not in client.get("/openapi.json").json()["paths"]  # not offered
