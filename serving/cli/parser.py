@@ -23,15 +23,18 @@ DESCRIPTION = """``shardrag`` — build, serve and query sharded retrieval colle
                                       replicas + gateway on 127.0.0.1, print the URL and a curl
   shardrag build --corpus PATH ...    corpus (JSONL or BEIR folder) → collection on disk
   shardrag serve --collection NAME    start the local cluster for a built collection
-  shardrag query "text"               ask a running gateway
+  shardrag query "text" [--collection NAME]
+                                      ask a running gateway (dense, lexical or hybrid)
   shardrag status [--watch]           the cluster at a glance (exit 1 if a shard has no healthy replica)
   shardrag faults show|set|clear      game-day fault injection through the gateway (admin key)
   shardrag ingest PATH… --collection NAME [--sync]
                                       Markdown, text, HTML, PDF files → passages (idempotent by content)
   shardrag ingest --collection NAME --corpus FILE.jsonl
                                       upsert a corpus into a running cluster (resumable)
-  shardrag delete --ids a,b | --filter JSON
+  shardrag delete --ids a,b | --filter JSON [--collection NAME]
                                       delete documents from a running cluster
+  shardrag collections create|list|show|defaults|drop
+                                      collections made at run time (one per tenant), their query defaults
   shardrag backup --collection NAME --to DIR
                                       copy a collection (consistent per shard, writes go on)
   shardrag restore --from DIR --collection NAME
