@@ -31,7 +31,8 @@ def render_status(cluster: dict[str, Any]) -> tuple[str, bool]:
     lines = [f"collection {cluster['collection']} · {cluster['num_shards']} shards · {cluster['factory']} · "
              f"active {rollout.get('active')}" + (f" · staged {rollout['staged']}" if rollout.get("staged") else "")
              + (f" · previous {rollout['previous']}" if rollout.get("previous") else "")]
-    lines.append(f"{'shard':>5} {'replica':<28} {'health':<8} {'ejected':<8} {'probe ms':>8} {'restarts':>8} "
+    width = max([28, *(len(r["url"]) for shard in cluster["shards"] for r in shard["replicas"])])  # nodes: /c/NAME/i
+    lines.append(f"{'shard':>5} {'replica':<{width}} {'health':<8} {'ejected':<8} {'probe ms':>8} {'restarts':>8} "
                  f"{'exit':>5}  versions")
     all_served = True
     for shard in cluster["shards"]:
@@ -45,7 +46,7 @@ def render_status(cluster: dict[str, Any]) -> tuple[str, bool]:
             ejected = "yes" if (replica.get("ejection") or {}).get("ejected") else "no"
             latency = f"{replica['latency_ms']:.1f}" if "latency_ms" in replica else "-"
             exit_code = replica.get("last_exit_code")
-            lines.append(f"{shard['shard']:>5} {replica['url']:<28} {'up' if replica['healthy'] else 'DOWN':<8} "
+            lines.append(f"{shard['shard']:>5} {replica['url']:<{width}} {'up' if replica['healthy'] else 'DOWN':<8} "
                          f"{ejected:<8} {latency:>8} {replica.get('restarts', 0):>8} "
                          f"{'-' if exit_code is None else exit_code:>5}  {versions[:60]}"
                          + (f"  (lexical index building: {', '.join(building)})" if building else ""))

@@ -34,6 +34,15 @@ def test_the_table_names_every_replica_and_flags_a_shard_without_one_healthy():
 
 
 
+def test_columns_line_up_whatever_the_replica_urls_length():
+    cluster = cluster_json([[True, True]])
+    cluster["shards"][0]["replicas"][1]["url"] = "http://127.0.0.1:40377/c/a-long-collection-name/0"  # a node's
+    lines = render_status(cluster)[0].splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("shard"))
+    rows = [line for line in lines if "http://" in line]
+    assert {row.index(" up ") for row in rows} == {header.index("health") - 1}
+
+
 def test_a_replica_building_its_lexical_index_says_so():
     cluster = cluster_json([[True, True]])
     assert "lexical index building" not in render_status(cluster)[0]
