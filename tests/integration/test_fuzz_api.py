@@ -37,24 +37,27 @@ def cluster(tmp_path_factory, msmarco):
         yield running
 
 
-def schemathesis(url: str, *args: str, examples: int) -> subprocess.CompletedProcess[str]:
+def schemathesis(url: str, *args: str, examples: int, seed: int) -> subprocess.CompletedProcess[str]:
     config = Path(__file__).with_name("schemathesis.toml")
     # Every check runs: schemathesis 4 enables them all by default. No `--checks all`: a check
     # named on the command line overrides the per-operation settings of schemathesis.toml.
     command = [str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config), "run",
                f"{url}/openapi.json",
-               "--max-examples", str(examples), "--workers", "1", "--seed", "20261129", *args]
+               "--max-examples", str(examples), "--workers", "1", "--seed", str(seed), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=900)
 
 
-@pytest.mark.parametrize("who, examples", [("admin", 35), ("read", 20), ("anonymous", 10)])
-def test_schemathesis_finds_nothing(cluster, who, examples):
+# Fixed seeds, so a failure reproduces; the admin run twice, with two seeds, because one seed
+# alone missed a real mismatch (a blank document id, retrieval/blank.py) that seed 11 found.
+@pytest.mark.parametrize("who, examples, seed", [("admin", 35, 20261129), ("admin", 35, 11), ("read", 20, 20261129),
+                                                 ("anonymous", 10, 20261129)])
+def test_schemathesis_finds_nothing(cluster, who, examples, seed):
     headers = {"admin": ["-H", f"Authorization: Bearer {ADMIN}"], "read": ["-H", f"Authorization: Bearer {READ}"],
                "anonymous": []}[who]
     # The admin run walks every phase (coverage included: every boundary of every schema); the
     # read and anonymous runs check what their keys may do, which fuzzing alone exercises.
     phases = [] if who == "admin" else ["--phases", "examples,fuzzing"]
-    result = schemathesis(cluster.gateway_url, *headers, *phases, examples=examples)
+    result = schemathesis(cluster.gateway_url, *headers, *phases, examples=examples, seed=seed)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert "generated" in output and " passed" in output
