@@ -3,6 +3,7 @@
 | module | what | extra |
 |---|---|---|
 | ``common`` | a collection as an integration reaches it, making it, vectors per metric, filters | |
+| ``ids`` | documents chosen by id: a filter condition naming any number of ids, reads by id a page at a time | |
 | ``langchain`` | ``ShardragVectorStore``: LangChain's ``VectorStore`` (sync, async, hybrid) | ``langchain`` |
 | ``llamaindex`` | ``ShardragVectorStore``: a LlamaIndex vector store (``filters``: its operators) | ``llamaindex`` |
 | ``haystack`` | ``ShardragDocumentStore`` and its retrievers (``filters``: Haystack's syntax) | ``haystack`` |

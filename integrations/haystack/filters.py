@@ -24,6 +24,7 @@ from typing import Any
 
 from haystack.errors import FilterError
 
+from integrations.ids import ids_condition
 from retrieval.datetimes import instant
 
 NOTHING: dict[str, Any] = {"must_not": [{}]}  # a filter no document passes ({} passes every one)
@@ -111,7 +112,10 @@ def _id_comparison(operator: str, value: Any) -> dict[str, Any]:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise FilterError(f"'{operator}' on id takes a list of strings, got {value!r}")
         ids = [v for v in value if v]
-        found = {"has_id": ids} if ids else NOTHING
+        try:
+            found = ids_condition(ids) if ids else NOTHING
+        except ValueError as exc:
+            raise FilterError(f"'{operator}' on id: {exc}") from None
     else:
         raise FilterError(f"ids compare with ==, !=, in and not in, not {operator!r}")
     return found if operator in ("==", "in") else _negate(found)

@@ -16,10 +16,10 @@ from haystack.errors import FilterError
 
 from integrations.common import CollectionLink, StoreTarget, prepared_vectors
 from integrations.haystack.filters import to_shardrag
+from integrations.ids import id_chunks
 from retrieval.errors import InvalidRequest
 
 BATCH = 500  # documents per write request (the gateway takes up to 1,000)
-ID_CHECK = 1000  # ids per existence check (a has_id list holds up to 1,024)
 DISTANCES = ("dot_product", "cosine", "l2")
 
 
@@ -118,7 +118,7 @@ def written_count(given: list[Document], rows: list[dict[str, Any]], policy: Dup
 
 def id_checks(ids: Sequence[str]) -> list[dict[str, Any]]:
     """The listing filters that find which of ``ids`` exist, in chunks a ``has_id`` list holds."""
-    return [{"must": [{"has_id": list(ids[start:start + ID_CHECK])}]} for start in range(0, len(ids), ID_CHECK)]
+    return [{"must": [{"has_id": chunk}]} for chunk in id_chunks(ids)]
 
 
 def updated_row(found: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:

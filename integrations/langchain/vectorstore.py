@@ -37,8 +37,8 @@ from integrations.common import (
     ensure_collection_async,
     prepared_vectors,
 )
+from integrations.ids import aread_by_ids, read_by_ids
 from retrieval.client import AsyncShardragClient, ShardragClient
-from retrieval.errors import NotFound
 
 MAX_BATCH = 1000  # documents per write request (the gateway's limit)
 
@@ -161,23 +161,12 @@ class ShardragVectorStore(VectorStore):
 
     # -- reads -----------------------------------------------------------------------------------
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
-        found = []
-        for doc_id in ids:
-            try:
-                found.append(_document(self.client.get(doc_id)))
-            except NotFound:
-                continue
-        return found
+        """The documents of ``ids`` that exist, in that order (a listing, a thousand ids a request)."""
+        return [_document(found) for found in read_by_ids(self.client, ids)]
 
     async def aget_by_ids(self, ids: Sequence[str], /) -> list[Document]:
-        found = []
         async with self.target.async_client() as client:
-            for doc_id in ids:
-                try:
-                    found.append(_document(await client.get(doc_id)))
-                except NotFound:
-                    continue
-        return found
+            return [_document(found) for found in await aread_by_ids(client, ids)]
 
     def similarity_search(self, query: str, k: int = 4, **kwargs: Any) -> list[Document]:
         return [doc for doc, _ in self.similarity_search_with_score(query, k, **kwargs)]

@@ -36,9 +36,9 @@ from llama_index.core.vector_stores.types import (
 )
 
 from integrations.common import DISTANCES, CollectionLink, StoreTarget, ensure_collection, prepared_vectors
+from integrations.ids import aread_by_ids, id_chunks, ids_condition, read_by_ids
 from integrations.llamaindex.filters import to_shardrag
 from retrieval.client import ShardragClient
-from retrieval.errors import NotFound
 from retrieval.session import SessionFloors
 
 MAX_BATCH = 1000  # documents per write request (the gateway's limit)
@@ -148,17 +148,19 @@ class ShardragVectorStore(BasePydanticVectorStore):
 
     # -- reads -----------------------------------------------------------------------------------
     def get_nodes(self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None) -> list[BaseNode]:
-        """The nodes of ``node_ids`` that exist (by id; selecting by ``filters`` alone needs a scan
-        shardrag does not offer yet)."""
+        """The nodes of ``node_ids`` that exist (in that order), of them those ``filters`` selects;
+        with ``filters`` alone every node it selects, and with neither every node (in id order:
+        a listing, a thousand a request)."""
         if node_ids is None:
-            raise NotImplementedError("get_nodes reads by node_ids (shardrag has no scan by filter yet)")
-        found: list[BaseNode] = []
-        for node_id in node_ids:
-            try:
-                found.append(_node(self.client.get(node_id)))
-            except NotFound:
-                continue
-        return found
+            return [_node(found) for found in self.client.documents(filter=_selection(filters), page_size=1000)]
+        return [_node(found) for found in read_by_ids(self.client, node_ids, _selection(filters))]
+
+    async def aget_nodes(self, node_ids: list[str] | None = None,
+                         filters: MetadataFilters | None = None) -> list[BaseNode]:
+        async with self.target.async_client() as client:
+            if node_ids is None:
+                return [_node(found) async for found in client.documents(filter=_selection(filters), page_size=1000)]
+            return [_node(found) for found in await aread_by_ids(client, node_ids, _selection(filters))]
 
     def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
         return _result(self.client.query(**self._arguments(query)))
@@ -188,7 +190,7 @@ class ShardragVectorStore(BasePydanticVectorStore):
             args["candidates"] = max(query.sparse_top_k or 0, query.similarity_top_k, args["k"])
         clauses = [to_shardrag(query.filters)] if query.filters is not None else []
         if query.node_ids:
-            clauses.append({"has_id": list(query.node_ids)})
+            clauses.append(ids_condition(query.node_ids))
         if query.doc_ids:
             clauses.append({"key": REF_DOC_KEY, "match": {"any": list(query.doc_ids)}})
         if clauses:
@@ -225,15 +227,18 @@ def _of_document(ref_doc_id: str) -> dict[str, Any]:
     return {"must": [{"key": REF_DOC_KEY, "match": {"value": ref_doc_id}}]}
 
 
+def _selection(filters: MetadataFilters | None) -> dict[str, Any] | None:
+    return to_shardrag(filters) if filters is not None else None
+
+
 def _deletions(node_ids: list[str] | None, filters: MetadataFilters | None) -> list[dict[str, Any]]:
-    if node_ids is None and filters is None:
-        raise ValueError("delete_nodes needs node_ids, filters or both")
-    clauses = [to_shardrag(filters)] if filters is not None else []
-    if node_ids is not None:
-        if not node_ids:
-            return []
-        unique = list(dict.fromkeys(node_ids))
-        if not clauses:
-            return [{"ids": unique[i:i + MAX_BATCH]} for i in range(0, len(unique), MAX_BATCH)]
-        clauses.append({"has_id": unique})
-    return [{"filter": clauses[0] if len(clauses) == 1 else {"must": clauses}}]
+    if node_ids is None:
+        if filters is None:
+            raise ValueError("delete_nodes needs node_ids, filters or both")
+        return [{"filter": to_shardrag(filters)}]
+    unique = list(dict.fromkeys(node_ids))
+    if filters is None:
+        return [{"ids": unique[i:i + MAX_BATCH]} for i in range(0, len(unique), MAX_BATCH)]
+    # the nodes of node_ids that filters selects: a delete by filter per chunk of ids a has_id holds
+    selected = to_shardrag(filters)
+    return [{"filter": {"must": [selected, {"has_id": chunk}]}} for chunk in id_chunks(unique)]

@@ -127,6 +127,11 @@ def test_retrievers_in_a_pipeline_read_their_writes_across_replicas(cluster):
         hybrid = ShardragHybridRetriever(document_store=store, top_k=7).run(
             query="without an embedding", query_embedding=vectors[3].tolist())["documents"]
         assert {"plain", "e3"} <= {d.id for d in hybrid[:2]}
+        # an id list longer than one has_id holds, as a filter of a listing and of a query
+        many = {"field": "id", "operator": "in", "value": [f"absent-{i}" for i in range(1_500)] + ["e5", "plain"]}
+        assert [d.id for d in store.filter_documents(many)] == ["e5", "plain"]
+        assert [d.id for d in ShardragBM25Retriever(document_store=store, filters=many).run(
+            query="glacier")["documents"]] in (["e5", "plain"], ["plain", "e5"])
         again = ShardragEmbeddingRetriever.from_dict(iced.to_dict())
         assert again.document_store.collection == name and again.filters == iced.filters
         # a delete is seen by the next read, on whichever replica answers

@@ -6,6 +6,7 @@ across two replicas."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 
@@ -64,6 +65,9 @@ def test_filters_hybrid_scores_and_reads_of_own_writes_across_replicas(replicate
     scored = store.similarity_search_with_relevance_scores("volcanoes build islands", k=4)
     assert scored[0][0].id == ids[1] and scored[0][1] == pytest.approx(1.0, abs=1e-5)
     assert all(0.0 <= score <= 1.0 for _, score in scored)
+    many = [f"absent-{i}" for i in range(1_500)] + [ids[2], ids[0], ids[2]]  # past what one has_id holds
+    assert [d.id for d in store.get_by_ids(many)] == [ids[2], ids[0]]
+    assert [d.id for d in asyncio.run(store.aget_by_ids(many))] == [ids[2], ids[0]]
     store.delete(filter={"kind": "ice"})
     assert {d.id for d in store.similarity_search("glaciers", k=4)} == {ids[1], ids[2]}
     with pytest.raises(ValueError, match="zero vector"):

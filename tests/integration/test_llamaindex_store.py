@@ -128,6 +128,19 @@ def test_node_reads_deletes_and_async_queries(store, encoder):
         node.embedding = embed.get_text_embedding(node.get_content())
     ids = store.add(nodes)
     assert [n.node_id for n in store.get_nodes(node_ids=[ids[0], "absent"])] == [ids[0]]
+    # reads by filter, by ids and filter, and of everything; ids past what one has_id holds
+    fourth = MetadataFilters(filters=[MetadataFilter(key="rank", value=4)])
+    by_rank = [n.node_id for n in store.get_nodes(filters=fourth)]
+    assert by_rank == sorted(i for i, n in zip(ids, nodes) if n.metadata["rank"] == 4) and by_rank
+    assert [n.node_id for n in asyncio.run(store.aget_nodes(filters=fourth))] == by_rank
+    assert [n.node_id for n in store.get_nodes(node_ids=[ids[0], *reversed(by_rank)], filters=fourth)] == \
+        list(reversed(by_rank))
+    assert sorted(n.node_id for n in store.get_nodes()) == sorted(ids)
+    many = [f"absent-{i}" for i in range(1_500)] + [ids[2], ids[0], ids[2]]
+    assert [n.node_id for n in store.get_nodes(node_ids=many)] == [ids[2], ids[0]]
+    assert [n.node_id for n in asyncio.run(store.aget_nodes(node_ids=many))] == [ids[2], ids[0]]
+    restricted = VectorStoreQuery(query_embedding=nodes[3].embedding, similarity_top_k=5, node_ids=many)
+    assert sorted(store.query(restricted).ids) == sorted([ids[0], ids[2]])
     query = VectorStoreQuery(query_embedding=nodes[3].embedding, similarity_top_k=2)
     assert store.query(query).ids[0] == ids[3]
     assert asyncio.run(store.aquery(query)).ids[0] == ids[3]
@@ -136,6 +149,13 @@ def test_node_reads_deletes_and_async_queries(store, encoder):
     asyncio.run(store.adelete_nodes(filters=MetadataFilters(filters=[MetadataFilter(key="rank", value=4)])))
     assert all(n.metadata["rank"] != 4 for n in store.query(VectorStoreQuery(
         query_embedding=nodes[3].embedding, similarity_top_k=10)).nodes)
+    # a delete by ids and filter, the ids past what one has_id holds: only the nodes both select
+    rank_of_2 = MetadataFilters(filters=[MetadataFilter(key="rank", value=nodes[2].metadata["rank"])])
+    before = {n.node_id for n in store.get_nodes(filters=rank_of_2)}
+    assert ids[2] in before and ids[0] not in before  # passages 2 and 0
+    store.delete_nodes(node_ids=many, filters=rank_of_2)
+    assert [n.node_id for n in store.get_nodes(node_ids=many)] == [ids[0]]
+    assert {n.node_id for n in store.get_nodes(filters=rank_of_2)} == before - {ids[2]}
     store.clear()
     assert store.query(query).ids == []
     with pytest.raises(ValueError, match="without an embedding"):

@@ -112,3 +112,13 @@ def test_ids_and_the_constants():
     assert parse_filter(to_shardrag({"field": "meta.n", "operator": ">", "value": None})).matches("x", {"n": 1}) \
         is False
     assert to_shardrag({"operator": "NOT", "conditions": [{"field": "meta.n", "operator": "<", "value": None}]}) == {}
+
+
+def test_an_id_list_longer_than_a_has_id_holds():
+    ids = [f"d{i}" for i in range(2_500)]
+    for operator, inside in (("in", True), ("not in", False)):
+        parsed = parse_filter(to_shardrag({"field": "id", "operator": operator, "value": ids}))
+        assert parsed.matches("d0", {}) is inside and parsed.matches("d2499", {}) is inside
+        assert parsed.matches("d2500", {}) is not inside
+    with pytest.raises(FilterError, match="'in' on id: a filter names at most 16,000 ids"):
+        to_shardrag({"field": "id", "operator": "in", "value": [f"d{i}" for i in range(16_001)]})
