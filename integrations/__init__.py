@@ -2,9 +2,9 @@
 
 | module | what | extra |
 |---|---|---|
-| ``common`` | a collection as an integration reaches it, making it, vectors per metric, filters | |
+| ``common`` | a collection as an integration reaches it, making it, vectors per metric | |
 | ``ids`` | documents chosen by id: a filter condition naming any number of ids, reads by id a page at a time | |
-| ``langchain`` | ``ShardragVectorStore``: LangChain's ``VectorStore`` (sync, async, hybrid) | ``langchain`` |
+| ``langchain`` | ``ShardragVectorStore``: LangChain's ``VectorStore`` (``filters``: ``$eq``, …) | ``langchain`` |
 | ``llamaindex`` | ``ShardragVectorStore``: a LlamaIndex vector store (``filters``: its operators) | ``llamaindex`` |
 | ``haystack`` | ``ShardragDocumentStore`` and its retrievers (``filters``: Haystack's syntax) | ``haystack`` |
 

@@ -1,5 +1,5 @@
 """What every framework integration shares: where its collection is, making it, vectors as the
-collection's metric wants them, and filters given as ``{key: value}`` pairs.
+collection's metric wants them.
 
 Only the typed clients of ``retrieval.client`` reach the cluster (the import contracts say so).
 """
@@ -18,7 +18,6 @@ from retrieval.session import SessionFloors
 
 # distance → the collection's metric; cosine normalizes every vector on the way in
 DISTANCES = {"cosine": "ip", "l2": "l2"}
-FILTER_CLAUSES = ("must", "should", "must_not")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,18 +90,6 @@ def prepared_vectors(vectors: Sequence[Sequence[float]], distance: str) -> list[
             raise ValueError("a zero vector has no cosine similarity to anything")
         rows = rows / norms
     return [[float(x) for x in row] for row in rows]
-
-
-def as_filter(given: Mapping[str, Any]) -> dict[str, Any]:
-    """A shardrag filter (docs/filters.md) as it is, or ``{key: value, ...}`` pairs that must all
-    match (a list value: any of them)."""
-    if not isinstance(given, Mapping):
-        raise ValueError(f"filter must be a mapping, got {type(given).__name__}")
-    if not given or any(clause in given for clause in FILTER_CLAUSES):
-        return dict(given)
-    must = [{"key": key, "match": {"any": list(value)} if isinstance(value, list | tuple) else {"value": value}}
-            for key, value in given.items()]
-    return {"must": must}
 
 
 def _collection_args(dim: int, distance: str, shards: int, replicas: int, factory: str,

@@ -24,20 +24,22 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
+from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
 from integrations.common import (
     DISTANCES,
     CollectionLink,
     StoreTarget,
-    as_filter,
     ensure_collection,
     ensure_collection_async,
     prepared_vectors,
 )
 from integrations.ids import aread_by_ids, read_by_ids
+from integrations.langchain.filters import to_shardrag
 from retrieval.client import AsyncShardragClient, ShardragClient
 
 MAX_BATCH = 1000  # documents per write request (the gateway's limit)
@@ -175,9 +177,11 @@ class ShardragVectorStore(VectorStore):
         return [doc for doc, _ in await self.asimilarity_search_with_score(query, k, **kwargs)]
 
     def similarity_search_with_score(self, query: str, k: int = 4, **kwargs: Any) -> list[tuple[Document, float]]:
-        """``filter``: a shardrag filter (docs/filters.md) or ``{key: value}`` pairs that must all
-        match; ``mode``: ``dense`` (default), ``hybrid`` (BM25 on ``query`` fused with the vectors;
-        ``fusion``, ``weights``, ``rrf_k``, ``candidates`` as on /v1/query) or ``lexical``."""
+        """``filter``: a shardrag filter (docs/filters.md), ``{key: value}`` pairs that must all
+        match, or the ``$eq`` / ``$gt`` / ``$in`` / ``$and`` … operators other LangChain stores take
+        (``integrations.langchain.filters``); ``mode``: ``dense`` (default), ``hybrid`` (BM25 on
+        ``query`` fused with the vectors; ``fusion``, ``weights``, ``rrf_k``, ``candidates`` as on
+        /v1/query) or ``lexical``."""
         vector = self._embedding.embed_query(query) if kwargs.get("mode", "dense") != "lexical" else None
         return self._hits(self.client.query(**self._query(query, vector, k, kwargs)))
 
@@ -197,6 +201,34 @@ class ShardragVectorStore(VectorStore):
             reply = await client.query(**self._query(None, embedding, k, kwargs))
         return [doc for doc, _ in self._hits(reply)]
 
+    def max_marginal_relevance_search(self, query: str, k: int = 4, fetch_k: int = 20, lambda_mult: float = 0.5,
+                                      **kwargs: Any) -> list[Document]:
+        """``k`` of the ``fetch_k`` nearest passages, each chosen for its similarity to ``query``
+        less its likeness to those already chosen (LangChain's ``maximal_marginal_relevance``,
+        ``lambda_mult``: 1 relevance alone, 0 diversity alone); ``filter`` as in a search."""
+        return self.max_marginal_relevance_search_by_vector(self._embedding.embed_query(query), k, fetch_k,
+                                                            lambda_mult, **kwargs)
+
+    async def amax_marginal_relevance_search(self, query: str, k: int = 4, fetch_k: int = 20,
+                                             lambda_mult: float = 0.5, **kwargs: Any) -> list[Document]:
+        return await self.amax_marginal_relevance_search_by_vector(await self._embedding.aembed_query(query), k,
+                                                                   fetch_k, lambda_mult, **kwargs)
+
+    def max_marginal_relevance_search_by_vector(self, embedding: list[float], k: int = 4, fetch_k: int = 20,
+                                                lambda_mult: float = 0.5, **kwargs: Any) -> list[Document]:
+        """The candidates are the dense leg's ``fetch_k`` hits, their vectors read back by id (a
+        listing on each shard's primary: one request per thousand)."""
+        reply = self.client.query(**self._query(None, embedding, _fetch(k, fetch_k), _dense(kwargs)))
+        found = read_by_ids(self.client, [hit["doc_id"] for hit in reply["hits"]], with_vectors=True)
+        return _diverse(embedding, self._hits(reply), found, k, lambda_mult)
+
+    async def amax_marginal_relevance_search_by_vector(self, embedding: list[float], k: int = 4, fetch_k: int = 20,
+                                                       lambda_mult: float = 0.5, **kwargs: Any) -> list[Document]:
+        async with self.target.async_client() as client:
+            reply = await client.query(**self._query(None, embedding, _fetch(k, fetch_k), _dense(kwargs)))
+            found = await aread_by_ids(client, [hit["doc_id"] for hit in reply["hits"]], with_vectors=True)
+        return _diverse(embedding, self._hits(reply), found, k, lambda_mult)
+
     def _query(self, text: str | None, vector: Sequence[float] | None, k: int,
                options: dict[str, Any]) -> dict[str, Any]:
         mode = options.get("mode", "dense")
@@ -208,7 +240,7 @@ class ShardragVectorStore(VectorStore):
                 raise ValueError(f"mode {mode!r} needs the query's text")
             args["text"] = text
         if options.get("filter") is not None:
-            args["filter"] = as_filter(options["filter"])
+            args["filter"] = to_shardrag(options["filter"])
         for name in ("fusion", "weights", "rrf_k", "candidates", "ef_search", "nprobe", "timeout_ms"):
             if options.get(name) is not None:
                 args[name] = options[name]
@@ -225,6 +257,32 @@ class ShardragVectorStore(VectorStore):
         return lambda score: (1.0 + score) / 2.0
 
 
+def _fetch(k: int, fetch_k: int) -> int:
+    if k < 1 or fetch_k < 1:
+        raise ValueError(f"k and fetch_k must be at least 1, got {k} and {fetch_k}")
+    return max(k, fetch_k)
+
+
+def _dense(options: dict[str, Any]) -> dict[str, Any]:
+    """A search's options for an MMR's candidates: they are the dense leg's (MMR weighs vectors)."""
+    if options.get("mode", "dense") != "dense":
+        raise ValueError(f"max marginal relevance re-ranks the dense leg's hits; mode {options['mode']!r} is not "
+                         "taken here (use similarity_search for lexical or hybrid)")
+    return options
+
+
+def _diverse(query: Sequence[float], hits: list[tuple[Document, float]], found: list[dict[str, Any]], k: int,
+             lambda_mult: float) -> list[Document]:
+    """MMR over the hits whose vectors were read back (a passage deleted in between is left out)."""
+    vectors = {document["id"]: document["vector"] for document in found if document.get("vector") is not None}
+    candidates = [doc for doc, _ in hits if doc.id in vectors]
+    if not candidates:
+        return []
+    chosen = maximal_marginal_relevance(np.asarray(query, dtype=np.float64), [vectors[d.id] for d in candidates],
+                                        lambda_mult=lambda_mult, k=k)
+    return [candidates[i] for i in chosen]
+
+
 def _document(found: dict[str, Any]) -> Document:
     return Document(id=found["id"], page_content=found.get("text") or "", metadata=dict(found.get("metadata") or {}))
 
@@ -233,7 +291,7 @@ def _delete_batches(ids: list[str] | None, filter_: Any) -> list[dict[str, Any]]
     if ids is None:
         if filter_ is None:
             raise ValueError("delete needs ids, or filter= to delete what the filter selects")
-        return [{"filter": as_filter(filter_)}]
+        return [{"filter": to_shardrag(filter_)}]
     unique = list(dict.fromkeys(ids))  # the API takes one write per id per request
     return [{"ids": unique[i:i + MAX_BATCH]} for i in range(0, len(unique), MAX_BATCH)]
 

@@ -4,14 +4,15 @@
 |---|---|
 | ``==``, ``contains`` (a list holds the value) | ``match.value`` |
 | ``!=`` | ``must_not`` ``match.value`` (a document without the key passes, as in Python) |
-| ``>``, ``>=``, ``<``, ``<=`` | ``range`` (numbers only) |
+| ``>``, ``>=``, ``<``, ``<=`` | ``range``: numbers, or ISO 8601 date-time strings (compared as instants) |
 | ``in``, ``any`` | ``match.any`` |
 | ``nin`` | ``must_not`` ``match.any`` |
 | ``all`` | one ``match.value`` per value, all in ``must`` |
+| ``is_empty`` | ``is_empty`` (the key is absent or an empty list; ``None`` values are not stored) |
 | ``and`` / ``or`` / ``not`` | ``must`` / ``should`` / ``must_not`` (``not``: none of them holds) |
 
-Others (``text_match``, ``is_empty``) raise ``NotImplementedError`` naming the operator: shardrag
-has no substring match or null test yet.
+``text_match`` and ``text_match_insensitive`` raise ``NotImplementedError`` naming the operator:
+shardrag filters have no substring match (a ``lexical`` or ``hybrid`` query searches the text).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from llama_index.core.vector_stores.types import (
     MetadataFilter,
     MetadataFilters,
 )
+
+from retrieval.datetimes import instant
 
 _RANGES = {FilterOperator.GT: "gt", FilterOperator.GTE: "gte", FilterOperator.LT: "lt", FilterOperator.LTE: "lte"}
 _GROUPS = {FilterCondition.AND: "must", FilterCondition.OR: "should", FilterCondition.NOT: "must_not"}
@@ -43,9 +46,13 @@ def _clause(given: MetadataFilter) -> dict[str, Any]:  # (ExactMatchFilter is th
     if operator == FilterOperator.NE:
         return {"must_not": [{"key": key, "match": {"value": value}}]}
     if operator in _RANGES:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"filter on {key!r}: {operator.value} compares numbers, got {value!r}")
+        if isinstance(value, bool) or not (isinstance(value, int | float) or
+                                           (isinstance(value, str) and instant(value) is not None)):
+            raise ValueError(f"filter on {key!r}: {operator.value} compares numbers or ISO 8601 date-times, "
+                             f"got {value!r}")
         return {"key": key, "range": {_RANGES[operator]: value}}
+    if operator == FilterOperator.IS_EMPTY:
+        return {"is_empty": {"key": key}}
     if operator in (FilterOperator.IN, FilterOperator.ANY, FilterOperator.NIN, FilterOperator.ALL):
         values = value if isinstance(value, list) else [value]
         if operator == FilterOperator.ALL:

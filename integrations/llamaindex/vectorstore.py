@@ -16,16 +16,19 @@ end offsets, excluded-metadata lists, other relationships) are not kept. Metadat
 (strings, numbers, booleans, lists of strings); ``None`` values are dropped.
 
 Query modes: ``default`` (dense), ``hybrid`` (``alpha`` given: weighted fusion, alpha on the
-vectors, 1 − alpha on BM25; else RRF), ``text_search`` / ``sparse`` (BM25 alone). Reads after this
+vectors, 1 − alpha on BM25; else RRF), ``text_search`` / ``sparse`` (BM25 alone), ``mmr`` (the
+dense hits re-ranked for diversity by LlamaIndex's own MMR). Reads after this
 store's writes are session reads (they see those writes on every replica).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.indices.query.embedding_utils import get_top_k_mmr_embeddings
 from llama_index.core.schema import BaseNode, NodeRelationship, RelatedNodeInfo, TextNode
 from llama_index.core.vector_stores.types import (
     BasePydanticVectorStore,
@@ -163,16 +166,27 @@ class ShardragVectorStore(BasePydanticVectorStore):
             return [_node(found) for found in await aread_by_ids(client, node_ids, _selection(filters))]
 
     def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
-        return _result(self.client.query(**self._arguments(query)))
+        """``mmr``: the dense leg's ``mmr_prefetch_k`` hits (default ``mmr_prefetch_factor`` — 4 —
+        × ``similarity_top_k``), their vectors read back by id, re-ranked by LlamaIndex's own
+        ``get_top_k_mmr_embeddings`` under ``mmr_threshold`` (the query's, or a keyword's)."""
+        if query.mode != VectorStoreQueryMode.MMR:
+            return _result(self.client.query(**self._arguments(query)))
+        reply = self.client.query(**self._arguments(_candidates(query, kwargs)))
+        found = read_by_ids(self.client, [hit["doc_id"] for hit in reply["hits"]], with_vectors=True)
+        return _diverse(query, reply, found, kwargs)
 
     async def aquery(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
         async with self.target.async_client() as client:
-            return _result(await client.query(**self._arguments(query)))
+            if query.mode != VectorStoreQueryMode.MMR:
+                return _result(await client.query(**self._arguments(query)))
+            reply = await client.query(**self._arguments(_candidates(query, kwargs)))
+            found = await aread_by_ids(client, [hit["doc_id"] for hit in reply["hits"]], with_vectors=True)
+        return _diverse(query, reply, found, kwargs)
 
     def _arguments(self, query: VectorStoreQuery) -> dict[str, Any]:
         if query.mode not in _MODES:
             raise NotImplementedError(f"query mode {query.mode.value!r}: shardrag serves "
-                                      f"{sorted(m.value for m in _MODES)}")
+                                      f"{sorted([*(m.value for m in _MODES), VectorStoreQueryMode.MMR.value])}")
         mode = _MODES[query.mode]
         args: dict[str, Any] = {"k": query.hybrid_top_k or query.similarity_top_k, "mode": mode,
                                 "with_metadata": True, **self._floors.query_args()}
@@ -221,6 +235,29 @@ def _result(reply: dict[str, Any]) -> VectorStoreQueryResult:
     hits = reply["hits"]
     return VectorStoreQueryResult(nodes=[_node(hit) for hit in hits], similarities=[float(h["score"]) for h in hits],
                                   ids=[hit["doc_id"] for hit in hits])
+
+
+def _candidates(query: VectorStoreQuery, options: dict[str, Any]) -> VectorStoreQuery:
+    """An MMR query's dense search for its candidates."""
+    prefetch = options.get("mmr_prefetch_k") or int(query.similarity_top_k * options.get("mmr_prefetch_factor", 4.0))
+    if prefetch < query.similarity_top_k or query.similarity_top_k < 1:
+        raise ValueError(f"mmr: prefetch {prefetch} hits for similarity_top_k {query.similarity_top_k}; it must be at "
+                         "least that, and that at least 1")
+    return dataclasses.replace(query, mode=VectorStoreQueryMode.DEFAULT, similarity_top_k=prefetch)
+
+
+def _diverse(query: VectorStoreQuery, reply: dict[str, Any], found: list[dict[str, Any]],
+             options: dict[str, Any]) -> VectorStoreQueryResult:
+    """The MMR of the hits whose vectors were read back (a node deleted in between is left out)."""
+    vectors = {document["id"]: document["vector"] for document in found if document.get("vector") is not None}
+    hits = {hit["doc_id"]: hit for hit in reply["hits"] if hit["doc_id"] in vectors}
+    if not hits or query.query_embedding is None:
+        return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
+    ids = list(hits)
+    scores, chosen = get_top_k_mmr_embeddings(list(query.query_embedding), [vectors[i] for i in ids],
+                                              similarity_top_k=query.similarity_top_k, embedding_ids=ids,
+                                              mmr_threshold=options.get("mmr_threshold", query.mmr_threshold))
+    return VectorStoreQueryResult(nodes=[_node(hits[i]) for i in chosen], similarities=list(scores), ids=list(chosen))
 
 
 def _of_document(ref_doc_id: str) -> dict[str, Any]:

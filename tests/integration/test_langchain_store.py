@@ -58,6 +58,14 @@ def test_filters_hybrid_scores_and_reads_of_own_writes_across_replicas(replicate
     assert {d.id for d in either} == {ids[0], ids[1], ids[3]}
     native = store.similarity_search("x", k=4, filter={"must_not": [{"key": "kind", "match": {"value": "ice"}}]})
     assert {d.id for d in native} == {ids[1], ids[2]}
+    # the operators of other LangChain stores (Chroma, PGVector, ...), through the gateway
+    chosen = [({"kind": {"$ne": "ice"}}, {ids[1], ids[2]}),
+              ({"kind": {"$in": ["fire", "water"]}}, {ids[1], ids[2]}),
+              ({"$or": [{"kind": "fire"}, {"$and": [{"kind": {"$eq": "ice"}}, {"kind": {"$exists": True}}]}]},
+               {ids[0], ids[1], ids[3]}),
+              ({"$not": {"kind": {"$nin": ["water"]}}}, {ids[2]})]
+    for given, wanted in chosen:
+        assert {d.id for d in store.similarity_search("x", k=4, filter=given)} == wanted, given
     lexical = store.similarity_search("glaciers", k=4, mode="lexical")
     assert {d.id for d in lexical} == {ids[0], ids[3]}  # BM25: only passages holding the word
     hybrid = store.similarity_search_with_score("glaciers retreat", k=2, mode="hybrid", fusion="rrf")
@@ -75,6 +83,23 @@ def test_filters_hybrid_scores_and_reads_of_own_writes_across_replicas(replicate
     retriever = store.as_retriever(search_kwargs={"k": 1, "filter": {"kind": "water"}})
     assert retriever.invoke("anything") == [Document(id=ids[2], page_content="rivers cut canyons",
                                                      metadata={"kind": "water"})]
+
+
+def test_max_marginal_relevance_gives_a_near_duplicate_way_to_a_different_passage(replicated):
+    store = replicated
+    texts = ["glaciers carve fjords", "glaciers carve fjords", "volcanoes build islands", "rivers cut canyons"]
+    ids = store.add_texts(texts, [{"kind": "ice"}, {"kind": "ice"}, {"kind": "fire"}, {"kind": "water"}])
+    assert {d.id for d in store.similarity_search("glaciers carve fjords", k=2)} == {ids[0], ids[1]}
+    # lambda 0.25: the second copy scores 0.25 - 0.75 against any other passage's 0.25 s - 0.75 s
+    for found in (store.max_marginal_relevance_search("glaciers carve fjords", k=2, fetch_k=4, lambda_mult=0.25),
+                  asyncio.run(store.amax_marginal_relevance_search("glaciers carve fjords", k=2, fetch_k=4,
+                                                                   lambda_mult=0.25))):
+        assert found[0].id in ids[:2] and found[1].id in ids[2:] and found[0].page_content == texts[0]
+    retriever = store.as_retriever(search_type="mmr", search_kwargs={"k": 2, "fetch_k": 4, "lambda_mult": 0.25,
+                                                                     "filter": {"kind": {"$ne": "fire"}}})
+    assert [d.id for d in retriever.invoke("glaciers carve fjords")][1] == ids[3]  # fire is filtered out
+    with pytest.raises(ValueError, match="re-ranks the dense leg"):
+        store.max_marginal_relevance_search("glaciers", k=2, mode="hybrid")
 
 
 def test_a_store_refuses_a_collection_of_another_dimension(cluster):

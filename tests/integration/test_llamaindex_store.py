@@ -21,6 +21,7 @@ from llama_index.core.vector_stores.types import (
     MetadataFilter,
     MetadataFilters,
     VectorStoreQuery,
+    VectorStoreQueryMode,
 )
 
 from integrations.llamaindex import ShardragVectorStore
@@ -111,6 +112,10 @@ def test_a_vector_store_index_answers_through_the_cluster(store, encoder):
                              condition=FilterCondition.OR)
     assert {n.node.metadata["rank"] for n in index.as_retriever(similarity_top_k=10,
                                                                 filters=either).retrieve(question)} == {3, 4}
+    unset = MetadataFilters(filters=[MetadataFilter(key="reviewed", value=None, operator=FilterOperator.IS_EMPTY),
+                                     MetadataFilter(key="rank", value=None, operator=FilterOperator.IS_EMPTY)],
+                            condition=FilterCondition.OR)  # no node has "reviewed"; every one has a rank
+    assert len(index.as_retriever(similarity_top_k=5, filters=unset).retrieve(question)) == 5
     with pytest.raises(NotImplementedError, match="text_match"):
         index.as_retriever(filters=MetadataFilters(filters=[MetadataFilter(
             key="source", value="ms", operator=FilterOperator.TEXT_MATCH)])).retrieve(question)
@@ -139,6 +144,16 @@ def test_node_reads_deletes_and_async_queries(store, encoder):
     many = [f"absent-{i}" for i in range(1_500)] + [ids[2], ids[0], ids[2]]
     assert [n.node_id for n in store.get_nodes(node_ids=many)] == [ids[2], ids[0]]
     assert [n.node_id for n in asyncio.run(store.aget_nodes(node_ids=many))] == [ids[2], ids[0]]
+    # mmr: at threshold 1 relevance alone (the dense order), below it no node twice and the best first
+    dense_top = store.query(VectorStoreQuery(query_embedding=nodes[3].embedding, similarity_top_k=3)).ids
+    relevance = VectorStoreQuery(query_embedding=nodes[3].embedding, similarity_top_k=3,
+                                 mode=VectorStoreQueryMode.MMR, mmr_threshold=1.0)
+    assert store.query(relevance).ids == dense_top
+    diverse = VectorStoreQuery(query_embedding=nodes[3].embedding, similarity_top_k=3,
+                               mode=VectorStoreQueryMode.MMR, mmr_threshold=0.3)
+    found = store.query(diverse, mmr_prefetch_k=8)
+    assert found.ids[0] == dense_top[0] and len(set(found.ids)) == 3 and [n.node_id for n in found.nodes] == found.ids
+    assert asyncio.run(store.aquery(diverse, mmr_prefetch_k=8)).ids == found.ids
     restricted = VectorStoreQuery(query_embedding=nodes[3].embedding, similarity_top_k=5, node_ids=many)
     assert sorted(store.query(restricted).ids) == sorted([ids[0], ids[2]])
     query = VectorStoreQuery(query_embedding=nodes[3].embedding, similarity_top_k=2)
