@@ -3,7 +3,7 @@
 | module | what | extra |
 |---|---|---|
 | ``common`` | a collection as an integration reaches it, making it, vectors per metric | |
-| ``ids`` | documents chosen by id: a filter condition naming any number of ids, reads by id a page at a time | |
+| ``lists`` | lists longer than one filter condition holds: any number of ids or values; reads by id | |
 | ``langchain`` | ``ShardragVectorStore``: LangChain's ``VectorStore`` (``filters``: ``$eq``, …) | ``langchain`` |
 | ``llamaindex`` | ``ShardragVectorStore``: a LlamaIndex vector store (``filters``: its operators) | ``llamaindex`` |
 | ``haystack`` | ``ShardragDocumentStore`` and its retrievers (``filters``: Haystack's syntax) | ``haystack`` |

@@ -24,7 +24,7 @@ from typing import Any
 
 from haystack.errors import FilterError
 
-from integrations.ids import ids_condition
+from integrations.lists import any_condition, ids_condition
 from retrieval.datetimes import instant
 
 NOTHING: dict[str, Any] = {"must_not": [{}]}  # a filter no document passes ({} passes every one)
@@ -97,8 +97,11 @@ def _comparison(field: str, operator: str, value: Any) -> dict[str, Any]:
     values = [v for v in value if v is not None]
     if any(isinstance(v, (list, tuple, dict)) for v in values):
         raise FilterError(f"'{operator}' takes a list of values, got {value!r} for {field!r}")
-    options = ([{"key": key, "match": {"any": values}}] if values else []) + (
-        [{"is_empty": {"key": key}}] if len(values) < len(value) else [])
+    try:
+        options = ([any_condition(key, values)] if values else []) + (
+            [{"is_empty": {"key": key}}] if len(values) < len(value) else [])
+    except ValueError as exc:
+        raise FilterError(f"'{operator}' on {field!r}: {exc}") from None
     found = _any(options)
     return found if operator == "in" else _negate(found)
 

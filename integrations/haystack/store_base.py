@@ -16,7 +16,7 @@ from haystack.errors import FilterError
 
 from integrations.common import CollectionLink, StoreTarget, prepared_vectors
 from integrations.haystack.filters import to_shardrag
-from integrations.ids import id_chunks
+from integrations.lists import id_chunks
 from retrieval.errors import InvalidRequest
 
 BATCH = 500  # documents per write request (the gateway takes up to 1,000)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from integrations.lists import any_condition
 from retrieval.datetimes import instant
 
 CLAUSES = ("must", "should", "must_not")
@@ -59,7 +60,7 @@ def _conditions(given: Mapping[str, Any]) -> list[dict[str, Any]]:
         elif isinstance(value, Mapping):
             found.extend(_operators(key, value))
         elif isinstance(value, list | tuple):
-            found.append({"key": key, "match": {"any": list(value)}} if value else NOTHING)
+            found.append(any_condition(key, value) if value else NOTHING)
         else:
             found.append({"key": key, "match": {"value": value}})
     return found
@@ -87,7 +88,7 @@ def _operators(key: str, given: Mapping[str, Any]) -> list[dict[str, Any]]:
         elif op in ("$in", "$nin"):
             if not isinstance(value, list | tuple):
                 raise ValueError(f"filter on {key!r}: {op} takes a list, got {value!r}")
-            chosen = {"key": key, "match": {"any": list(value)}} if value else NOTHING
+            chosen = any_condition(key, value) if value else NOTHING
             found.append(chosen if op == "$in" else {"must_not": [chosen]})
         elif op == "$exists":
             if not isinstance(value, bool):

@@ -38,8 +38,8 @@ from integrations.common import (
     ensure_collection_async,
     prepared_vectors,
 )
-from integrations.ids import aread_by_ids, read_by_ids
 from integrations.langchain.filters import to_shardrag
+from integrations.lists import aread_by_ids, read_by_ids
 from retrieval.client import AsyncShardragClient, ShardragClient
 
 MAX_BATCH = 1000  # documents per write request (the gateway's limit)

@@ -26,6 +26,7 @@ from llama_index.core.vector_stores.types import (
     MetadataFilters,
 )
 
+from integrations.lists import any_condition
 from retrieval.datetimes import instant
 
 _RANGES = {FilterOperator.GT: "gt", FilterOperator.GTE: "gte", FilterOperator.LT: "lt", FilterOperator.LTE: "lte"}
@@ -57,7 +58,9 @@ def _clause(given: MetadataFilter) -> dict[str, Any]:  # (ExactMatchFilter is th
         values = value if isinstance(value, list) else [value]
         if operator == FilterOperator.ALL:
             return {"must": [{"key": key, "match": {"value": v}} for v in values]}
-        clause = {"key": key, "match": {"any": list(values)}}
+        if not values:  # in [] selects nothing, nin [] everything
+            return {"must_not": [{}]} if operator != FilterOperator.NIN else {}
+        clause = any_condition(key, values)
         return {"must_not": [clause]} if operator == FilterOperator.NIN else clause
     raise NotImplementedError(f"filter on {key!r}: shardrag has no {operator.value!r} operator "
                               "(docs/integrations.md lists the ones it maps)")

@@ -39,7 +39,7 @@ from llama_index.core.vector_stores.types import (
 )
 
 from integrations.common import DISTANCES, CollectionLink, StoreTarget, ensure_collection, prepared_vectors
-from integrations.ids import aread_by_ids, id_chunks, ids_condition, read_by_ids
+from integrations.lists import any_condition, aread_by_ids, id_chunks, ids_condition, read_by_ids
 from integrations.llamaindex.filters import to_shardrag
 from retrieval.client import ShardragClient
 from retrieval.session import SessionFloors
@@ -206,7 +206,7 @@ class ShardragVectorStore(BasePydanticVectorStore):
         if query.node_ids:
             clauses.append(ids_condition(query.node_ids))
         if query.doc_ids:
-            clauses.append({"key": REF_DOC_KEY, "match": {"any": list(query.doc_ids)}})
+            clauses.append(any_condition(REF_DOC_KEY, query.doc_ids))
         if clauses:
             args["filter"] = clauses[0] if len(clauses) == 1 and query.filters is not None else {"must": clauses}
         return args

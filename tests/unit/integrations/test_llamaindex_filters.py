@@ -47,3 +47,8 @@ def test_a_range_on_anything_else_is_refused_naming_the_key(value):
 def test_substring_matches_are_not_filters_here(operator):
     with pytest.raises(NotImplementedError, match=operator.value):
         to_shardrag(MetadataFilters(filters=[MetadataFilter(key="title", value="fjord", operator=operator)]))
+
+
+def test_an_empty_in_selects_nothing_and_an_empty_nin_everything():
+    assert selected(MetadataFilter(key="year", value=[], operator=FilterOperator.IN)) == set()
+    assert selected(MetadataFilter(key="year", value=[], operator=FilterOperator.NIN)) == set(DOCS)

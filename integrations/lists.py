@@ -1,9 +1,11 @@
-"""Documents chosen by id, as every framework asks for them: a filter condition naming any number
-of ids, and reading documents by id (with a filter too) a listing page at a time.
+"""Lists longer than one filter condition holds, as frameworks hand them over: a condition naming
+any number of ids (``has_id``) or values (``match.any``), and reading documents by id (with a
+filter too) a listing page at a time.
 
-A ``has_id`` condition holds at most 1,024 ids (``retrieval.filters.MAX_VALUES``), so a longer
-list is cut into chunks: in a filter, a ``should`` of them; when reading, one listing per chunk —
-a request for a thousand ids rather than a ``GET`` each.
+A ``has_id`` or a ``match.any`` holds at most 1,024 entries (``retrieval.filters.MAX_VALUES``), so
+a longer list is cut into chunks: in a filter, a ``should`` of them (at most
+``MAX_LIST_ITEMS`` chunks); when reading by id, one listing per chunk — a request for a thousand
+ids rather than a ``GET`` each.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from retrieval.filters import MAX_LIST_ITEMS, MAX_VALUES
 # ids in one has_id condition: within the filter language's 1,024, and one listing page (1,000)
 IDS_PER_CONDITION = 1000
 MAX_IDS_IN_FILTER = MAX_LIST_ITEMS * IDS_PER_CONDITION  # a should of MAX_LIST_ITEMS has_id chunks
+MAX_VALUES_IN_FILTER = MAX_LIST_ITEMS * MAX_VALUES  # ... of match.any chunks
 assert IDS_PER_CONDITION <= MAX_VALUES
 
 
@@ -35,6 +38,20 @@ def ids_condition(ids: Sequence[str]) -> dict[str, Any]:
     if len(chunks) > MAX_LIST_ITEMS:
         raise ValueError(f"a filter names at most {MAX_IDS_IN_FILTER:,} ids, got {sum(map(len, chunks)):,}")
     return {"has_id": chunks[0]} if len(chunks) == 1 else {"should": [{"has_id": chunk} for chunk in chunks]}
+
+
+def any_condition(key: str, values: Sequence[Any]) -> dict[str, Any]:
+    """One filter condition: ``key`` holds one of ``values`` (at least one; at most
+    :data:`MAX_VALUES_IN_FILTER`). Values are not de-duplicated: ``True`` and ``1`` are different
+    values to a filter and the same to a Python set."""
+    given = list(values)
+    if not given:
+        raise ValueError(f"a condition on {key!r} needs at least one value")
+    if len(given) > MAX_VALUES_IN_FILTER:
+        raise ValueError(f"a filter on {key!r} lists at most {MAX_VALUES_IN_FILTER:,} values, got {len(given):,}")
+    chunks = [given[start:start + MAX_VALUES] for start in range(0, len(given), MAX_VALUES)]
+    conditions = [{"key": key, "match": {"any": chunk}} for chunk in chunks]
+    return conditions[0] if len(conditions) == 1 else {"should": conditions}
 
 
 def _listing_filter(chunk: list[str], filter_: Mapping[str, Any] | None) -> dict[str, Any]:
