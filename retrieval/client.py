@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from retrieval import env
+from retrieval.client_retry import asend, keyed, send
 from retrieval.client_types import (
     ROLLOUT_ACTIONS,
     Answer,
@@ -68,14 +69,24 @@ def _json(body: dict[str, Any]) -> bytes:
 JSON = {"content-type": "application/json"}
 
 
+def _retries(retries: int) -> int:
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an integer ≥ 0, got {retries!r}")
+    return retries
+
+
 class ShardragClient:
     def __init__(self, base_url: str, *, timeout_s: float = 30.0, api_key: str | None = None,
-                 verify: Any = None) -> None:
+                 verify: Any = None, retries: int = 0) -> None:
         """``api_key``: sent as ``Authorization: Bearer``; default ``$SHARDRAG_API_KEY`` (none if unset).
         ``verify``: for https URLs, a CA bundle path or SSLContext (default ``$SHARDRAG_TLS_CA``, else the
-        system's trust store)."""
+        system's trust store). ``retries``: how many more times a request is sent when that is safe —
+        a refused connection, a 429 (after its Retry-After), a read's or a keyed write's 503 or lost
+        connection — with every write then given an idempotency key, so it is applied once
+        (``retrieval.client_retry``; 0: never, as before)."""
         import httpx
 
+        self.retries = _retries(retries)
         self.base_url = base_url.rstrip("/")
         headers, verify = _connection(api_key, verify)
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers, verify=verify)
@@ -135,8 +146,9 @@ class ShardragClient:
     def close(self) -> None:
         self._http.close()
 
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
-        return self._http.post(path, content=_json(body), headers=JSON)
+    def _post(self, path: str, body: dict[str, Any], *, safe: bool = False) -> Any:
+        content = _json(body)
+        return send(lambda: self._http.post(path, content=content, headers=JSON), self.retries, safe=safe)
 
     def _check(self, response: Any) -> dict[str, Any]:
         return check(response.status_code, response.content, response.headers)
@@ -174,27 +186,29 @@ class ShardragClient:
                           timeout_ms=timeout_ms, with_text=with_text, version=version, filter=filter,
                           with_metadata=with_metadata, min_seq=min_seq, min_term=min_term, mode=mode, fusion=fusion,
                           rrf_k=rrf_k, weights=weights, candidates=candidates)
-        return self._check(self._post(f"{self._data}/query", body))
+        return self._check(self._post(f"{self._data}/query", body, safe=True))
 
     def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
                idempotency_key: str | None = None) -> dict[str, Any]:
         """Insert or replace documents (``{"id", "title"?, "text" | "vector", "metadata"?}``); returns
         ``{"ids", "seq", "term", "version"}`` once ``write_ack`` replicas of each touched shard have them
         fsynced. Needs a key with the ``write`` scope."""
-        body = write_body(documents=documents, write_ack=write_ack, idempotency_key=idempotency_key)
-        return self._check(self._post(f"{self._data}/documents", body))
+        body = keyed(write_body(documents=documents, write_ack=write_ack, idempotency_key=idempotency_key),
+                     self.retries)
+        return self._check(self._post(f"{self._data}/documents", body, safe=True))
 
     def delete(self, ids: Sequence[str] | None = None, *, filter: dict[str, Any] | None = None,
                write_ack: str = "majority", idempotency_key: str | None = None) -> dict[str, Any]:
         """Delete by ``ids`` or by ``filter`` (every live document it selects); same reply as upsert."""
-        body = write_body(ids, filter=filter, write_ack=write_ack, idempotency_key=idempotency_key)
-        return self._check(self._post(f"{self._data}/documents/delete", body))
+        body = keyed(write_body(ids, filter=filter, write_ack=write_ack, idempotency_key=idempotency_key), self.retries)
+        return self._check(self._post(f"{self._data}/documents/delete", body, safe=True))
 
     def get(self, doc_id: str) -> dict[str, Any]:
         """One document with its metadata and seq (raises NotFound when absent or deleted)."""
         from urllib.parse import quote
 
-        return self._check(self._http.get(f"{self._data}/documents/{quote(doc_id, safe='')}"))
+        path = f"{self._data}/documents/{quote(doc_id, safe='')}"
+        return self._check(send(lambda: self._http.get(path), self.retries, safe=True))
 
     def scroll(self, *, filter: dict[str, Any] | None = None, limit: int = 100, offset: str | None = None,
                with_vectors: bool = False) -> dict[str, Any]:
@@ -203,7 +217,7 @@ class ShardragClient:
         ``next_offset`` back as ``offset`` for the next page (None: the last page). Read on each
         shard's primary: the caller's acknowledged writes are there."""
         body = scroll_body(filter=filter, limit=limit, offset=offset, with_vectors=with_vectors)
-        return self._check(self._post(f"{self._data}/documents/scroll", body))
+        return self._check(self._post(f"{self._data}/documents/scroll", body, safe=True))
 
     def documents(self, *, filter: dict[str, Any] | None = None, page_size: int = 500,
                   with_vectors: bool = False) -> Iterator[dict[str, Any]]:
@@ -267,7 +281,7 @@ class ShardragClient:
         ``kv_reuse`` "prefix" | "passage" (default: the generators' setting; docs/rag-cache.md)."""
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=False, use_cache=use_cache,
                            kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
-        return Answer.from_json(self._check(self._post(f"{self._data}/answer", body)))
+        return Answer.from_json(self._check(self._post(f"{self._data}/answer", body, safe=True)))
 
     def answer_stream(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
                       kv_reuse: str | None = None, recompute_fraction: float | None = None,
@@ -291,9 +305,10 @@ class AsyncShardragClient:
     ``answer_stream`` is an async iterator."""
 
     def __init__(self, base_url: str, *, timeout_s: float = 30.0, api_key: str | None = None,
-                 verify: Any = None) -> None:
+                 verify: Any = None, retries: int = 0) -> None:
         import httpx
 
+        self.retries = _retries(retries)
         self.base_url = base_url.rstrip("/")
         headers, verify = _connection(api_key, verify)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=headers, verify=verify)
@@ -345,12 +360,13 @@ class AsyncShardragClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = await self._http.post(path, content=_json(body), headers=JSON)
+    async def _post(self, path: str, body: dict[str, Any], *, safe: bool = False) -> dict[str, Any]:
+        content = _json(body)
+        response = await asend(lambda: self._http.post(path, content=content, headers=JSON), self.retries, safe=safe)
         return check(response.status_code, response.content, response.headers)
 
-    async def _get(self, path: str) -> dict[str, Any]:
-        response = await self._http.get(path)
+    async def _get(self, path: str, *, safe: bool = False) -> dict[str, Any]:
+        response = await asend(lambda: self._http.get(path), self.retries, safe=safe)
         return check(response.status_code, response.content, response.headers)
 
     async def query(self, *, text: str | None = None, vector: Sequence[float] | None = None, k: int | None = None,
@@ -360,30 +376,31 @@ class AsyncShardragClient:
                     min_seq: dict[str, int] | None = None, min_term: dict[str, int] | None = None,
                     mode: str | None = None, fusion: str | None = None, rrf_k: int | None = None,
                     weights: dict[str, float] | None = None, candidates: int | None = None) -> dict[str, Any]:
-        return await self._post(f"{self._data}/query", query_body(
+        return await self._post(f"{self._data}/query", safe=True, body=query_body(
             text=text, vector=vector, k=k, top_m=top_m, nprobe=nprobe, ef_search=ef_search, timeout_ms=timeout_ms,
             with_text=with_text, version=version, filter=filter, with_metadata=with_metadata, min_seq=min_seq,
             min_term=min_term, mode=mode, fusion=fusion, rrf_k=rrf_k, weights=weights, candidates=candidates))
 
     async def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
                      idempotency_key: str | None = None) -> dict[str, Any]:
-        return await self._post(f"{self._data}/documents", write_body(documents=documents, write_ack=write_ack,
-                                                            idempotency_key=idempotency_key))
+        body = keyed(write_body(documents=documents, write_ack=write_ack, idempotency_key=idempotency_key),
+                     self.retries)
+        return await self._post(f"{self._data}/documents", body, safe=True)
 
     async def delete(self, ids: Sequence[str] | None = None, *, filter: dict[str, Any] | None = None,
                      write_ack: str = "majority", idempotency_key: str | None = None) -> dict[str, Any]:
-        return await self._post(f"{self._data}/documents/delete", write_body(ids, filter=filter, write_ack=write_ack,
-                                                                   idempotency_key=idempotency_key))
+        body = keyed(write_body(ids, filter=filter, write_ack=write_ack, idempotency_key=idempotency_key), self.retries)
+        return await self._post(f"{self._data}/documents/delete", body, safe=True)
 
     async def get(self, doc_id: str) -> dict[str, Any]:
         from urllib.parse import quote
 
-        return await self._get(f"{self._data}/documents/{quote(doc_id, safe='')}")
+        return await self._get(f"{self._data}/documents/{quote(doc_id, safe='')}", safe=True)
 
     async def scroll(self, *, filter: dict[str, Any] | None = None, limit: int = 100, offset: str | None = None,
                      with_vectors: bool = False) -> dict[str, Any]:
-        return await self._post(f"{self._data}/documents/scroll", scroll_body(filter=filter, limit=limit,
-                                                                              offset=offset, with_vectors=with_vectors))
+        return await self._post(f"{self._data}/documents/scroll", scroll_body(
+            filter=filter, limit=limit, offset=offset, with_vectors=with_vectors), safe=True)
 
     async def documents(self, *, filter: dict[str, Any] | None = None, page_size: int = 500,
                         with_vectors: bool = False) -> AsyncIterator[dict[str, Any]]:
@@ -431,7 +448,7 @@ class AsyncShardragClient:
                      timeout_ms: int | None = None) -> Answer:
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=False, use_cache=use_cache,
                            kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
-        return Answer.from_json(await self._post(f"{self._data}/answer", body))
+        return Answer.from_json(await self._post(f"{self._data}/answer", body, safe=True))
 
     async def answer_stream(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
                             kv_reuse: str | None = None, recompute_fraction: float | None = None,

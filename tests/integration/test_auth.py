@@ -4,6 +4,7 @@ between the gateway and the shards, keys kept out of logs, per-key rate limits, 
 from __future__ import annotations
 
 import secrets
+import time
 
 import httpx
 import pytest
@@ -17,6 +18,8 @@ pytestmark = pytest.mark.slow
 READ = secrets.token_urlsafe(24)
 ADMIN = secrets.token_urlsafe(24)
 THROTTLED = secrets.token_urlsafe(24)  # only the rate-limit test drains this key's bucket
+PATIENT = secrets.token_urlsafe(24)  # ... and this one only the client-retry test
+IMPATIENT = secrets.token_urlsafe(24)
 TOKEN = secrets.token_urlsafe(32)
 WRITE = secrets.token_urlsafe(24)
 LIMITS = GatewayConfig.from_dict({"encoder": {"load": False}, "limits": {
@@ -30,7 +33,8 @@ def cluster(tmp_path_factory, msmarco):
     build_collection(root, msmarco.documents, msmarco.vectors, msmarco.version, BuildConfig("auth", 2),
                      show_progress=False)
     with LocalCluster(root, "auth", replicas=1, gateway=LIMITS, workdir=tmp_path_factory.mktemp("work"),
-                      api_keys=[f"read:{READ}", f"admin:{ADMIN}", f"read:{THROTTLED}", f"write:{WRITE}"],
+                      api_keys=[f"read:{READ}", f"admin:{ADMIN}", f"read:{THROTTLED}", f"write:{WRITE}",
+                                f"read:{PATIENT}", f"read:{IMPATIENT}"],
                       internal_token=TOKEN) as running:
         yield running
 
@@ -125,3 +129,21 @@ def test_rate_limit_gives_429_with_retry_after(cluster, vector):
     # the limit is per key: the admin key still has its own bucket
     assert httpx.post(f"{cluster.gateway_url}/v1/query", json={"vector": vector, "k": 1},
                       headers=bearer(ADMIN)).status_code == 200
+
+
+def test_a_client_with_retries_waits_out_the_rate_limit_and_one_without_gets_the_429(cluster, vector):
+    """25 queries at once against a 5 q/s limit with a burst of 10: the client with retries sends
+    each refused one again after the gateway's Retry-After, so all 25 are answered; without
+    retries the first refusal comes back as RateLimited."""
+    from retrieval.client import ShardragClient
+    from retrieval.errors import RateLimited
+
+    with ShardragClient(cluster.gateway_url, api_key=PATIENT, retries=5) as client:
+        started = time.monotonic()
+        answered = [client.query(vector=vector, k=1) for _ in range(25)]
+        assert all(len(reply["hits"]) == 1 for reply in answered)
+        assert time.monotonic() - started >= 1.0  # it did wait
+    with ShardragClient(cluster.gateway_url, api_key=IMPATIENT) as client, pytest.raises(RateLimited) as refused:
+        for _ in range(25):
+            client.query(vector=vector, k=1)
+    assert refused.value.retry_after_s >= 1
