@@ -18,6 +18,7 @@ Anything else comes back at once, as it did. Waits: the ``Retry-After`` when giv
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -55,42 +56,40 @@ def _again(error: Exception | None, response: httpx.Response | None, safe: bool)
     return response.status_code == RATE_LIMITED or (safe and response.status_code == UNAVAILABLE)
 
 
+def _given_back(attempt: int, retries: int, error: Exception | None,
+                response: httpx.Response | None, safe: bool) -> httpx.Response | None:
+    """The answer to give back (the error raised) when no try follows; None: try again."""
+    if attempt < retries and _again(error, response, safe):
+        return None
+    if error is not None:
+        raise error
+    return response
+
+
 def send(request: Callable[[], httpx.Response], retries: int, *, safe: bool) -> httpx.Response:
     """``request()``, sent again by the rules above."""
-    attempt = 0
-    while True:
-        error: Exception | None = None
-        response: httpx.Response | None = None
+    for attempt in itertools.count():
         try:
-            response = request()
-        except Exception as exc:  # noqa: BLE001 - judged by _again, re-raised when not retried
-            error = exc
-        if attempt >= retries or not _again(error, response, safe):
-            if error is not None:
-                raise error
-            assert response is not None
-            return response
+            response, error = request(), None
+        except Exception as exc:  # noqa: BLE001 - judged by _again, raised again when not retried
+            response, error = None, exc
+        if (answer := _given_back(attempt, retries, error, response, safe)) is not None:
+            return answer
         time.sleep(wait_s(attempt, response))
-        attempt += 1
+    raise AssertionError("unreachable")
 
 
 async def asend(request: Callable[[], Awaitable[httpx.Response]], retries: int, *, safe: bool) -> httpx.Response:
     """:func:`send` for the async client."""
-    attempt = 0
-    while True:
-        error: Exception | None = None
-        response: httpx.Response | None = None
+    for attempt in itertools.count():
         try:
-            response = await request()
-        except Exception as exc:  # noqa: BLE001 - judged by _again, re-raised when not retried
-            error = exc
-        if attempt >= retries or not _again(error, response, safe):
-            if error is not None:
-                raise error
-            assert response is not None
-            return response
+            response, error = await request(), None
+        except Exception as exc:  # noqa: BLE001 - judged by _again, raised again when not retried
+            response, error = None, exc
+        if (answer := _given_back(attempt, retries, error, response, safe)) is not None:
+            return answer
         await asyncio.sleep(wait_s(attempt, response))
-        attempt += 1
+    raise AssertionError("unreachable")
 
 
 def keyed(body: dict[str, Any], retries: int) -> dict[str, Any]:
