@@ -28,9 +28,17 @@ class StoreTarget:
     collection: str
     api_key: str | None = None
     timeout_s: float = 30.0
+    retries: int = 0  # how many more times a request is sent where that is safe (retrieval.client_retry)
 
     def client(self) -> ShardragClient:
-        return ShardragClient(self.url, api_key=self.api_key, timeout_s=self.timeout_s).collection(self.collection)
+        return self.root_client().collection(self.collection)
+
+    def root_client(self) -> ShardragClient:
+        """A client on the gateway itself (collections are made and dropped there)."""
+        return ShardragClient(self.url, api_key=self.api_key, timeout_s=self.timeout_s, retries=self.retries)
+
+    def async_root_client(self) -> AsyncShardragClient:
+        return AsyncShardragClient(self.url, api_key=self.api_key, timeout_s=self.timeout_s, retries=self.retries)
 
     def async_client(self) -> _AsyncCollection:
         return _AsyncCollection(self)
@@ -66,7 +74,7 @@ class _AsyncCollection:
     call their async methods from whichever loop they run."""
 
     def __init__(self, target: StoreTarget) -> None:
-        self._root = AsyncShardragClient(target.url, api_key=target.api_key, timeout_s=target.timeout_s)
+        self._root = target.async_root_client()
         self._view = self._root.collection(target.collection)
 
     async def __aenter__(self) -> AsyncShardragClient:

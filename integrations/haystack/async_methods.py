@@ -32,10 +32,9 @@ class AsyncDocumentMethods(StoreBase):
     async def _ensure_async(self) -> None:
         if self._ready:
             return
-        from retrieval.client import AsyncShardragClient
 
         root = self.link.target
-        admin = AsyncShardragClient(root.url, api_key=root.api_key, timeout_s=root.timeout_s)
+        admin = root.async_root_client()
         try:
             await ensure_collection_async(admin, self.collection, **self.collection_shape())
         finally:
@@ -110,10 +109,9 @@ class AsyncDocumentMethods(StoreBase):
 
     async def delete_all_documents_async(self, recreate_index: bool = False) -> int:
         if recreate_index:
-            from retrieval.client import AsyncShardragClient
 
             root = self.link.target
-            admin = AsyncShardragClient(root.url, api_key=root.api_key, timeout_s=root.timeout_s)
+            admin = root.async_root_client()
             try:
                 await admin.drop_collection(self.collection)
             except NotFound:

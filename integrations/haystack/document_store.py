@@ -158,8 +158,7 @@ class ShardragDocumentStore(AsyncDocumentMethods):
 
     # -- the collection -----------------------------------------------------------------------------
     def _admin(self) -> ShardragClient:
-        root = self.link.target
-        return ShardragClient(root.url, api_key=root.api_key, timeout_s=root.timeout_s)
+        return self.link.target.root_client()
 
     def _client(self) -> ShardragClient:
         if not self._ready:

@@ -26,21 +26,22 @@ DISTANCES = ("dot_product", "cosine", "l2")
 class StoreBase:
     def __init__(self, *, url: str, collection: str, embedding_dim: int = 768, distance: str = "dot_product",
                  api_key: str | None = None, shards: int = 1, replicas: int = 1, factory: str = "Flat",
-                 write_ack: str = "majority", timeout_s: float = 30.0, lexical_language: str | None = None) -> None:
+                 write_ack: str = "majority", timeout_s: float = 30.0, lexical_language: str | None = None,
+                 retries: int = 0) -> None:
         if distance not in DISTANCES:
             raise ValueError(f"distance must be one of {', '.join(DISTANCES)}, got {distance!r}")
         self.url, self.collection, self.embedding_dim, self.distance = url, collection, embedding_dim, distance
         self.api_key, self.shards, self.replicas, self.factory = api_key, shards, replicas, factory
-        self.write_ack, self.timeout_s = write_ack, timeout_s
+        self.write_ack, self.timeout_s, self.retries = write_ack, timeout_s, retries
         self.lexical_language = lexical_language  # a collection it creates (None: english)
-        self.link = CollectionLink(StoreTarget(url, collection, api_key, timeout_s))
+        self.link = CollectionLink(StoreTarget(url, collection, api_key, timeout_s, retries))
         self._ready = False  # the collection is known to exist (made on first use)
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(self, url=self.url, collection=self.collection, embedding_dim=self.embedding_dim,
                                distance=self.distance, shards=self.shards, replicas=self.replicas,
                                factory=self.factory, write_ack=self.write_ack, timeout_s=self.timeout_s,
-                               lexical_language=self.lexical_language)
+                               lexical_language=self.lexical_language, retries=self.retries)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Any:

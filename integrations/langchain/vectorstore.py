@@ -47,13 +47,15 @@ MAX_BATCH = 1000  # documents per write request (the gateway's limit)
 
 class ShardragVectorStore(VectorStore):
     def __init__(self, embedding: Embeddings, *, url: str, collection: str, distance: str = "cosine",
-                 api_key: str | None = None, timeout_s: float = 30.0, write_ack: str = "majority") -> None:
+                 api_key: str | None = None, timeout_s: float = 30.0, write_ack: str = "majority",
+                 retries: int = 0) -> None:
         """A store over the existing collection ``collection`` of the gateway at ``url`` (see
-        :meth:`create` to make it). ``write_ack``: replicas that must hold a write before it returns."""
+        :meth:`create` to make it). ``write_ack``: replicas that must hold a write before it returns;
+        ``retries``: how many more times a request is sent where that is safe (the client's)."""
         if distance not in DISTANCES:
             raise ValueError(f"distance must be one of {sorted(DISTANCES)}, got {distance!r}")
         self._embedding = embedding
-        self.link = CollectionLink(StoreTarget(url, collection, api_key, timeout_s))
+        self.link = CollectionLink(StoreTarget(url, collection, api_key, timeout_s, retries))
         self.target, self.floors = self.link.target, self.link.floors
         self.distance = distance
         self.write_ack = write_ack
@@ -63,16 +65,16 @@ class ShardragVectorStore(VectorStore):
     def create(cls, embedding: Embeddings, *, url: str, collection: str, distance: str = "cosine",
                shards: int = 1, replicas: int = 1, factory: str = "Flat", api_key: str | None = None,
                timeout_s: float = 30.0, write_ack: str = "majority",
-               lexical_language: str | None = None) -> ShardragVectorStore:
+               lexical_language: str | None = None, retries: int = 0) -> ShardragVectorStore:
         """The store over ``collection``, created (of the embedding's dimension, its texts analysed
         for lexical search in ``lexical_language``, default english) when it does not exist; an
         existing one must have that dimension and metric."""
         dim = len(embedding.embed_query("dimension probe"))
-        with ShardragClient(url, api_key=api_key, timeout_s=timeout_s) as admin:
+        with ShardragClient(url, api_key=api_key, timeout_s=timeout_s, retries=retries) as admin:
             ensure_collection(admin, collection, dim=dim, distance=distance, shards=shards, replicas=replicas,
                               factory=factory, lexical_language=lexical_language)
         return cls(embedding, url=url, collection=collection, distance=distance, api_key=api_key,
-                   timeout_s=timeout_s, write_ack=write_ack)
+                   timeout_s=timeout_s, write_ack=write_ack, retries=retries)
 
     @classmethod
     def from_texts(cls, texts: list[str], embedding: Embeddings, metadatas: list[dict[str, Any]] | None = None,
@@ -88,13 +90,13 @@ class ShardragVectorStore(VectorStore):
                           url: str = "http://127.0.0.1:8000", collection: str = "langchain",
                           **kwargs: Any) -> ShardragVectorStore:
         dim = len(await embedding.aembed_query("dimension probe"))
-        async with AsyncShardragClient(url, api_key=kwargs.get("api_key"),
-                                       timeout_s=kwargs.get("timeout_s", 30.0)) as admin:
+        async with AsyncShardragClient(url, api_key=kwargs.get("api_key"), timeout_s=kwargs.get("timeout_s", 30.0),
+                                       retries=kwargs.get("retries", 0)) as admin:
             await ensure_collection_async(admin, collection, dim=dim, distance=kwargs.get("distance", "cosine"),
                                           shards=kwargs.get("shards", 1), replicas=kwargs.get("replicas", 1),
                                           factory=kwargs.get("factory", "Flat"),
                                           lexical_language=kwargs.get("lexical_language"))
-        keep = {k: v for k, v in kwargs.items() if k in ("distance", "api_key", "timeout_s", "write_ack")}
+        keep = {k: v for k, v in kwargs.items() if k in ("distance", "api_key", "timeout_s", "write_ack", "retries")}
         store = cls(embedding, url=url, collection=collection, **keep)
         await store.aadd_texts(texts, metadatas, ids=ids)
         return store

@@ -61,6 +61,7 @@ class ShardragVectorStore(BasePydanticVectorStore):
     api_key: str | None = None
     timeout_s: float = 30.0
     write_ack: str = "majority"
+    retries: int = 0  # how many more times a request is sent where that is safe (the client's)
 
     _link: CollectionLink = PrivateAttr()
 
@@ -71,7 +72,8 @@ class ShardragVectorStore(BasePydanticVectorStore):
         """The store over ``collection``, created with ``dim`` dimensions (its texts analysed for
         lexical search in ``lexical_language``, default english) when it does not exist (an
         existing one of another dimension or metric is refused)."""
-        with ShardragClient(url, api_key=kwargs.get("api_key"), timeout_s=kwargs.get("timeout_s", 30.0)) as admin:
+        with ShardragClient(url, api_key=kwargs.get("api_key"), timeout_s=kwargs.get("timeout_s", 30.0),
+                            retries=kwargs.get("retries", 0)) as admin:
             ensure_collection(admin, collection, dim=dim, distance=distance, shards=shards, replicas=replicas,
                               factory=factory, lexical_language=lexical_language)
         return cls(url=url, collection=collection, distance=distance, **kwargs)
@@ -79,7 +81,7 @@ class ShardragVectorStore(BasePydanticVectorStore):
     def model_post_init(self, context: Any, /) -> None:
         if self.distance not in DISTANCES:
             raise ValueError(f"distance must be one of {sorted(DISTANCES)}, got {self.distance!r}")
-        self._link = CollectionLink(StoreTarget(self.url, self.collection, self.api_key, self.timeout_s))
+        self._link = CollectionLink(StoreTarget(self.url, self.collection, self.api_key, self.timeout_s, self.retries))
 
     @classmethod
     def class_name(cls) -> str:

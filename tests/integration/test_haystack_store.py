@@ -169,8 +169,9 @@ def test_a_store_creates_its_collection_in_its_lexical_language_and_serializes_i
 
     with dropped_after(cluster, "hsl") as name:
         store = ShardragDocumentStore(url=cluster.gateway_url, collection=name, embedding_dim=8,
-                                      lexical_language="german")
-        assert ShardragDocumentStore.from_dict(store.to_dict()).lexical_language == "german"
+                                      lexical_language="german", retries=2)
+        again = ShardragDocumentStore.from_dict(store.to_dict())
+        assert (again.lexical_language, again.retries, again.link.target.client().retries) == ("german", 2, 2)
         assert store.write_documents([Document(id="see", content="Die Häuser am See")]) == 1  # made on first use
         with ShardragClient(cluster.gateway_url) as admin:
             assert admin.get_collection(name)["lexical_language"] == "german"

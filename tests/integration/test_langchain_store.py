@@ -115,7 +115,9 @@ def test_a_store_refuses_a_collection_of_another_dimension(cluster):
 
 
 def test_a_store_creates_its_collection_in_its_lexical_language(cluster):
-    for store in fresh_store(cluster, VectorStoreIntegrationTests.get_embeddings(), lexical_language="german"):
+    for store in fresh_store(cluster, VectorStoreIntegrationTests.get_embeddings(), lexical_language="german",
+                             retries=2):
+        assert store.client.retries == 2
         ids = store.add_texts(["Die Häuser am See", "Ein kleiner Garten"])
         assert [d.id for d in store.similarity_search("Haus", k=2, mode="lexical")] == [ids[0]]  # German stems
         with ShardragClient(cluster.gateway_url) as admin:

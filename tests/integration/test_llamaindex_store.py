@@ -181,7 +181,9 @@ def test_a_store_creates_its_collection_in_its_lexical_language(cluster):
     from retrieval.client import ShardragClient
 
     with dropped_after(cluster, "li") as name:
-        made = ShardragVectorStore.create(url=cluster.gateway_url, collection=name, dim=8, lexical_language="french")
+        made = ShardragVectorStore.create(url=cluster.gateway_url, collection=name, dim=8, lexical_language="french",
+                                          retries=2)
         with ShardragClient(cluster.gateway_url) as admin:
             assert admin.get_collection(name)["lexical_language"] == "french"
+        assert made.client.retries == 2 and made.get_nodes() == []
         made.close()
