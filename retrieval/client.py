@@ -82,7 +82,7 @@ class ShardragClient:
         ``verify``: for https URLs, a CA bundle path or SSLContext (default ``$SHARDRAG_TLS_CA``, else the
         system's trust store). ``retries``: how many more times a request is sent when that is safe —
         a refused connection, a 429 (after its Retry-After), a read's or a keyed write's 503 or lost
-        connection — with every write then given an idempotency key, so it is applied once
+        connection — with every upsert and delete by id then given an idempotency key, so it is applied once
         (``retrieval.client_retry``; 0: never, as before)."""
         import httpx
 
@@ -200,7 +200,8 @@ class ShardragClient:
     def delete(self, ids: Sequence[str] | None = None, *, filter: dict[str, Any] | None = None,
                write_ack: str = "majority", idempotency_key: str | None = None) -> dict[str, Any]:
         """Delete by ``ids`` or by ``filter`` (every live document it selects); same reply as upsert."""
-        body = keyed(write_body(ids, filter=filter, write_ack=write_ack, idempotency_key=idempotency_key), self.retries)
+        body = keyed(write_body(ids, filter=filter, write_ack=write_ack, idempotency_key=idempotency_key),
+                     self.retries if filter is None else 0)  # by filter: sent again as it is (client_retry.keyed)
         return self._check(self._post(f"{self._data}/documents/delete", body, safe=True))
 
     def get(self, doc_id: str) -> dict[str, Any]:
@@ -389,7 +390,8 @@ class AsyncShardragClient:
 
     async def delete(self, ids: Sequence[str] | None = None, *, filter: dict[str, Any] | None = None,
                      write_ack: str = "majority", idempotency_key: str | None = None) -> dict[str, Any]:
-        body = keyed(write_body(ids, filter=filter, write_ack=write_ack, idempotency_key=idempotency_key), self.retries)
+        body = keyed(write_body(ids, filter=filter, write_ack=write_ack, idempotency_key=idempotency_key),
+                     self.retries if filter is None else 0)  # by filter: sent again as it is (client_retry.keyed)
         return await self._post(f"{self._data}/documents/delete", body, safe=True)
 
     async def get(self, doc_id: str) -> dict[str, Any]:

@@ -6,10 +6,10 @@ doing it twice is harmless:
 * the connection could not be made (``ConnectError``, ``ConnectTimeout``): it was never sent;
 * the gateway answered 429 (the key's rate limit: refused before anything was done), after the
   ``Retry-After`` it gave;
-* a *safe* request — a read (query, listing, one document), or a write that carries an
-  idempotency key, which the clients give every write when retries are on — met a 503 (a shard
-  or the cluster state unavailable for a moment; a write's outcome unknown) or lost its
-  connection after it was sent.
+* a *safe* request — a read (query, listing, one document), a write that carries an idempotency
+  key (the clients give every upsert and delete by id one when retries are on: :func:`keyed`), a
+  delete by filter — met a 503 (a shard or the cluster state unavailable for a moment; a write's
+  outcome unknown) or lost its connection after it was sent.
 
 Anything else comes back at once, as it did. Waits: the ``Retry-After`` when given (at most
 :data:`MAX_WAIT_S`), else 0.1 s doubling up to 2 s, each with jitter.
@@ -94,7 +94,13 @@ async def asend(request: Callable[[], Awaitable[httpx.Response]], retries: int, 
 
 def keyed(body: dict[str, Any], retries: int) -> dict[str, Any]:
     """A write's body, given an idempotency key when retries are on and it has none: a write sent
-    again is then applied once (the gateway answers a key it has applied with the first outcome)."""
+    again is then applied once (the gateway answers a key it has applied with the first outcome).
+
+    The clients key upserts and deletes by id, not deletes by filter: deleting what a filter
+    selects again leaves the same documents (what matches then is deleted; its reply lists those),
+    while a keyed one that matched nothing would record its key on every shard — a write each, as
+    a ``clear()`` or ``shardrag ingest --sync`` that finds nothing to delete would then make every
+    time."""
     if retries > 0 and body.get("idempotency_key") is None:
         import uuid
 

@@ -75,7 +75,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if args.paths:
         from serving.cli.ingest_files import ingest_files, report
 
-        with ShardragClient(gateway_url(args), timeout_s=args.timeout, api_key=args.api_key) as client:
+        with ShardragClient(gateway_url(args), timeout_s=args.timeout, api_key=args.api_key,
+                            retries=args.retries) as client:
             report(ingest_files(args, client.collection(args.collection)))
         return 0
     if args.sync:
@@ -84,7 +85,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if not corpus.is_file():
         raise ConfigError(f"--corpus {corpus} is not a file", field="corpus")
     corpus_hash = _corpus_hash(corpus)
-    with ShardragClient(gateway_url(args), timeout_s=args.timeout, api_key=args.api_key) as client:
+    with ShardragClient(gateway_url(args), timeout_s=args.timeout, api_key=args.api_key,
+                        retries=args.retries) as client:
         serving = client.cluster().get("collection")
         if serving != args.collection:
             raise ConfigError(f"the gateway at {gateway_url(args)} serves collection {serving!r}, not "
@@ -137,7 +139,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
         raise ConfigError("give exactly one of --ids and --filter", field="ids")
     ids = [i for i in args.ids.split(",") if i] if args.ids is not None else None
     filter_ = _json_argument(args.filter, "--filter") if args.filter is not None else None
-    with ShardragClient(gateway_url(args), timeout_s=args.timeout, api_key=args.api_key) as client:
+    with ShardragClient(gateway_url(args), timeout_s=args.timeout, api_key=args.api_key,
+                        retries=args.retries) as client:
         target = client.collection(args.collection) if args.collection else client
         reply = target.delete(ids, filter=filter_, write_ack=args.write_ack)
     print(json.dumps(reply))
@@ -160,6 +163,16 @@ shardrag ingest --corpus FILE.jsonl --collection NAME
   twice."""
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a whole number ≥ 0, got {text!r}")
+    return value
+
+
 def add_write_commands(commands: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", help="gateway URL [env SHARDRAG_URL, default http://127.0.0.1:8000]")
@@ -167,6 +180,10 @@ def add_write_commands(commands: Any) -> None:
     common.add_argument("--write-ack", choices=("one", "majority", "all"), default="majority",
                         help="replicas of each touched shard that must have fsynced a batch (default majority)")
     common.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
+    common.add_argument("--retries", type=_count, default=3,
+                        help="how many more times a request is sent where that is safe — a refused connection, "
+                             "a 429 after its Retry-After, a 503 or a lost connection (every upsert carries an "
+                             "idempotency key, so it is applied once) (default 3; 0: never)")
 
     ingest = commands.add_parser(
         "ingest", parents=[common],

@@ -92,6 +92,12 @@ def test_a_read_and_a_keyed_write_are_sent_again_after_503s_and_the_write_keeps_
         client.delete(["a"], idempotency_key="mine")
     keys = {body["idempotency_key"] for body in unavailable_twice.bodies[4:]}
     assert keys == {"mine"} and len(unavailable_twice.bodies) == 7  # three tries, one key
+    # a delete by filter goes again as it is: keyed, one that matched nothing would write on every shard
+    unavailable_twice.failures = len(unavailable_twice.bodies) + 2
+    with ShardragClient(url, retries=3) as client:
+        client.delete(filter={"must": [{"key": "k", "match": {"value": 1}}]})
+    assert len(unavailable_twice.bodies) == 10
+    assert all("idempotency_key" not in body for body in unavailable_twice.bodies[7:])
 
 
 def test_without_retries_a_503_comes_back_at_once_and_writes_get_no_key(unavailable_twice):
