@@ -277,19 +277,24 @@ class ShardragClient:
     # -- answers (POST /v1/answer) -------------------------------------------------------------
     def answer(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
                kv_reuse: str | None = None, recompute_fraction: float | None = None,
-               timeout_ms: int | None = None) -> Answer:
+               timeout_ms: int | None = None, mode: str | None = None, fusion: str | None = None) -> Answer:
         """A grounded answer: the text, its citations (doc ids), timings and KV-cache statistics.
-        ``kv_reuse`` "prefix" | "passage" (default: the generators' setting; docs/rag-cache.md)."""
+        ``kv_reuse`` "prefix" | "passage" (default: the generators' setting; docs/rag-cache.md);
+        ``mode`` (dense, lexical, hybrid) and ``fusion`` (rrf, weighted): how the passages are
+        retrieved (default: the collection's query defaults; docs/hybrid.md)."""
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=False, use_cache=use_cache,
-                           kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
+                           kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms,
+                           mode=mode, fusion=fusion)
         return Answer.from_json(self._check(self._post(f"{self._data}/answer", body, safe=True)))
 
     def answer_stream(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
                       kv_reuse: str | None = None, recompute_fraction: float | None = None,
-                      timeout_ms: int | None = None) -> Iterator[AnswerEvent]:
+                      timeout_ms: int | None = None, mode: str | None = None,
+                      fusion: str | None = None) -> Iterator[AnswerEvent]:
         """The answer as it is generated: a RetrievalEvent, TokenEvents, then a DoneEvent."""
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=True, use_cache=use_cache,
-                           kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
+                           kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms,
+                           mode=mode, fusion=fusion)
         with self._http.stream("POST", f"{self._data}/answer", content=_json(body), headers=JSON) as response:
             if response.status_code != 200:
                 response.read()
@@ -447,16 +452,19 @@ class AsyncShardragClient:
 
     async def answer(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
                      kv_reuse: str | None = None, recompute_fraction: float | None = None,
-                     timeout_ms: int | None = None) -> Answer:
+                     timeout_ms: int | None = None, mode: str | None = None, fusion: str | None = None) -> Answer:
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=False, use_cache=use_cache,
-                           kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
+                           kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms,
+                           mode=mode, fusion=fusion)
         return Answer.from_json(await self._post(f"{self._data}/answer", body, safe=True))
 
     async def answer_stream(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
                             kv_reuse: str | None = None, recompute_fraction: float | None = None,
-                            timeout_ms: int | None = None) -> AsyncIterator[AnswerEvent]:
+                            timeout_ms: int | None = None, mode: str | None = None,
+                            fusion: str | None = None) -> AsyncIterator[AnswerEvent]:
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=True, use_cache=use_cache,
-                           kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms)
+                           kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms,
+                           mode=mode, fusion=fusion)
         async with self._http.stream("POST", f"{self._data}/answer", content=_json(body), headers=JSON) as response:
             if response.status_code != 200:
                 await response.aread()

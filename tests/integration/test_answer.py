@@ -130,12 +130,23 @@ def test_typed_sync_and_async_clients(cluster):
             client.answer("x", k=99)
         assert error.value.field == "k"
         sync_hits = client.query(text=CLIENT_QUESTION, k=2)["hits"]
+        # the passages retrieved as a query of that mode retrieves them
+        lexical = client.answer(CLIENT_QUESTION, k=2, max_new_tokens=4, mode="lexical")
+        assert lexical.citations == [h["doc_id"] for h in client.query(text=CLIENT_QUESTION, k=2,
+                                                                      mode="lexical")["hits"]]
+        with pytest.raises(InvalidRequest) as error:
+            client.answer(CLIENT_QUESTION, mode="dense", fusion="rrf")
+        assert error.value.field == "fusion"
 
     async def run() -> tuple:
         async with AsyncShardragClient(cluster.gateway_url, timeout_s=300, api_key=ADMIN) as client:
             answer = await client.answer(CLIENT_QUESTION, k=2, max_new_tokens=8)
             events = [event async for event in client.answer_stream(CLIENT_QUESTION, k=2, max_new_tokens=8)]
             hits = (await client.query(text=CLIENT_QUESTION, k=2))["hits"]
+            fused = [event async for event in client.answer_stream(CLIENT_QUESTION, k=2, max_new_tokens=4,
+                                                                   mode="hybrid", fusion="rrf")][0]
+            rrf_hits = (await client.query(text=CLIENT_QUESTION, k=2, mode="hybrid", fusion="rrf"))["hits"]
+            assert [p.doc_id for p in fused.passages] == [h["doc_id"] for h in rrf_hits]
             cluster_view = await client.cluster()
             with pytest.raises(InvalidRequest) as error:
                 async for _ in client.answer_stream("x", k=0):
