@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from httpkit import tracing
 from httpkit.api import JSON_INTEGER, PositiveInt
 from httpkit.auth import internal_headers
 from httpkit.responses import sse_event
@@ -153,8 +154,9 @@ class AnswerService:
         for url in order:
             with self.router.call(url, preferred):
                 try:
-                    response = await self._http.post(f"{url}/v1/generate",
-                                                     json=self._body(request, retrieved, messages, False))
+                    with tracing.span("answer.generate", **{"shardrag.generator": url}):
+                        response = await self._http.post(f"{url}/v1/generate", headers=_traced(),
+                                                         json=self._body(request, retrieved, messages, False))
                 except httpx.TransportError as exc:
                     self.router.mark_down(url)
                     errors.append(f"{url}: {exc!r}")
@@ -181,7 +183,9 @@ class AnswerService:
         for url in order:
             try:
                 with self.router.call(url, preferred):
-                    async with self._http.stream("POST", f"{url}/v1/generate",
+                    # the gateway's span is the generator's parent (no span of its own: one held open
+                    # across this generator's yields would be closed in another context)
+                    async with self._http.stream("POST", f"{url}/v1/generate", headers=_traced(),
                                                  json=self._body(request, retrieved, messages, True)) as response:
                         if response.status_code != 200:
                             if response.status_code >= 500:
@@ -204,3 +208,10 @@ class AnswerService:
                 self.router.mark_down(url)
                 errors.append(f"{url}: {exc!r}")
         yield sse_event("error", {"message": "no generator answered: " + "; ".join(errors)})
+
+
+def _traced() -> dict[str, str]:
+    """The current span's traceparent for a generator request (empty when not tracing)."""
+    headers: dict[str, str] = {}
+    tracing.inject(headers)
+    return headers

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from fastapi import FastAPI, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from httpkit import tracing
 from httpkit.api import ERROR_RESPONSES, JSON_INTEGER, JsonInt
 from httpkit.auth import guard_from_env, internal_policy
 from httpkit.errors import install_error_handlers
@@ -89,10 +91,19 @@ def create_generator_app(generator: Generator, *, kv_reuse: str = "prefix", reco
 
     def run(request: GenerateRequest, on_token: Callable[[int, str], None] | None = None) -> GenerationResult:
         fraction = recompute_fraction if request.recompute_fraction is None else request.recompute_fraction
-        return generator.generate(prompt_of(request), max_new_tokens=request.max_new_tokens, greedy=request.greedy,
-                                  temperature=request.temperature, top_p=request.top_p, seed=request.seed,
-                                  use_cache=request.use_cache, on_token=on_token,
-                                  kv_reuse=request.kv_reuse or kv_reuse, recompute_fraction=fraction)
+        with tracing.span("generate", **{"shardrag.max_new_tokens": request.max_new_tokens,
+                                         "shardrag.kv_reuse": request.kv_reuse or kv_reuse}) as span:
+            result = generator.generate(prompt_of(request), max_new_tokens=request.max_new_tokens,
+                                        greedy=request.greedy, temperature=request.temperature, top_p=request.top_p,
+                                        seed=request.seed, use_cache=request.use_cache, on_token=on_token,
+                                        kv_reuse=request.kv_reuse or kv_reuse, recompute_fraction=fraction)
+            if span is not None:
+                span.set_attributes({"shardrag.prompt_tokens": result.prompt_tokens,
+                                     "shardrag.new_tokens": len(result.token_ids),
+                                     "shardrag.local_hit_tokens": result.local_hit_tokens,
+                                     "shardrag.remote_hit_tokens": result.remote_hit_tokens,
+                                     "shardrag.ttft_ms": round(result.ttft_s * 1000.0, 3)})
+        return result
 
     app = FastAPI(title="shardrag generator", version="1",
                   description="Answer generation with KV-cache reuse across requests and processes.")
@@ -106,7 +117,8 @@ def create_generator_app(generator: Generator, *, kv_reuse: str = "prefix", reco
             if any(not 0 <= t < vocab for t in request.prompt_ids):
                 raise InvalidRequest(f"token ids must be in [0, {vocab})", field="prompt_ids")
         if not request.stream:
-            result = await loop.run_in_executor(executor, run, request)
+            # the request's context (its trace) goes with it to the generating thread
+            result = await loop.run_in_executor(executor, contextvars.copy_context().run, run, request)
             observe(result)
             return json_response({"text": result.text, "token_ids": result.token_ids, "cache": result.stats()})
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
@@ -125,7 +137,7 @@ def create_generator_app(generator: Generator, *, kv_reuse: str = "prefix", reco
             finally:
                 loop.call_soon_threadsafe(queue.put_nowait, None)
 
-        loop.run_in_executor(executor, run_stream)
+        loop.run_in_executor(executor, contextvars.copy_context().run, run_stream)
 
         async def events() -> AsyncIterator[bytes]:
             while (chunk := await queue.get()) is not None:

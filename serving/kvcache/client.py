@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from httpkit import tracing
 from httpkit.auth import internal_headers
 from httpkit.tls import client_ssl_context
 from serving.kvcache.blocks import BlockKey, pack_puts, unpack_blocks
@@ -132,7 +133,9 @@ class KVClient:
         for key in keys:
             by_node.setdefault(owner(key, self.nodes), []).append(key)
         asked = {node: wanted for node, wanted in by_node.items() if self._available(node)}
-        futures = {node: self._fetchers.submit(self._get, node, wanted) for node, wanted in asked.items()}
+        carrier = {"content-type": "application/octet-stream"}
+        tracing.inject(carrier)  # the generation's span, from this thread: the fetching threads have none
+        futures = {node: self._fetchers.submit(self._get, node, wanted, carrier) for node, wanted in asked.items()}
         found: dict[BlockKey, bytes] = {}
         moved = 0
         for node, future in futures.items():
@@ -156,9 +159,8 @@ class KVClient:
             prefix.append(payload)
         return prefix, moved
 
-    def _get(self, node: str, keys: list[BlockKey]) -> bytes:
-        response = self._http.post(f"{node}/v1/blocks/get", content=b"".join(keys),
-                                   headers={"content-type": "application/octet-stream"})
+    def _get(self, node: str, keys: list[BlockKey], headers: dict[str, str]) -> bytes:
+        response = self._http.post(f"{node}/v1/blocks/get", content=b"".join(keys), headers=headers)
         response.raise_for_status()
         return response.content
 

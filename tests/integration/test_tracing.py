@@ -3,7 +3,8 @@ query through 2 shards × 2 replicas — one replica slowed by the shard server'
 (600 ms, past the hedge delay's cap) so that a hedge fires — arrives at a real OTLP/HTTP
 receiver as one trace: the caller's ``traceparent`` → the gateway's server span → encode,
 fan-out → a call per shard → its attempts (first, hedge) → each replica's own server span;
-merge. And one write: the gateway → its primary's apply → the other replica's apply."""
+merge. One write: the gateway → its primary's apply → the other replica's apply. And one answer:
+the gateway → its generator → the generation → its KV-cache node."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def traced(tmp_path_factory, msmarco) -> Iterator[tuple[LocalCluster, OtlpReceiv
         os.environ.update(SHARDRAG_TRACING="on", OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url)
         try:  # every process of the cluster inherits the two variables
             config = GatewayConfig.from_dict({"calls": {"balancer": "round_robin"}})
-            with LocalCluster(root, "traced", replicas=2, gateway=config,
-                              workdir=tmp_path_factory.mktemp("work")) as cluster:
+            with LocalCluster(root, "traced", replicas=2, gateway=config, workdir=tmp_path_factory.mktemp("work"),
+                              generators=1, kv_nodes=1, generator_args=("--threads", "2")) as cluster:
                 yield cluster, receiver
         finally:
             for name, value in saved.items():
@@ -122,3 +123,35 @@ def test_one_write_is_one_trace_through_the_primary_to_its_replica(traced):
     (replica_apply,) = children(spans, replica_served)
     assert replica_apply.name == "replica.apply" and replica_apply.attributes["shardrag.records"] == 1
     assert replica_apply.attributes["shardrag.shard"] == primary_apply.attributes["shardrag.shard"]
+
+
+def test_an_answer_is_one_trace_through_its_generator_and_the_kv_cache_node(traced):
+    """An answer under a sampled traceparent: the gateway's server span → answer.generate → the
+    generator's server span → generate (its tokens and cache hits) → the KV-cache node's server
+    span for the blocks it looked up there (the generating thread carries the trace). Streamed, the
+    generator's span is the gateway's child directly."""
+    cluster, receiver = traced
+    body = {"question": "what is the capital of france", "k": 2, "max_new_tokens": 4}
+    with httpx.Client(base_url=cluster.gateway_url, timeout=300) as http:
+        trace_id, caller = secrets.token_hex(16), secrets.token_hex(8)
+        reply = http.post("/v1/answer", json=body, headers={"traceparent": f"00-{trace_id}-{caller}-01"})
+        assert reply.status_code == 200, reply.text
+        spans = whole_trace(receiver, trace_id, caller, "generate", 1)
+        (root,) = [s for s in spans if s.parent_id == caller]
+        assert (root.service, root.name) == ("shardrag-gateway", "POST /v1/answer")
+        (call,) = [s for s in children(spans, root) if s.name == "answer.generate"]
+        (served,) = children(spans, call)
+        assert (served.service, served.name, served.kind) == ("shardrag-generator", "POST /v1/generate", 2)
+        (generate,) = [s for s in children(spans, served) if s.name == "generate"]
+        assert generate.attributes["shardrag.prompt_tokens"] > 0 and generate.attributes["shardrag.new_tokens"] >= 1
+        fetched = children(spans, generate)  # the first answer looks its blocks up on the KV node too
+        assert fetched and all(s.service == "shardrag-kv" and s.name == "POST /v1/blocks/get" for s in fetched)
+
+        trace_id, caller = secrets.token_hex(16), secrets.token_hex(8)
+        with http.stream("POST", "/v1/answer", json={**body, "stream": True},
+                         headers={"traceparent": f"00-{trace_id}-{caller}-01"}) as streamed:
+            assert streamed.status_code == 200 and "event: done" in "".join(streamed.iter_text())
+    spans = whole_trace(receiver, trace_id, caller, "generate", 1)
+    (root,) = [s for s in spans if s.parent_id == caller]
+    (served,) = [s for s in children(spans, root) if s.service == "shardrag-generator"]
+    assert [s.name for s in children(spans, served)] == ["generate"]
