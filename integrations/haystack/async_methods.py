@@ -17,6 +17,7 @@ from integrations.haystack.store_base import (
     StoreBase,
     check_meta,
     filter_error,
+    fused_query,
     hits,
     id_checks,
     listed,
@@ -150,7 +151,8 @@ class AsyncDocumentMethods(StoreBase):
         return await self.search_async(top_k, filters, text=query, mode="lexical")
 
     async def hybrid_retrieval_async(self, query: str, query_embedding: Sequence[float], *,
-                                     filters: dict[str, Any] | None = None, top_k: int = 10,
-                                     fusion: str = "rrf") -> list[Document]:
-        return await self.search_async(top_k, filters, text=query, vector=self.vector(query_embedding),
-                                       mode="hybrid", fusion=fusion)
+                                     filters: dict[str, Any] | None = None, top_k: int = 10, fusion: str = "rrf",
+                                     weights: dict[str, float] | None = None,
+                                     rrf_k: int | None = None) -> list[Document]:
+        return await self.search_async(top_k, filters, **fused_query(query, self.vector(query_embedding), fusion,
+                                                                    weights, rrf_k))

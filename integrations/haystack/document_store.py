@@ -34,6 +34,7 @@ from integrations.haystack.store_base import (
     BATCH,
     check_meta,
     filter_error,
+    fused_query,
     hits,
     id_checks,
     listed,
@@ -143,11 +144,11 @@ class ShardragDocumentStore(AsyncDocumentMethods):
         return self._search(top_k, filters, text=query, mode="lexical")
 
     def hybrid_retrieval(self, query: str, query_embedding: Sequence[float], *,
-                         filters: dict[str, Any] | None = None, top_k: int = 10,
-                         fusion: str = "rrf") -> list[Document]:
-        """BM25 and the embedding together, fused by ``fusion`` (``rrf`` or ``weighted``; docs/hybrid.md)."""
-        return self._search(top_k, filters, text=query, vector=self.vector(query_embedding), mode="hybrid",
-                            fusion=fusion)
+                         filters: dict[str, Any] | None = None, top_k: int = 10, fusion: str = "rrf",
+                         weights: dict[str, float] | None = None, rrf_k: int | None = None) -> list[Document]:
+        """BM25 and the embedding together, fused by ``fusion``: ``rrf`` (``rrf_k``, default 60) or
+        ``weighted`` (``weights`` per leg, ``{"dense": …, "lexical": …}``; docs/hybrid.md)."""
+        return self._search(top_k, filters, **fused_query(query, self.vector(query_embedding), fusion, weights, rrf_k))
 
     def _search(self, top_k: int, filters: dict[str, Any] | None, **query: Any) -> list[Document]:
         args = self.search_args(top_k, filters, query)

@@ -78,19 +78,39 @@ class ShardragBM25Retriever(_Retriever):
 
 @component
 class ShardragHybridRetriever(_Retriever):
-    """BM25 and the embedding in one query, fused by reciprocal rank (a document without an embedding
-    competes by its BM25 rank; the store's ``hybrid_retrieval`` also takes ``fusion="weighted"``)."""
+    """BM25 and the embedding in one query, fused by ``fusion``: ``rrf`` (the default; ``rrf_k``,
+    default 60 — a document without an embedding competes by its BM25 rank) or ``weighted``
+    (``weights``, e.g. ``{"dense": 0.8, "lexical": 0.2}``, the gateway's default; docs/hybrid.md)."""
+
+    def __init__(self, *, document_store: ShardragDocumentStore, filters: dict[str, Any] | None = None,
+                 top_k: int = 10, filter_policy: str | FilterPolicy = FilterPolicy.REPLACE, fusion: str = "rrf",
+                 weights: dict[str, float] | None = None, rrf_k: int | None = None) -> None:
+        # the @component decorator makes a new class: a bare super() would name the old one
+        _Retriever.__init__(self, document_store=document_store, filters=filters, top_k=top_k,
+                            filter_policy=filter_policy)
+        if fusion not in ("rrf", "weighted"):
+            raise ValueError(f"fusion must be 'rrf' or 'weighted', got {fusion!r}")
+        if (weights is not None and fusion != "weighted") or (rrf_k is not None and fusion != "rrf"):
+            raise ValueError("weights go with fusion='weighted', rrf_k with fusion='rrf'")
+        self.fusion, self.weights, self.rrf_k = fusion, weights, rrf_k
+
+    def to_dict(self) -> dict[str, Any]:
+        data = _Retriever.to_dict(self)
+        data["init_parameters"].update(fusion=self.fusion, weights=self.weights, rrf_k=self.rrf_k)
+        return data
 
     @component.output_types(documents=list[Document])
     def run(self, query: str, query_embedding: list[float], filters: dict[str, Any] | None = None,
             top_k: int | None = None) -> dict[str, list[Document]]:
         filters, top_k = self._settings(filters, top_k)
         return {"documents": self.document_store.hybrid_retrieval(query, query_embedding, filters=filters,
-                                                                  top_k=top_k)}
+                                                                  top_k=top_k, fusion=self.fusion,
+                                                                  weights=self.weights, rrf_k=self.rrf_k)}
 
     @component.output_types(documents=list[Document])
     async def run_async(self, query: str, query_embedding: list[float], filters: dict[str, Any] | None = None,
                         top_k: int | None = None) -> dict[str, list[Document]]:
         filters, top_k = self._settings(filters, top_k)
-        return {"documents": await self.document_store.hybrid_retrieval_async(query, query_embedding,
-                                                                              filters=filters, top_k=top_k)}
+        return {"documents": await self.document_store.hybrid_retrieval_async(
+            query, query_embedding, filters=filters, top_k=top_k, fusion=self.fusion, weights=self.weights,
+            rrf_k=self.rrf_k)}

@@ -86,6 +86,18 @@ class StoreBase:
         return {"k": top_k, "with_metadata": True, **query, **self.link.floors.query_args()}
 
 
+def fused_query(text: str, vector: list[float], fusion: str, weights: dict[str, float] | None,
+                rrf_k: int | None) -> dict[str, Any]:
+    """A hybrid query's arguments; ``weights`` go with ``weighted`` and ``rrf_k`` with ``rrf`` (the
+    gateway refuses either with the other fusion, naming it)."""
+    query: dict[str, Any] = {"text": text, "vector": vector, "mode": "hybrid", "fusion": fusion}
+    if weights is not None:
+        query["weights"] = weights
+    if rrf_k is not None:
+        query["rrf_k"] = rrf_k
+    return query
+
+
 def planned(documents: Any, policy: DuplicatePolicy) -> tuple[list[Document], list[Document], DuplicatePolicy]:
     """The documents given (checked), one per id to write, and the policy (NONE is FAIL)."""
     if isinstance(documents, (str, bytes)) or not isinstance(documents, Iterable):

@@ -132,6 +132,16 @@ def test_retrievers_in_a_pipeline_read_their_writes_across_replicas(cluster):
         assert [d.id for d in store.filter_documents(many)] == ["e5", "plain"]
         assert [d.id for d in ShardragBM25Retriever(document_store=store, filters=many).run(
             query="glacier")["documents"]] in (["e5", "plain"], ["plain", "e5"])
+        # a weighted fusion on the component: the lexical leg alone ranks as BM25 does
+        lexical_only = ShardragHybridRetriever(document_store=store, top_k=3, fusion="weighted",
+                                               weights={"dense": 0.0, "lexical": 1.0})
+        bm25_top = ShardragBM25Retriever(document_store=store, top_k=3).run(query="glacier")["documents"]
+        assert [d.id for d in lexical_only.run(query="glacier", query_embedding=vectors[3].tolist())["documents"]] \
+            == [d.id for d in bm25_top]
+        kept = ShardragHybridRetriever.from_dict(lexical_only.to_dict())
+        assert (kept.fusion, kept.weights, kept.rrf_k) == ("weighted", {"dense": 0.0, "lexical": 1.0}, None)
+        with pytest.raises(ValueError, match="weights go with fusion='weighted'"):
+            ShardragHybridRetriever(document_store=store, weights={"dense": 1.0})
         again = ShardragEmbeddingRetriever.from_dict(iced.to_dict())
         assert again.document_store.collection == name and again.filters == iced.filters
         # a delete is seen by the next read, on whichever replica answers
