@@ -295,7 +295,10 @@ class ShardragClient:
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=True, use_cache=use_cache,
                            kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms,
                            mode=mode, fusion=fusion)
-        with self._http.stream("POST", f"{self._data}/answer", content=_json(body), headers=JSON) as response:
+        request = self._http.build_request("POST", f"{self._data}/answer", content=_json(body), headers=JSON)
+        # sent again (retries) only until the stream starts: never after an event was given
+        response = send(lambda: self._http.send(request, stream=True), self.retries, safe=True)
+        try:
             if response.status_code != 200:
                 response.read()
                 self._check(response)
@@ -304,6 +307,8 @@ class ShardragClient:
                 event = decoder.feed(line)
                 if event is not None:
                     yield event
+        finally:
+            response.close()
 
 
 class AsyncShardragClient:
@@ -465,7 +470,9 @@ class AsyncShardragClient:
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=True, use_cache=use_cache,
                            kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms,
                            mode=mode, fusion=fusion)
-        async with self._http.stream("POST", f"{self._data}/answer", content=_json(body), headers=JSON) as response:
+        request = self._http.build_request("POST", f"{self._data}/answer", content=_json(body), headers=JSON)
+        response = await asend(lambda: self._http.send(request, stream=True), self.retries, safe=True)
+        try:
             if response.status_code != 200:
                 await response.aread()
                 check(response.status_code, response.content, response.headers)
@@ -474,3 +481,5 @@ class AsyncShardragClient:
                 event = decoder.feed(line)
                 if event is not None:
                     yield event
+        finally:
+            await response.aclose()

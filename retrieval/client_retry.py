@@ -11,7 +11,8 @@ doing it twice is harmless:
   delete by filter — met a 503 (a shard or the cluster state unavailable for a moment; a write's
   outcome unknown) or lost its connection after it was sent.
 
-Anything else comes back at once, as it did. Waits: the ``Retry-After`` when given (at most
+Anything else comes back at once, as it did. A streamed answer is sent again only until its
+stream starts: never after an event was given. Waits: the ``Retry-After`` when given (at most
 :data:`MAX_WAIT_S`), else 0.1 s doubling up to 2 s, each with jitter.
 """
 
@@ -75,6 +76,8 @@ def send(request: Callable[[], httpx.Response], retries: int, *, safe: bool) -> 
             response, error = None, exc
         if (answer := _given_back(attempt, retries, error, response, safe)) is not None:
             return answer
+        if response is not None:
+            response.close()  # a streamed answer's connection, before the next try
         time.sleep(wait_s(attempt, response))
     raise AssertionError("unreachable")
 
@@ -88,6 +91,8 @@ async def asend(request: Callable[[], Awaitable[httpx.Response]], retries: int, 
             response, error = None, exc
         if (answer := _given_back(attempt, retries, error, response, safe)) is not None:
             return answer
+        if response is not None:
+            await response.aclose()
         await asyncio.sleep(wait_s(attempt, response))
     raise AssertionError("unreachable")
 

@@ -100,6 +100,23 @@ def test_a_read_and_a_keyed_write_are_sent_again_after_503s_and_the_write_keeps_
     assert all("idempotency_key" not in body for body in unavailable_twice.bodies[7:])
 
 
+def test_a_streamed_answer_is_sent_again_until_its_stream_starts(unavailable_twice):
+    url = f"http://127.0.0.1:{unavailable_twice.server_address[1]}"
+    with ShardragClient(url, retries=2) as client:
+        assert list(client.answer_stream("q")) == []  # the 200 is JSON here, no event in it
+    assert len(unavailable_twice.bodies) == 3 and all(b["stream"] for b in unavailable_twice.bodies)
+    unavailable_twice.failures = len(unavailable_twice.bodies) + 2
+
+    async def run() -> list:
+        async with AsyncShardragClient(url, retries=2) as client:
+            return [event async for event in client.answer_stream("q")]
+
+    assert asyncio.run(run()) == [] and len(unavailable_twice.bodies) == 6
+    unavailable_twice.failures = len(unavailable_twice.bodies) + 2
+    with ShardragClient(url, retries=1) as client, pytest.raises(ShardUnavailable):
+        list(client.answer_stream("q"))  # two tries, both refused
+
+
 def test_without_retries_a_503_comes_back_at_once_and_writes_get_no_key(unavailable_twice):
     url = f"http://127.0.0.1:{unavailable_twice.server_address[1]}"
     with ShardragClient(url) as client:
