@@ -170,11 +170,18 @@ class AnswerService:
         raise GeneratorUnavailable("no generator answered: " + "; ".join(errors))
 
     async def stream(self, request: AnswerRequest, retrieve: RetrieveFn | None = None) -> AsyncIterator[bytes]:
-        """SSE: `retrieval` (passages), `token`..., then `done` with the same body as the JSON answer."""
-        import httpx
-
+        """SSE: `retrieval` (passages), `token`..., then `done` with the same body as the JSON answer.
+        The request is checked and its passages retrieved *before* the stream starts (awaiting this
+        does both): a bad request or a failed retrieval is then an HTTP error with its status and
+        field, not a 200 whose stream breaks off."""
         started = time.perf_counter()
         retrieved, messages, retrieval_ms = await self._retrieve(request, retrieve)
+        return self._events(request, retrieved, messages, retrieval_ms, started)
+
+    async def _events(self, request: AnswerRequest, retrieved: dict[str, Any], messages: list[dict[str, str]],
+                      retrieval_ms: float, started: float) -> AsyncIterator[bytes]:
+        import httpx
+
         yield sse_event("retrieval", {"version": retrieved["version"], "retrieval_ms": retrieval_ms,
                                       "passages": [{"n": n, "doc_id": h["doc_id"], "title": h["title"]}
                                                    for n, h in enumerate(retrieved["hits"], start=1)]})

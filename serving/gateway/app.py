@@ -131,7 +131,7 @@ def create_app(setup: GatewaySetup) -> Any:
         async def answer(request: AnswerRequest) -> Response:
             answers = running.gateway.answers
             if request.stream:
-                return StreamingResponse(answers.stream(request), media_type=EVENT_STREAM)
+                return StreamingResponse(await answers.stream(request), media_type=EVENT_STREAM)
             return json_response(await answers.answer(request))
 
     def write_body(model: str) -> dict[str, Any]:

@@ -301,5 +301,5 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
         confined: RetrieveFn = retrieve
         service = gateway().answers
         if body.stream:
-            return StreamingResponse(service.stream(body, confined), media_type=EVENT_STREAM)
+            return StreamingResponse(await service.stream(body, confined), media_type=EVENT_STREAM)
         return json_response(await service.answer(body, confined))
