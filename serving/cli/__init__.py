@@ -1,8 +1,8 @@
 """The ``shardrag`` command line: the argument parser and its help (``parser``), building
 collections (``build``), the local cluster — demo and serve, processes or Ray (``cluster``), calls
-to a running gateway — query and rollout (``remote``), writes (``writes``; files and folders into
-passages, idempotent by content: ``ingest_files``), backup and restore (``backup``), collections
-(``collections``), tuning search knobs and structures (``tune``; what it prints:
+to a running gateway — query and rollout (``remote``), answers streamed (``ask``), writes
+(``writes``; files and folders into passages, idempotent by content: ``ingest_files``), backup and
+restore (``backup``), collections (``collections``), tuning search knobs and structures (``tune``; what it prints:
 ``tune_report``; its workers: ``task_runners``), the cluster's status (``operate``), the single
 server processes the launcher and Helm run (``processes``). ``train`` and ``eval`` belong to the
 training package and run as ``python -m training``.

@@ -36,3 +36,14 @@ def weights_argument(text: str | None) -> dict[str, float] | None:
         raise ConfigError(f"--weights takes two numbers, DENSE,LEXICAL (e.g. 0.7,0.3), got {text!r}",
                           field="weights") from None
     return {"dense": dense, "lexical": lexical}
+
+
+def count_argument(text: str) -> int:
+    """An argparse type: a whole number ≥ 0 (--retries)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a whole number ≥ 0, got {text!r}")
+    return value

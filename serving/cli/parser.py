@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from index_shards.layout import DEFAULT_ROOT
+from serving.cli.ask import add_ask_command
 from serving.cli.backup import add_backup_commands
 from serving.cli.build import cmd_build, cmd_export_onnx
 from serving.cli.cluster import cmd_demo, cmd_serve
@@ -25,6 +26,8 @@ DESCRIPTION = """``shardrag`` — build, serve and query sharded retrieval colle
   shardrag serve --collection NAME    start the local cluster for a built collection
   shardrag query "text" [--collection NAME]
                                       ask a running gateway (dense, lexical or hybrid)
+  shardrag ask "question" [--mode hybrid]
+                                      an answer from the cluster's generators, streamed, with its passages
   shardrag status [--watch]           the cluster at a glance (exit 1 if a shard has no healthy replica)
   shardrag faults show|set|clear      game-day fault injection through the gateway (admin key)
   shardrag ingest PATH… --collection NAME [--sync]
@@ -246,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "first (default max(k, 20))")
     query.set_defaults(func=cmd_query)
     add_write_commands(commands)
+    add_ask_command(commands)
     add_backup_commands(commands)
     add_collections_command(commands)
     add_tune_command(commands)

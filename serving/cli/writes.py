@@ -23,7 +23,7 @@ from typing import Any
 from retrieval import env
 from retrieval.atomic import atomic_write_bytes
 from retrieval.errors import ConfigError, InvalidRequest
-from serving.cli.common import gateway_url
+from serving.cli.common import count_argument, gateway_url
 from serving.cli.remote import _json_argument
 
 
@@ -163,16 +163,6 @@ shardrag ingest --corpus FILE.jsonl --collection NAME
   twice."""
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a whole number ≥ 0, got {text!r}")
-    return value
-
-
 def add_write_commands(commands: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", help="gateway URL [env SHARDRAG_URL, default http://127.0.0.1:8000]")
@@ -180,7 +170,7 @@ def add_write_commands(commands: Any) -> None:
     common.add_argument("--write-ack", choices=("one", "majority", "all"), default="majority",
                         help="replicas of each touched shard that must have fsynced a batch (default majority)")
     common.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
-    common.add_argument("--retries", type=_count, default=3,
+    common.add_argument("--retries", type=count_argument, default=3,
                         help="how many more times a request is sent where that is safe — a refused connection, "
                              "a 429 after its Retry-After, a 503 or a lost connection (every upsert carries an "
                              "idempotency key, so it is applied once) (default 3; 0: never)")

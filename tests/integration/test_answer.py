@@ -89,11 +89,17 @@ def test_answer_streams_server_sent_events(cluster):
     ({"k": 3}, "question"),
     ({"question": "x", "kv_reuse": "blend"}, "kv_reuse"),
     ({"question": "x", "recompute_fraction": 1.5}, "recompute_fraction"),
+    ({"question": "x", "mode": "dense", "fusion": "rrf"}, "fusion"),
+    ({"question": " \t"}, "question"),
 ])
-def test_bad_answer_requests_are_4xx_naming_the_field(cluster, body, field):
-    response = httpx.post(f"{cluster.gateway_url}/v1/answer", json=body, timeout=30, headers=AUTH)
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_answer_requests_are_4xx_naming_the_field(cluster, body, field, stream):
+    """Streamed too: what the service checks (a blank question, fusion without hybrid) is checked
+    before the stream starts, so it is a 4xx, not a 200 whose stream breaks off."""
+    response = httpx.post(f"{cluster.gateway_url}/v1/answer", json={**body, "stream": stream}, timeout=30,
+                          headers=AUTH)
     assert 400 <= response.status_code < 500, response.text
-    assert field in response.text
+    assert response.json()["error"]["field"] == field
 
 
 def test_passage_reuse_through_the_gateway(cluster):
@@ -205,3 +211,31 @@ def test_answer_from_a_created_collection_stays_in_the_keys_tenant(cluster, msma
         # dropping kb must not unload it from under the launched collection
         time.sleep(1.5)  # past the gateway's collections refresh, which closes a dropped stack
         assert admin.query(text=QUESTION, k=1)["hits"]
+
+
+def test_shardrag_ask_streams_the_answer_then_its_passages(cluster):
+    """The CLI: tokens on stdout as they come, then each passage ([n] doc id, title), the timings on
+    stderr; --json the whole answer; --mode lexical retrieves as a lexical query; a bad flag
+    combination is the gateway's 4xx, printed, exit 1."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shardrag = str(Path(sys.executable).with_name("shardrag"))
+    base = [shardrag, "ask", "how do plants make food", "--url", cluster.gateway_url, "--api-key", ADMIN,
+            "--max-new-tokens", "6", "-k", "2"]
+    streamed = subprocess.run([*base, "--mode", "lexical"], capture_output=True, text=True, timeout=300)
+    assert streamed.returncode == 0, streamed.stderr
+    lexical = httpx.post(f"{cluster.gateway_url}/v1/query", headers=AUTH, timeout=60,
+                         json={"text": "how do plants make food", "k": 2, "mode": "lexical"}).json()["hits"]
+    lines = streamed.stdout.rstrip("\n").splitlines()
+    assert lines[-2:] == [f"[{n}] {h['doc_id']}  {h['title']}" for n, h in enumerate(lexical, start=1)]
+    assert "".join(lines[:-2]).strip()  # the answer's text came first
+    assert "first token" in streamed.stderr and "prompt tokens from the KV cache" in streamed.stderr
+    whole = subprocess.run([*base, "--json"], capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr
+    answer = json.loads(whole.stdout)
+    assert answer["answer"].strip() and len(answer["citations"]) == 2 and answer["timings"]["ttft_ms"] > 0
+    refused = subprocess.run([*base, "--mode", "dense", "--fusion", "rrf"], capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode != 0 and "fusion" in refused.stderr and "Traceback" not in refused.stderr
