@@ -79,6 +79,18 @@ class AnswerRequest(BaseModel):
                                                       "(default: the collection's, weighted unless set)")
 
 
+# /v1/answer's 200, as the OpenAPI schema states it: the JSON answer, or with "stream": true the
+# server-sent events; the stream's schema is one event's (its name, and its data: a JSON text)
+ANSWER_OK: dict[int | str, dict[str, Any]] = {200: {
+    "description": "the answer (JSON), or with \"stream\": true its server-sent events: retrieval, token..., "
+                   "done (or error)",
+    "content": {"application/json": {"schema": {"type": "object"}},
+                "text/event-stream": {"schema": {
+                    "type": "object", "required": ["event", "data"],
+                    "properties": {"event": {"enum": ["retrieval", "token", "done", "error"]},
+                                   "data": {"type": "string", "description": "the event's body, as JSON"}}}}}}}
+
+
 class AnswerService:
     def __init__(self, generators: Sequence[str], retrieve: RetrieveFn, *,
                  settings: AnswerSettings | None = None) -> None:

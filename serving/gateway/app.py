@@ -36,7 +36,7 @@ from httpkit.errors import install_error_handlers
 from httpkit.metrics import add_metrics_route, status_counter
 from httpkit.responses import EVENT_STREAM, json_response
 from retrieval.errors import ConfigError, NotFound
-from serving.answer.service import ANSWERS_OFF, AnswerRequest
+from serving.answer.service import ANSWER_OK, ANSWERS_OFF, AnswerRequest
 from serving.gateway.api_models import (
     ERROR_RESPONSES,
     ActivateCommand,
@@ -127,7 +127,7 @@ def create_app(setup: GatewaySetup) -> Any:
 
     if setup.generators:  # the endpoint exists only with generator workers behind it
         @app.post("/v1/answer", summary="Retrieve, then generate an answer that cites the passages",
-                  responses=ERROR_RESPONSES)
+                  responses={**ERROR_RESPONSES, **ANSWER_OK})
         async def answer(request: AnswerRequest) -> Response:
             answers = running.gateway.answers
             if request.stream:

@@ -37,7 +37,7 @@ from httpkit.asgi import read_request_body
 from httpkit.auth import SCOPE_KEY, ApiKey
 from httpkit.responses import EVENT_STREAM, json_response
 from retrieval.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from serving.answer.service import ANSWERS_OFF, AnswerRequest, RetrieveFn
+from serving.answer.service import ANSWER_OK, ANSWERS_OFF, AnswerRequest, RetrieveFn
 from serving.gateway.api_models import DocIdPath, NamePath, QueryRequest
 from serving.gateway.collection_models import CollectionCreate, QueryDefaultsModel
 from serving.gateway.collection_rollout import add_collection_rollout_routes
@@ -282,7 +282,7 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
         return
 
     @app.post("/v1/collections/{name}/answer", summary="Retrieve from the collection, then generate an answer "
-              "that cites its passages", responses=RESPONSES)
+              "that cites its passages", responses={**RESPONSES, **ANSWER_OK})
     async def answer(name: NamePath, body: AnswerRequest, request: Request) -> Response:
         queries, _, stack, tenant_field, tenant = await services(name, request)
         if stack is not None and stack.spec.model is None:

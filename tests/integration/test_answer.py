@@ -79,6 +79,14 @@ def test_answer_streams_server_sent_events(cluster):
     done = events[-1][1]
     assert streamed.strip() == done["answer"].strip()
     assert done["citations"] == [p["doc_id"] for p in events[0][1]["passages"]]
+    # the served schema states both answers (schemathesis' ST105 and ST108 found it stating JSON alone)
+    schema = httpx.get(f"{cluster.gateway_url}/openapi.json", timeout=30).json()
+    for path in ("/v1/answer", "/v1/collections/{name}/answer"):
+        content = schema["paths"][path]["post"]["responses"]["200"]["content"]
+        assert set(content) == {"application/json", "text/event-stream"}, path
+        event_schema = content["text/event-stream"]["schema"]
+        assert set(event_schema["properties"]["event"]["enum"]) == {"retrieval", "token", "done", "error"}
+        assert set(names) <= set(event_schema["properties"]["event"]["enum"])
 
 
 @pytest.mark.parametrize("body, field", [
