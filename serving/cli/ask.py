@@ -17,7 +17,8 @@ shardrag ask "question" [--collection NAME] [--mode hybrid]
   come, then the cited passages ([n] doc id, title) and the timings (retrieval, time
   to first token, total) with the KV-cache reuse. --json prints the whole answer
   (citations, timings, cache statistics) as JSON instead. Needs a cluster started with
-  generators (`shardrag serve --generators 1`; the demo has none: 404 otherwise).
+  generators (`shardrag demo --generators 1`, or `serve`; without them the gateway answers
+  404, saying so).
 """
 
 

@@ -87,7 +87,8 @@ def print_banner(cluster: Any, example_query: str) -> None:
     answer_hint = ""
     if cluster.generators:
         answer_body = json.dumps({"question": example_query, "k": 3})
-        answer_hint = f"\n  curl -s {url}/v1/answer{auth} -H 'content-type: application/json' -d '{answer_body}'"
+        answer_hint = (f"\n  curl -s {url}/v1/answer{auth} -H 'content-type: application/json' -d '{answer_body}'"
+                       f"\n  shardrag ask --url {url} \"{example_query}\"")
     keys = (f"""
   API keys (new each start; also in {cluster.workdir}/api-keys):
     read  {read_key}
