@@ -136,6 +136,8 @@ def test_an_answer_is_one_trace_through_its_generator_and_the_kv_cache_node(trac
         trace_id, caller = secrets.token_hex(16), secrets.token_hex(8)
         reply = http.post("/v1/answer", json=body, headers={"traceparent": f"00-{trace_id}-{caller}-01"})
         assert reply.status_code == 200, reply.text
+        # every process exports on its own: wait for the KV node's span as well as the generator's
+        spans = whole_trace(receiver, trace_id, caller, "POST /v1/blocks/get", 1)
         spans = whole_trace(receiver, trace_id, caller, "generate", 1)
         (root,) = [s for s in spans if s.parent_id == caller]
         assert (root.service, root.name) == ("shardrag-gateway", "POST /v1/answer")
