@@ -174,6 +174,8 @@ class ShardragClient:
         rrf_k: int | None = None,
         weights: dict[str, float] | None = None,
         candidates: int | None = None,
+        group_by: str | None = None,
+        group_size: int | None = None,
     ) -> dict[str, Any]:
         """``filter``: only documents whose metadata match (``docs/filters.md``); ``with_metadata``:
         each hit carries its metadata; ``min_seq`` and ``min_term``: a session read — only replicas
@@ -181,11 +183,14 @@ class ShardragClient:
         :meth:`delete` returned; the term keeps out a replica whose log diverged in a failover).
         ``mode``: dense, lexical (BM25) or hybrid, fused by ``fusion`` (rrf with ``rrf_k``, or
         weighted with ``weights`` per leg) over ``candidates`` hits per leg (``docs/hybrid.md``);
-        each left out is the collection's query default (dense unless set)."""
+        each left out is the collection's query default (dense unless set). ``group_by``: a metadata
+        key — the ``k`` best groups of hits sharing its value, ``group_size`` hits each, each hit's
+        ``group`` its value (``docs/filters.md``)."""
         body = query_body(text=text, vector=vector, k=k, top_m=top_m, nprobe=nprobe, ef_search=ef_search,
                           timeout_ms=timeout_ms, with_text=with_text, version=version, filter=filter,
                           with_metadata=with_metadata, min_seq=min_seq, min_term=min_term, mode=mode, fusion=fusion,
-                          rrf_k=rrf_k, weights=weights, candidates=candidates)
+                          rrf_k=rrf_k, weights=weights, candidates=candidates, group_by=group_by,
+                          group_size=group_size)
         return self._check(self._post(f"{self._data}/query", body, safe=True))
 
     def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
@@ -386,11 +391,13 @@ class AsyncShardragClient:
                     filter: dict[str, Any] | None = None, with_metadata: bool = False,
                     min_seq: dict[str, int] | None = None, min_term: dict[str, int] | None = None,
                     mode: str | None = None, fusion: str | None = None, rrf_k: int | None = None,
-                    weights: dict[str, float] | None = None, candidates: int | None = None) -> dict[str, Any]:
+                    weights: dict[str, float] | None = None, candidates: int | None = None,
+                    group_by: str | None = None, group_size: int | None = None) -> dict[str, Any]:
         return await self._post(f"{self._data}/query", safe=True, body=query_body(
             text=text, vector=vector, k=k, top_m=top_m, nprobe=nprobe, ef_search=ef_search, timeout_ms=timeout_ms,
             with_text=with_text, version=version, filter=filter, with_metadata=with_metadata, min_seq=min_seq,
-            min_term=min_term, mode=mode, fusion=fusion, rrf_k=rrf_k, weights=weights, candidates=candidates))
+            min_term=min_term, mode=mode, fusion=fusion, rrf_k=rrf_k, weights=weights, candidates=candidates,
+            group_by=group_by, group_size=group_size))
 
     async def upsert(self, documents: Sequence[dict[str, Any]], *, write_ack: str = "majority",
                      idempotency_key: str | None = None) -> dict[str, Any]:

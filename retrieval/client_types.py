@@ -38,7 +38,8 @@ def query_body(*, text: str | None, vector: Sequence[float] | None, k: int | Non
                version: str | None, filter: dict[str, Any] | None, with_metadata: bool,
                min_seq: dict[str, int] | None, min_term: dict[str, int] | None = None, mode: str | None = None,
                fusion: str | None = None, rrf_k: int | None = None, weights: dict[str, float] | None = None,
-               candidates: int | None = None) -> dict[str, Any]:
+               candidates: int | None = None, group_by: str | None = None,
+               group_size: int | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"with_text": with_text}
     if mode is not None:  # None: the collection's query default (dense unless set)
         body["mode"] = mode
@@ -51,7 +52,8 @@ def query_body(*, text: str | None, vector: Sequence[float] | None, k: int | Non
                 body[name] = dict(given)
     for name, value in (("text", text), ("k", k), ("top_m", top_m), ("nprobe", nprobe), ("ef_search", ef_search),
                         ("timeout_ms", timeout_ms), ("version", version), ("filter", filter), ("fusion", fusion),
-                        ("rrf_k", rrf_k), ("weights", weights), ("candidates", candidates)):
+                        ("rrf_k", rrf_k), ("weights", weights), ("candidates", candidates), ("group_by", group_by),
+                        ("group_size", group_size)):
         if value is not None:
             body[name] = value
     if vector is not None:

@@ -247,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--candidates", type=int, default=None,
                        help="hybrid: rrf: hits each leg brings to the fusion; weighted: how deep each leg is read "
                             "first (default max(k, 20))")
+    query.add_argument("--group-by", default=None, metavar="KEY",
+                       help="a metadata key: the k best groups of hits sharing its value (e.g. source: the k best "
+                            "files), printed group by group (docs/filters.md)")
+    query.add_argument("--group-size", type=int, default=None, help="--group-by: hits per group (default 1)")
     query.set_defaults(func=cmd_query)
     add_write_commands(commands)
     add_ask_command(commands)

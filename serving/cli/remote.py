@@ -22,7 +22,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         target = client.collection(args.collection) if args.collection else client
         response = target.query(text=args.text, k=args.k, top_m=args.top_m, filter=filter_,
                                 with_metadata=args.with_metadata, mode=args.mode, fusion=args.fusion,
-                                rrf_k=args.rrf_k, weights=weights_argument(args.weights), candidates=args.candidates)
+                                rrf_k=args.rrf_k, weights=weights_argument(args.weights), candidates=args.candidates,
+                                group_by=args.group_by, group_size=args.group_size)
     if args.json:
         print(json.dumps(response, indent=1))
         return 0
@@ -35,7 +36,15 @@ def cmd_query(args: argparse.Namespace) -> int:
     print(f"{len(response['hits'])} hits in {diagnostics['took_ms']:.1f} ms "
           f"({diagnostics['shards_answered']}/{diagnostics['shards_total']} shards, {response['version']}, "
           f"{diagnostics.get('mode', 'dense')}{fusion}{searched})")
+    groups = diagnostics.get("groups")
+    if groups:
+        print(f"{groups['groups']} groups by {groups['by']}, read {groups['read']} deep in {groups['rounds']} "
+              f"round(s)" + ("" if groups["filled"] else " (not filled: as deep as a grouped query reads)"))
+    group = None
     for rank, hit in enumerate(response["hits"], start=1):
+        if groups and json.dumps(hit["group"]) != group:  # JSON: 1 and true are two groups
+            group = json.dumps(hit["group"])
+            print(f"{groups['by']} = {group}")
         snippet = " ".join(hit["text"].split())[:110]
         legs = "  " + " ".join(f"{leg} #{where['rank']} ({where['score']:.4g})"
                                for leg, where in hit["legs"].items()) if hit.get("legs") else ""

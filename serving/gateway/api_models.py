@@ -94,6 +94,13 @@ class QueryRequest(BaseModel):
     candidates: Annotated[int, Field(ge=1, le=1000), JSON_INTEGER] | None = Field(
         None, description="hybrid: rrf — hits each leg contributes to the fusion; weighted — how deep each leg is "
         "read first, and how deep leg ranks are reported (default max(k, 20))")
+    group_by: str | None = Field(
+        None, min_length=1, max_length=128, description="a metadata key: answer the k best groups of hits "
+        "sharing its value (a group ranks by its best hit), each with its best group_size hits, group after group; "
+        "documents without the key join none (docs/filters.md, \"Grouping\")")
+    group_size: Annotated[int, Field(ge=1, le=100), JSON_INTEGER] | None = Field(
+        None, description="group_by: hits per group (default 1; k × group_size at most limits.max_group_read); "
+        "only with group_by (422 naming group_size otherwise)")
 
 
 class HitModel(BaseModel):
@@ -106,6 +113,8 @@ class HitModel(BaseModel):
     metadata: dict[str, Any] | None = Field(None, description="the document's metadata (with_metadata)")
     legs: dict[str, LegRankModel] | None = Field(None, description="hybrid: where each leg that returned the "
                                                  "document ranked it, and its score there")
+    group: str | int | float | bool | None = Field(None, description="group_by: the value of the group this hit is "
+                                                   "in (a document with a list value can be in several)")
 
 
 class ShardCallModel(BaseModel):
@@ -124,6 +133,16 @@ class ShardCallModel(BaseModel):
 class MissingShardModel(BaseModel):
     shard: int
     reason: str
+
+
+class GroupingModel(BaseModel):
+    by: str = Field(description="the metadata key grouped by")
+    size: int = Field(description="hits per group asked (group_size)")
+    groups: int = Field(description="groups answered (below k: fewer values among the matching documents)")
+    read: int = Field(description="how deep the last round read the ranked list")
+    rounds: int = Field(description="searches it took (each twice as deep as the one before)")
+    filled: bool = Field(description="every group holds group_size hits, or every matching document was read; "
+                         "false: limits.max_group_read was reached first")
 
 
 class DiagnosticsModel(BaseModel):
@@ -152,6 +171,7 @@ class DiagnosticsModel(BaseModel):
     defaulted: list[str] = Field(default_factory=list, description="the fields (mode, fusion, weights, rrf_k) "
                                  "this query took from its collection's search defaults because it named none "
                                  "(docs/hybrid.md)")
+    groups: GroupingModel | None = Field(None, description="group_by: how the groups were filled")
 
 
 class QueryResponse(BaseModel):

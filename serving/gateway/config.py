@@ -43,6 +43,7 @@ class Limits:
 
     default_k: int = 10  # k when a query gives none
     max_k: int = 100  # largest k a query may ask for
+    max_group_read: int = 1000  # deepest a group_by query reads to fill its groups (at most the shards' max_k)
     max_text_chars: int = 4096  # longest query text accepted
     max_body_bytes: int = 1 << 20  # larger request bodies get 413
     default_timeout_ms: int = 5000  # deadline of a query that gives no timeout_ms
@@ -54,7 +55,7 @@ class Limits:
     rate_limit_burst: float = 50.0  # requests a key may send at once before the rate applies
 
     def validate(self) -> None:
-        for name in ("default_k", "max_k", "max_text_chars", "max_body_bytes", "default_timeout_ms",
+        for name in ("default_k", "max_k", "max_group_read", "max_text_chars", "max_body_bytes", "default_timeout_ms",
                      "max_timeout_ms", "min_timeout_ms"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"limits.{name} must be ≥ 1", field=f"limits.{name}")

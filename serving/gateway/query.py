@@ -33,6 +33,7 @@ from retrieval.query_defaults import PLAIN, QueryDefaults
 from retrieval.wire import check_finite
 from serving.gateway.api_models import LegWeights, QueryRequest
 from serving.gateway.config import Limits
+from serving.gateway.grouping import Grouping, check_grouping, first_depth, group_hits
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.search_modes import Legs, SearchModes, shaped_hit
 from serving.shardcall.fanout import FanOut
@@ -160,11 +161,40 @@ class QueryService:
         if not limits.min_timeout_ms <= timeout_ms <= limits.max_timeout_ms:
             raise InvalidRequest(f"timeout_ms must be between {limits.min_timeout_ms} and {limits.max_timeout_ms}",
                                  field="timeout_ms")
+        check_grouping(request.group_by, request.group_size, k, limits.max_group_read)
         given = request.model_fields_set
         defaulted: list[str] = []
         if self._defaulting:  # a plain collection's queries are searched as they come
             request, defaulted = with_query_defaults(request, self._defaults)
         check_fusion_fields(request, given)
+        if request.group_by is None:
+            return self._answer(request, await self._ranked(request, k, timeout_ms, started), started, defaulted)
+        return await self._grouped(request, k, timeout_ms, started, defaulted)
+
+    async def _grouped(self, request: QueryRequest, k: int, timeout_ms: int, started: float,
+                       defaulted: list[str]) -> dict[str, Any]:
+        """The k best groups (``serving.gateway.grouping``): rounds ever deeper, on one version."""
+        assert request.group_by is not None
+        size, max_read = request.group_size or 1, self.limits.max_group_read
+        depth, rounds, searched = first_depth(k, size, max_read), 0, request.model_copy(update={"with_metadata": True})
+        while True:
+            legs = await self._ranked(searched, depth, timeout_ms, started)
+            rounds += 1
+            hits, groups, filled = group_hits(legs.hits, request.group_by, k, size)
+            filled = filled or len(legs.hits) < depth  # or the list ran out: every matching document read
+            if filled or depth == max_read:
+                break
+            depth = min(max_read, depth * 2)
+            searched = searched.model_copy(update={"version": legs.result.version})  # a rollout never mixes models
+        if not request.with_metadata:
+            for hit in hits:
+                hit.pop("metadata", None)
+        legs.hits = hits
+        return self._answer(request, legs, started, defaulted,
+                            Grouping(request.group_by, size, groups, depth, rounds, filled))
+
+    async def _ranked(self, request: QueryRequest, k: int, timeout_ms: int, started: float) -> Legs:
+        """The query's top ``k`` in its mode, as legs for the answer."""
         snapshot = self._snapshot(request.version)
         text = self._text(request)
         filter_ = parse_filter(request.filter) if request.filter is not None else None
@@ -173,8 +203,7 @@ class QueryService:
                               filter=filter_.canonical() if filter_ is not None and not filter_.empty else None)
         session = self._session(request, snapshot)
         if request.mode != "dense":
-            legs = await self.modes.run(request, text, params, snapshot, session, timeout_ms, started)
-            return self._answer(request, legs, started, defaulted)
+            return await self.modes.run(request, text, params, snapshot, session, timeout_ms, started)
         encode_ms = 0.0
         if request.vector is not None:
             vector = self._vector(request, snapshot)
@@ -188,8 +217,7 @@ class QueryService:
                                               timeout_s=max(remaining_ms, 1.0) / 1000.0, session=session,
                                               exact=request.exact)
         fanout_ms = (time.perf_counter() - fanout_started) * 1000.0
-        return self._answer(request, Legs(result, [shaped_hit(h, request.with_metadata) for h in result.hits],
-                                          encode_ms, fanout_ms), started, defaulted)
+        return Legs(result, [shaped_hit(h, request.with_metadata) for h in result.hits], encode_ms, fanout_ms)
 
     def _text(self, request: QueryRequest) -> str | None:
         """The query text, checked; None for a dense vector query."""
@@ -218,7 +246,8 @@ class QueryService:
         self.recent_queries.append(text)
         return vector, encode_ms
 
-    def _answer(self, request: QueryRequest, legs: Legs, started: float, defaulted: list[str]) -> dict[str, Any]:
+    def _answer(self, request: QueryRequest, legs: Legs, started: float, defaulted: list[str],
+                grouping: Grouping | None = None) -> dict[str, Any]:
         result = legs.result
         missing = sorted(result.missing)
         allow_partial = request.allow_partial if request.allow_partial is not None else self.limits.allow_partial
@@ -259,6 +288,7 @@ class QueryService:
                 "lexical_ms": legs.lexical_ms,
                 "lexical_terms": legs.lexical_terms,
                 "defaulted": defaulted,
+                "groups": grouping.to_dict() if grouping is not None else None,
             },
         }
 
