@@ -282,24 +282,27 @@ class ShardragClient:
     # -- answers (POST /v1/answer) -------------------------------------------------------------
     def answer(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
                kv_reuse: str | None = None, recompute_fraction: float | None = None,
-               timeout_ms: int | None = None, mode: str | None = None, fusion: str | None = None) -> Answer:
+               timeout_ms: int | None = None, mode: str | None = None, fusion: str | None = None,
+               group_by: str | None = None) -> Answer:
         """A grounded answer: the text, its citations (doc ids), timings and KV-cache statistics.
         ``kv_reuse`` "prefix" | "passage" (default: the generators' setting; docs/rag-cache.md);
         ``mode`` (dense, lexical, hybrid) and ``fusion`` (rrf, weighted): how the passages are
-        retrieved (default: the collection's query defaults; docs/hybrid.md)."""
+        retrieved (default: the collection's query defaults; docs/hybrid.md); ``group_by``: a
+        metadata key — the best passage of each of the ``k`` best groups sharing its value
+        (``"source"``: ``k`` different files; docs/filters.md)."""
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=False, use_cache=use_cache,
                            kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms,
-                           mode=mode, fusion=fusion)
+                           mode=mode, fusion=fusion, group_by=group_by)
         return Answer.from_json(self._check(self._post(f"{self._data}/answer", body, safe=True)))
 
     def answer_stream(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
                       kv_reuse: str | None = None, recompute_fraction: float | None = None,
                       timeout_ms: int | None = None, mode: str | None = None,
-                      fusion: str | None = None) -> Iterator[AnswerEvent]:
+                      fusion: str | None = None, group_by: str | None = None) -> Iterator[AnswerEvent]:
         """The answer as it is generated: a RetrievalEvent, TokenEvents, then a DoneEvent."""
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=True, use_cache=use_cache,
                            kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms,
-                           mode=mode, fusion=fusion)
+                           mode=mode, fusion=fusion, group_by=group_by)
         request = self._http.build_request("POST", f"{self._data}/answer", content=_json(body), headers=JSON)
         # sent again (retries) only until the stream starts: never after an event was given
         response = send(lambda: self._http.send(request, stream=True), self.retries, safe=True)
@@ -464,19 +467,20 @@ class AsyncShardragClient:
 
     async def answer(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
                      kv_reuse: str | None = None, recompute_fraction: float | None = None,
-                     timeout_ms: int | None = None, mode: str | None = None, fusion: str | None = None) -> Answer:
+                     timeout_ms: int | None = None, mode: str | None = None, fusion: str | None = None,
+                     group_by: str | None = None) -> Answer:
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=False, use_cache=use_cache,
                            kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms,
-                           mode=mode, fusion=fusion)
+                           mode=mode, fusion=fusion, group_by=group_by)
         return Answer.from_json(await self._post(f"{self._data}/answer", body, safe=True))
 
     async def answer_stream(self, question: str, *, k: int = 3, max_new_tokens: int = 64, use_cache: bool = True,
                             kv_reuse: str | None = None, recompute_fraction: float | None = None,
                             timeout_ms: int | None = None, mode: str | None = None,
-                            fusion: str | None = None) -> AsyncIterator[AnswerEvent]:
+                            fusion: str | None = None, group_by: str | None = None) -> AsyncIterator[AnswerEvent]:
         body = answer_body(question, k=k, max_new_tokens=max_new_tokens, stream=True, use_cache=use_cache,
                            kv_reuse=kv_reuse, recompute_fraction=recompute_fraction, timeout_ms=timeout_ms,
-                           mode=mode, fusion=fusion)
+                           mode=mode, fusion=fusion, group_by=group_by)
         request = self._http.build_request("POST", f"{self._data}/answer", content=_json(body), headers=JSON)
         response = await asend(lambda: self._http.send(request, stream=True), self.retries, safe=True)
         try:

@@ -153,13 +153,14 @@ def collection_path(name: str) -> str:
 
 def answer_body(question: str, *, k: int, max_new_tokens: int, stream: bool, use_cache: bool,
                 kv_reuse: str | None, recompute_fraction: float | None, timeout_ms: int | None,
-                mode: str | None = None, fusion: str | None = None) -> dict[str, Any]:
+                mode: str | None = None, fusion: str | None = None, group_by: str | None = None) -> dict[str, Any]:
     """``POST …/answer``'s body; ``mode`` and ``fusion``: how its passages are retrieved (as a query's;
-    left out, the collection's query defaults)."""
+    left out, the collection's query defaults); ``group_by``: a metadata key — the passages are the
+    best of the ``k`` best groups sharing its value (``k`` different sources)."""
     body: dict[str, Any] = {"question": question, "k": k, "max_new_tokens": max_new_tokens, "stream": stream,
                             "use_cache": use_cache}
     for name, value in (("kv_reuse", kv_reuse), ("recompute_fraction", recompute_fraction),
-                        ("timeout_ms", timeout_ms), ("mode", mode), ("fusion", fusion)):
+                        ("timeout_ms", timeout_ms), ("mode", mode), ("fusion", fusion), ("group_by", group_by)):
         if value is not None:
             body[name] = value
     return body

@@ -28,9 +28,9 @@ from retrieval.errors import ConfigError, GeneratorUnavailable, InvalidRequest
 from serving.answer.prompt import build_messages, passage_texts
 from serving.answer.routing import AffinityRouter
 
-RetrieveFn = Callable[[str, int, int | None, str | None, str | None], Awaitable[dict[str, Any]]]
-"""(question, k, timeout_ms, mode, fusion) → the query response (hits with title and text, version,
-partial); a mode or fusion of None is the collection's query default."""
+RetrieveFn = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+"""A ``/v1/query`` body (:func:`retrieval_query`) → the query response (hits with title and text,
+version, partial)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,6 +77,19 @@ class AnswerRequest(BaseModel):
                           "defaults, dense unless set; docs/hybrid.md)")
     fusion: Literal["rrf", "weighted"] | None = Field(None, description="hybrid retrieval: how the legs are fused "
                                                       "(default: the collection's, weighted unless set)")
+    group_by: str | None = Field(None, min_length=1, max_length=128, description="a metadata key: the k passages "
+                                 "are the best of the k best groups sharing its value (e.g. source: k different "
+                                 "files), as /v1/query's group_by with group_size 1")
+
+
+def retrieval_query(request: AnswerRequest) -> dict[str, Any]:
+    """The ``/v1/query`` body an answer's retrieval sends: the mode, fusion and grouping it named
+    (left out: the collection's query defaults)."""
+    body: dict[str, Any] = {"text": request.question, "k": request.k, "timeout_ms": request.timeout_ms}
+    for name in ("mode", "fusion", "group_by"):
+        if (value := getattr(request, name)) is not None:
+            body[name] = value
+    return body
 
 
 # /v1/answer's 200, as the OpenAPI schema states it: the JSON answer, or with "stream": true the
@@ -118,8 +131,7 @@ class AnswerService:
             raise InvalidRequest(f"fusion shapes a hybrid retrieval, and mode is {request.mode} (send \"mode\": "
                                  "\"hybrid\", or leave fusion out)", field="fusion")
         started = time.perf_counter()
-        retrieved = await (retrieve or self.retrieve)(request.question, request.k, request.timeout_ms, request.mode,
-                                                      request.fusion)
+        retrieved = await (retrieve or self.retrieve)(retrieval_query(request))
         retrieval_ms = (time.perf_counter() - started) * 1000.0
         return retrieved, build_messages(request.question, retrieved["hits"]), retrieval_ms
 

@@ -27,7 +27,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from retrieval.client_types import Answer, DoneEvent, RetrievalEvent, TokenEvent
 
     options: dict[str, Any] = {"k": args.k, "max_new_tokens": args.max_new_tokens, "kv_reuse": args.kv_reuse,
-                               "mode": args.mode, "fusion": args.fusion}
+                               "mode": args.mode, "fusion": args.fusion, "group_by": args.group_by}
     with ShardragClient(gateway_url(args), timeout_s=args.timeout, api_key=args.api_key,
                         retries=args.retries) as client:
         target = client.collection(args.collection) if args.collection else client
@@ -73,6 +73,9 @@ def add_ask_command(commands: Any) -> None:
                      help="how the passages are retrieved (default: the collection's query defaults, dense unless "
                           "set; docs/hybrid.md)")
     ask.add_argument("--fusion", choices=("rrf", "weighted"), default=None, help="hybrid: how the legs are fused")
+    ask.add_argument("--group-by", default=None, metavar="KEY",
+                     help="a metadata key: the k passages come from the k best groups sharing its value, one each "
+                          "(e.g. source: k different files; docs/filters.md)")
     ask.add_argument("--kv-reuse", choices=("prefix", "passage"), default=None,
                      help="prefix: reuse the longest cached prompt prefix; passage: each passage's cached KV "
                           "wherever it ranks (default: the generators' setting; docs/rag-cache.md)")

@@ -43,7 +43,7 @@ from serving.gateway.collection_models import CollectionCreate, QueryDefaultsMod
 from serving.gateway.collection_rollout import add_collection_rollout_routes
 from serving.gateway.collection_tune import add_collection_tune_route
 from serving.gateway.collections import CollectionStack, live_count
-from serving.gateway.query import QueryService, parse_body, retrieval_body, with_query_defaults
+from serving.gateway.query import QueryService, parse_body, with_query_defaults
 from serving.gateway.tenancy import (
     confine_delete,
     confine_filter,
@@ -289,9 +289,8 @@ def add_collection_routes(app: FastAPI, gateway: Callable[[], Any], *, answers: 
             raise InvalidRequest(f"collection {name!r} holds vectors only (no encoder): it cannot retrieve for a "
                                  "question", field="question")
 
-        async def retrieve(text: str, k: int, timeout_ms: int | None, mode: str | None,
-                           fusion: str | None) -> dict[str, Any]:
-            parsed = QueryRequest.model_validate(retrieval_body(text, k, timeout_ms, mode, fusion))
+        async def retrieve(query: dict[str, Any]) -> dict[str, Any]:
+            parsed = QueryRequest.model_validate(query)
             if tenant is None or tenant_field is None:
                 return await queries.query(parsed)
             # the same confinement as the query route: the tenant's clause in the shards, hits re-checked

@@ -115,10 +115,9 @@ class QueryService:
                                            timeout_s=self.limits.default_timeout_ms / 1000.0)
         return [hit.doc_id for hit in outcome.hits]
 
-    async def retrieve(self, text: str, k: int, timeout_ms: int | None, mode: str | None = None,
-                       fusion: str | None = None) -> dict[str, Any]:
-        """A text query with titles and texts (the answer service's retrieval)."""
-        return await self.query(QueryRequest.model_validate(retrieval_body(text, k, timeout_ms, mode, fusion)))
+    async def retrieve(self, query: dict[str, Any]) -> dict[str, Any]:
+        """A query body's answer (the answer service's retrieval: ``serving.answer.service.retrieval_query``)."""
+        return await self.query(QueryRequest.model_validate(query))
 
     def _vector(self, request: QueryRequest, snapshot: VersionSnapshot) -> np.ndarray:
         limits = self.limits
@@ -333,15 +332,3 @@ def check_fusion_fields(request: QueryRequest, given: set[str] | None = None) ->
     if request.fusion == "weighted" and "rrf_k" in given:
         raise InvalidRequest("rrf_k is rrf's rank offset, and fusion is weighted (send \"fusion\": \"rrf\", or "
                              "leave rrf_k out)", field="rrf_k")
-
-
-def retrieval_body(text: str, k: int, timeout_ms: int | None, mode: str | None,
-                   fusion: str | None) -> dict[str, Any]:
-    """The query an answer's retrieval sends: the mode and fusion it named (the others are the
-    collection's query defaults)."""
-    body: dict[str, Any] = {"text": text, "k": k, "timeout_ms": timeout_ms}
-    if mode is not None:
-        body["mode"] = mode
-    if fusion is not None:
-        body["fusion"] = fusion
-    return body

@@ -191,14 +191,18 @@ def test_answer_from_a_created_collection_stays_in_the_keys_tenant(cluster, msma
         admin.create_collection("kb", model=msmarco.version.encoder_name, tenant_field="tenant")
         admin.create_collection("vectors", dim=4)
         kb = admin.collection("kb")
-        kb.upsert([{"id": f"sun-{tenant}", "title": f"{tenant} memo", "text": text, "metadata": {"tenant": tenant}}
-                   for tenant, text in SUN_FACTS.items()]
+        kb.upsert([{"id": f"sun-{tenant}", "title": f"{tenant} memo", "text": text,
+                    "metadata": {"tenant": tenant, "kind": "sun"}} for tenant, text in SUN_FACTS.items()]
                   + [{"id": f"tea-{tenant}", "title": "tea", "text": "Green tea is steeped below boiling.",
-                      "metadata": {"tenant": tenant}} for tenant in SUN_FACTS])
+                      "metadata": {"tenant": tenant, "kind": "tea"}} for tenant in SUN_FACTS])
         everyone = kb.answer(QUESTION, k=2, max_new_tokens=8)
         assert set(everyone.citations) <= {"acme::sun-acme", "globex::sun-globex", "acme::tea-acme",
                                            "globex::tea-globex"}
         assert everyone.citations[0].split("::")[1].startswith("sun-")  # from this collection, not msmarco
+        # grouped by kind: the best passage of each of the two kinds, where the best two are both memos
+        assert [c.split("::")[1][:4] for c in everyone.citations] == ["sun-", "sun-"], everyone.citations
+        grouped = kb.answer(QUESTION, k=2, max_new_tokens=4, group_by="kind")
+        assert sorted(c.split("::")[1][:4] for c in grouped.citations) == ["sun-", "tea-"], grouped.citations
         with pytest.raises(Exception) as vector_only:
             admin.collection("vectors").answer(QUESTION, k=1, max_new_tokens=4)
         assert getattr(vector_only.value, "field", None) == "question"

@@ -47,8 +47,9 @@ def generators(tmp_path):
         child.stop()
 
 
-async def retrieve(question: str, k: int, timeout_ms: int | None, mode: str = "dense", fusion: str = "rrf") -> dict:
-    return {"hits": [{**h, "score": 1.0} for h in PASSAGES[question][:k]], "version": "v1", "partial": False}
+async def retrieve(query: dict) -> dict:
+    return {"hits": [{**h, "score": 1.0} for h in PASSAGES[query["text"]][:query["k"]]], "version": "v1",
+            "partial": False}
 
 
 def run(children: list[Child], scenario, **settings: float):

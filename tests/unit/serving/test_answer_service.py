@@ -6,7 +6,7 @@ import re
 import pytest
 
 from retrieval.errors import GeneratorUnavailable, InvalidRequest, ShardUnavailable
-from serving.answer.service import AnswerRequest, AnswerService
+from serving.answer.service import AnswerRequest, AnswerService, retrieval_query
 
 HITS = {"hits": [{"doc_id": "d1", "title": "T", "text": "passage", "score": 0.5}], "version": "v", "partial": False}
 
@@ -14,8 +14,8 @@ HITS = {"hits": [{"doc_id": "d1", "title": "T", "text": "passage", "score": 0.5}
 def test_without_generators_the_answer_is_a_503_naming_the_generator_not_the_encoder():
     asked = []
 
-    async def retrieve(question, k, timeout_ms, mode="dense", fusion="rrf"):
-        asked.append(question)
+    async def retrieve(query):
+        asked.append(query["text"])
         return HITS
 
     async def scenario():
@@ -35,8 +35,8 @@ def test_without_generators_the_answer_is_a_503_naming_the_generator_not_the_enc
 def test_unreachable_generators_are_tried_in_order_then_reported():
     asked = []
 
-    async def retrieve(question, k, timeout_ms, mode="dense", fusion="rrf"):
-        asked.append((mode, fusion))
+    async def retrieve(query):
+        asked.append((query.get("mode"), query.get("fusion")))
         return HITS
 
     async def scenario():
@@ -53,11 +53,18 @@ def test_unreachable_generators_are_tried_in_order_then_reported():
     assert asked == [("hybrid", "weighted")]  # the request's retrieval mode reaches the retrieve function
 
 
+def test_the_retrieval_query_carries_what_the_answer_request_named_and_nothing_else():
+    assert retrieval_query(AnswerRequest(question="why?")) == {"text": "why?", "k": 3, "timeout_ms": None}
+    named = AnswerRequest(question="why?", k=5, timeout_ms=900, mode="hybrid", fusion="rrf", group_by="source")
+    assert retrieval_query(named) == {"text": "why?", "k": 5, "timeout_ms": 900, "mode": "hybrid", "fusion": "rrf",
+                                      "group_by": "source"}
+
+
 def test_a_fusion_without_a_hybrid_retrieval_is_refused_naming_it():
     asked = []
 
-    async def retrieve(question, k, timeout_ms, mode="dense", fusion="rrf"):
-        asked.append((mode, fusion))
+    async def retrieve(query):
+        asked.append((query.get("mode"), query.get("fusion")))
         return HITS
 
     async def scenario(request):
@@ -93,8 +100,8 @@ def test_a_fusion_without_a_hybrid_retrieval_is_refused_naming_it():
 def test_a_blank_question_is_refused_naming_it_as_the_schema_says(question):
     asked = []
 
-    async def retrieve(question, k, timeout_ms, mode="dense", fusion="rrf"):
-        asked.append(question)
+    async def retrieve(query):
+        asked.append(query["text"])
         return HITS
 
     async def scenario():
