@@ -46,8 +46,9 @@ def cmd_query(args: argparse.Namespace) -> int:
             group = json.dumps(hit["group"])
             print(f"{groups['by']} = {group}")
         snippet = " ".join(hit["text"].split())[:110]
-        legs = "  " + " ".join(f"{leg} #{where['rank']} ({where['score']:.4g})"
-                               for leg, where in hit["legs"].items()) if hit.get("legs") else ""
+        # a weighted leg's rank is null below its top `candidates`: the score alone, not "#None"
+        legs = "".join(f"  {leg}{'' if where['rank'] is None else ' #' + str(where['rank'])} ({where['score']:.4g})"
+                       for leg, where in (hit.get("legs") or {}).items())
         print(f"{rank:2d}. {hit['score']:.4f}  [{hit['doc_id']}] {hit['title']}{legs}\n      {snippet}")
         if "metadata" in hit:
             print(f"      {json.dumps(hit['metadata'], sort_keys=True)}")

@@ -6,6 +6,9 @@ rounds stop when the groups are full or at the read cap, and say which; refusals
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import httpx
 import numpy as np
 import pytest
@@ -33,7 +36,7 @@ def cluster(dbpedia, tmp_path_factory):
     config = GatewayConfig.from_dict({"encoder": {"load": False}})
     with LocalCluster(root, "grouped", replicas=1, gateway=config, workdir=work) as running, \
             httpx.Client(base_url=running.gateway_url, timeout=60) as http:
-        yield http, documents, dbpedia
+        yield http, documents, dbpedia, running.gateway_url
 
 
 def oracle(documents, vectors, query, key, k, size):
@@ -59,7 +62,7 @@ def grouped(http, body):
 
 @pytest.mark.parametrize("key, k, size", [("bucket", 5, 2), ("tags", 3, 3), ("kind", 5, 4)])
 def test_dense_groups_are_the_exact_rankings(cluster, key, k, size):
-    http, documents, corpus = cluster
+    http, documents, corpus, _ = cluster
     for query in corpus.query_vectors[:12]:
         answer = grouped(http, {"vector": query.tolist(), "k": k, "group_by": key, "group_size": size})
         want = oracle(documents, corpus.vectors, query, key, k, size)
@@ -76,7 +79,7 @@ def test_dense_groups_are_the_exact_rankings(cluster, key, k, size):
 
 
 def test_lexical_groups_are_those_of_the_deeper_list_and_keep_the_metadata_asked(cluster):
-    http, _, corpus = cluster
+    http, _, corpus, _ = cluster
     for text in list(corpus.dataset.queries.values())[:8]:
         ranked = grouped(http, {"text": text, "mode": "lexical", "k": 100, "with_metadata": True})["hits"]
         answer = grouped(http, {"text": text, "mode": "lexical", "k": 4, "group_by": "bucket",
@@ -90,7 +93,7 @@ def test_lexical_groups_are_those_of_the_deeper_list_and_keep_the_metadata_asked
 
 
 def test_rounds_stop_where_the_list_runs_out_or_at_the_cap(cluster):
-    http, documents, corpus = cluster
+    http, documents, corpus, _ = cluster
     query = corpus.query_vectors[0].tolist()
     # ~170 documents in bucket 3: the first round deeper than that reads them all, so the groups are final
     only = {"must": [{"key": "bucket", "match": {"value": 3}}]}
@@ -116,7 +119,21 @@ def test_rounds_stop_where_the_list_runs_out_or_at_the_cap(cluster):
     ({"group_by": "bucket", "group_size": 20, "k": 60}, "group_size"),
 ])
 def test_refusals_name_the_field(cluster, body, field):
-    http, _, corpus = cluster
+    http, _, corpus, _ = cluster
     response = http.post("/v1/query", json={"vector": corpus.query_vectors[0].tolist(), **body})
     assert response.status_code == 422, response.text
     assert response.json()["error"]["field"] == field
+
+
+def test_shardrag_query_prints_the_groups_group_by_group(cluster):
+    http, _, corpus, url = cluster
+    text = next(iter(corpus.dataset.queries.values()))
+    answer = grouped(http, {"text": text, "mode": "lexical", "k": 3, "group_by": "tags", "group_size": 2})
+    printed = subprocess.run([sys.executable, "-m", "serving", "query", text, "--url", url, "--mode", "lexical",
+                              "-k", "3", "--group-by", "tags", "--group-size", "2"],
+                             capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    lines = printed.stdout.splitlines()
+    assert lines[1] == "3 groups by tags, read 24 deep in 1 round(s)"
+    headers = [line for line in lines if line.startswith("tags = ")]
+    assert headers == [f'tags = "{h["group"]}"' for h in answer["hits"][::2]]
