@@ -9,8 +9,9 @@ best groups (a group's best hit is its first one), and each group is complete on
 ``k`` values appeared — the query is searched again twice as deep, on the version the first
 round read (a rollout between rounds never mixes models), until the groups are full, the list
 runs out (fewer hits than asked: every matching document was read), or ``limits.max_group_read``
-is reached; then the answer says it is not ``filled``. So the groups are those of the exact
-ranked list whenever the list itself is exact, at any shard count.
+is reached; then the answer says it is not ``filled``. A deeper round that loses a shard the
+round before had (its deadline, most often) leaves that whole round's groups, not filled. So the
+groups are those of the exact ranked list whenever the list itself is exact, at any shard count.
 
 A document joins the group of its value; a list value joins every element's group (as a
 ``match`` filter reads lists); a document without the key, or with an empty list, joins none.

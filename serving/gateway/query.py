@@ -176,13 +176,20 @@ class QueryService:
         assert request.group_by is not None
         size, max_read = request.group_size or 1, self.limits.max_group_read
         depth, rounds, searched = first_depth(k, size, max_read), 0, request.model_copy(update={"with_metadata": True})
+        whole: tuple[Legs, list[dict[str, Any]], int, int] | None = None  # the last round every shard answered
         while True:
             legs = await self._ranked(searched, depth, timeout_ms, started)
             rounds += 1
+            if whole is not None and legs.result.missing:
+                # a deeper round lost a shard the round before had (its deadline, most often): the
+                # whole shallower answer stands, not filled, rather than a partial one or a 504
+                (legs, hits, groups, depth), filled = whole, False
+                break
             hits, groups, filled = group_hits(legs.hits, request.group_by, k, size)
             filled = filled or len(legs.hits) < depth  # or the list ran out: every matching document read
             if filled or depth == max_read:
                 break
+            whole = (legs, hits, groups, depth) if not legs.result.missing else None
             depth = min(max_read, depth * 2)
             searched = searched.model_copy(update={"version": legs.result.version})  # a rollout never mixes models
         if not request.with_metadata:

@@ -137,3 +137,22 @@ def test_shardrag_query_prints_the_groups_group_by_group(cluster):
     assert lines[1] == "3 groups by tags, read 24 deep in 1 round(s)"
     headers = [line for line in lines if line.startswith("tags = ")]
     assert headers == [f'tags = "{h["group"]}"' for h in answer["hits"][::2]]
+
+
+def test_a_deeper_round_that_misses_its_deadline_leaves_the_whole_round_before(cluster):
+    """Shard 0 slowed to 300 ms (the shard server's fault injection) under a 500 ms deadline: the
+    first round (80 deep) is whole, the second loses shard 0 to the deadline — the answer is the
+    first round's groups, not filled, never a partial list or a 504."""
+    http, documents, corpus, _ = cluster
+    query = corpus.query_vectors[1]
+    body = {"vector": query.tolist(), "k": 5, "group_by": "kind", "group_size": 4}
+    assert http.put("/admin/faults/0/0", json={"spec": "latency=fixed:300"}).status_code == 200
+    try:
+        answer = grouped(http, {**body, "timeout_ms": 500})
+    finally:
+        assert http.delete("/admin/faults").status_code == 200
+    assert not answer["partial"]
+    assert answer["diagnostics"]["groups"] == {"by": "kind", "size": 4, "groups": 3, "read": 80, "rounds": 2,
+                                               "filled": False}
+    want = oracle(documents, corpus.vectors, query, "kind", 5, 4)
+    assert [tagged(h["group"]) for h in answer["hits"]] == [group for group, _ in want]
