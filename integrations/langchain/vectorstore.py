@@ -183,7 +183,9 @@ class ShardragVectorStore(VectorStore):
         match, or the ``$eq`` / ``$gt`` / ``$in`` / ``$and`` … operators other LangChain stores take
         (``integrations.langchain.filters``); ``mode``: ``dense`` (default), ``hybrid`` (BM25 on
         ``query`` fused with the vectors; ``fusion``, ``weights``, ``rrf_k``, ``candidates`` as on
-        /v1/query) or ``lexical``."""
+        /v1/query) or ``lexical``; ``group_by`` (a metadata key) and ``group_size``: the best
+        ``group_size`` passages (default 1) of each of the ``k`` best groups sharing its value, group
+        after group (docs/filters.md)."""
         vector = self._embedding.embed_query(query) if kwargs.get("mode", "dense") != "lexical" else None
         return self._hits(self.client.query(**self._query(query, vector, k, kwargs)))
 
@@ -243,7 +245,8 @@ class ShardragVectorStore(VectorStore):
             args["text"] = text
         if options.get("filter") is not None:
             args["filter"] = to_shardrag(options["filter"])
-        for name in ("fusion", "weights", "rrf_k", "candidates", "ef_search", "nprobe", "timeout_ms"):
+        for name in ("fusion", "weights", "rrf_k", "candidates", "ef_search", "nprobe", "timeout_ms", "group_by",
+                     "group_size"):
             if options.get(name) is not None:
                 args[name] = options[name]
         return args

@@ -70,6 +70,11 @@ def test_filters_hybrid_scores_and_reads_of_own_writes_across_replicas(replicate
     assert {d.id for d in lexical} == {ids[0], ids[3]}  # BM25: only passages holding the word
     hybrid = store.similarity_search_with_score("glaciers retreat", k=2, mode="hybrid", fusion="rrf")
     assert hybrid[0][0].page_content == "glaciers retreat"
+    # the two best kinds, not the two best passages (both ice)
+    kinds = [d.metadata["kind"] for d in store.similarity_search("glaciers retreat", k=2, group_by="kind")]
+    assert len(kinds) == 2 and kinds[0] == "ice" and kinds[1] != "ice"
+    assert [d.id for d in store.similarity_search("glaciers retreat", k=1, group_by="kind", group_size=2)] == \
+        [ids[3], ids[0]]
     scored = store.similarity_search_with_relevance_scores("volcanoes build islands", k=4)
     assert scored[0][0].id == ids[1] and scored[0][1] == pytest.approx(1.0, abs=1e-5)
     assert all(0.0 <= score <= 1.0 for _, score in scored)
