@@ -11,9 +11,10 @@ from referencing.jsonschema import DRAFT202012
 from clusterstate.collections import CollectionSpec
 from retrieval.errors import ConfigError, InvalidRequest
 from retrieval.query_defaults import PLAIN, QueryDefaults
+from serving.answer.service import AnswerRequest, retrieval_query
 from serving.gateway.api_models import QueryRequest
 from serving.gateway.config import GatewayConfig
-from serving.gateway.query import check_fusion_fields, retrieval_body, with_query_defaults
+from serving.gateway.query import check_fusion_fields, with_query_defaults
 from tests.conftest import random_corpus
 from tests.unit.serving.gateway_harness import build, gateway_client
 
@@ -95,7 +96,7 @@ def test_a_querys_own_fields_win_and_the_rest_come_from_the_defaults():
         resolved({"text": "fjords", "weights": {"dense": 1, "lexical": 1}}, rrf)
     assert raised.value.field == "weights"
     # an answer naming a fusion and no mode: hybrid under a hybrid default, refused under a dense one
-    body = retrieval_body("why?", 3, None, None, "rrf")
+    body = retrieval_query(AnswerRequest(question="why?", fusion="rrf"))
     assert resolved(body, HYBRID)[0].fusion == "rrf"
     with pytest.raises(InvalidRequest) as raised:
         resolved(body, PLAIN)
