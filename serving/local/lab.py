@@ -146,10 +146,15 @@ class Lab:
                 return url  # the caller's read then names what is wrong
             time.sleep(0.5)
 
-    def digests(self, timeout_s: float = 90.0) -> dict[int, dict[str, tuple[str, int]]]:
+    def digests(self, timeout_s: float = 90.0, settle_s: float | None = None
+                ) -> dict[int, dict[str, tuple[str, int]]]:
         """Each replica's (digest, applied seq) once every shard's replicas agree, or the last seen at
-        the deadline (the history checker reports what differs)."""
+        the deadline (the history checker reports what differs). ``settle_s``: also return once
+        nothing has changed for that long — replicas that diverged for good (a deliberately broken
+        build) never agree, while one still catching up moves its applied seq."""
         deadline = time.monotonic() + timeout_s
+        last: dict[int, dict[str, tuple[str, int]]] = {}
+        unchanged_since = time.monotonic()
         while True:
             digests: dict[int, dict[str, tuple[str, int]]] = {}
             for shard, urls in enumerate(self.shard_urls):
@@ -160,7 +165,11 @@ class Lab:
                         digests[shard][f"r{index}"] = (str(answer["sha256"]), int(answer["applied_seq"]))
                     except (httpx.HTTPError, ValueError, KeyError) as exc:
                         digests[shard][f"r{index}"] = (f"unreadable: {exc!r}", -1)
-            if all(len(set(d.values())) == 1 for d in digests.values()) or time.monotonic() > deadline:
+            now = time.monotonic()
+            if digests != last:
+                last, unchanged_since = digests, now
+            settled = settle_s is not None and now - unchanged_since >= settle_s
+            if all(len(set(d.values())) == 1 for d in digests.values()) or settled or now > deadline:
                 return digests
             time.sleep(0.5)
 
