@@ -9,6 +9,7 @@ exponential back-off. :meth:`LocalCluster.stop` terminates, waits, then kills.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -98,12 +99,14 @@ class LocalCluster:
         if kv_nodes and not generators:
             raise ConfigError("kv-nodes are only used by generators: add generators", field="kv_nodes")
         gateway = with_collection_state(gateway or GatewayConfig(), root, collection)
+        # the version first: a collection or version that is not there leaves no temporary dir behind
+        self.version_dir, self.manifest = launch_version(root, collection, version, gateway)
+        self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="shardrag-cluster-"))
         if gateway.supervision_path is None:
             gateway = replace(gateway, supervision_path=str(self.workdir / "supervision.json"))
         self.lock = lock
         self._collection_lock: DirLock | None = None
-        self.version_dir, self.manifest = launch_version(root, collection, version, gateway)
         self.root = Path(root)
         self._shards_launched = False
         self.collection = collection
@@ -156,9 +159,9 @@ class LocalCluster:
         if self._started or self._stopping.is_set():
             raise LaunchError("this LocalCluster was already started; make a new one")
         self._started = True
-        self._collection_lock = claim_collection(self.gateway_config, self.root, self.collection,
-                                                 self.manifest.num_shards, self.replicas, lock=self.lock)
         try:
+            self._collection_lock = claim_collection(self.gateway_config, self.root, self.collection,
+                                                     self.manifest.num_shards, self.replicas, lock=self.lock)
             if self.built is None:
                 self._start_shards()
             self.nodes = start_nodes(self.node_count, nodes_dir(self.root, self.collection), self.gateway_config,
@@ -319,6 +322,9 @@ class LocalCluster:
         if self._collection_lock is not None:
             self._collection_lock.release()
             self._collection_lock = None
+        if self._own_workdir:
+            with contextlib.suppress(OSError):  # only when empty (a refused start): a run's logs stay
+                self.workdir.rmdir()
 
     def __enter__(self) -> LocalCluster:
         return self.start()

@@ -4,6 +4,7 @@ one replica and no election, would serve a history that lacks acknowledged write
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import replace
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from clusterstate import open_coordinator
 from clusterstate.state import ClusterState
 from index_shards.build import BuildConfig, build_collection
-from retrieval.errors import ConfigError
+from retrieval.errors import ConfigError, NotFound
 from serving.gateway.config import GatewayConfig
 from serving.local.embedded import EmbeddedCluster
 from serving.local.launcher import LocalCluster
@@ -50,6 +51,22 @@ def test_launchers_refuse_before_starting_anything_and_release_the_collection(se
     with pytest.raises(ConfigError, match="shard-1-r1"):
         LocalCluster(root, "c", replicas=1, gateway=config).start()
     EmbeddedCluster(root, "c", gateway=config, writable=False).start(progress=False).stop()  # reads only: fine
+
+
+def test_a_launch_refused_or_failed_leaves_no_temporary_dir(served, tmp_path_factory, monkeypatch):
+    """Without a workdir, a LocalCluster logs to a temporary dir of its own: a start that never got
+    that far (no such version or collection, replicas refused) must not leave it behind."""
+    root, config = served
+    scratch = tmp_path_factory.mktemp("scratch")
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with pytest.raises(NotFound) as missing:
+        LocalCluster(root, "c", version="v-nope", gateway=config)
+    assert missing.value.field == "version"
+    with pytest.raises(NotFound):
+        LocalCluster(root, "nope", gateway=config)
+    with pytest.raises(ConfigError, match="shard-1-r1"):
+        LocalCluster(root, "c", replicas=1, gateway=config).start()
+    assert list(scratch.iterdir()) == []
 
 
 def test_a_new_collection_or_an_unrecorded_shard_starts(tmp_path):
