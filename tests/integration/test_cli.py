@@ -141,7 +141,8 @@ def _alive(pid: int) -> bool:
 def test_demo_check(tmp_path):
     """The whole demo corpus (every module; the vectors come from the embedding cache after the
     first run): each common question finds the module that answers it in the top 3."""
-    result = run(["demo", "--check", "--port", "0", "--root", str(tmp_path / "demo")])
+    result = run(["demo", "--check", "--port", "0", "--root", str(tmp_path / "demo"),
+                  "--workdir", str(tmp_path / "work")])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "demo check passed" in result.stdout
     assert len(re.findall(r"^Q: ", result.stdout, flags=re.M)) == 4

@@ -48,12 +48,12 @@ def ranked(response: dict) -> list[tuple[str, float]]:
     return [(h["doc_id"], h["score"]) for h in response["hits"]]
 
 
-def test_same_answers_as_the_http_backend(root, ray_cluster, msmarco):
+def test_same_answers_as_the_http_backend(root, ray_cluster, msmarco, tmp_path):
     vectors = [v.tolist() for v in msmarco.query_vectors[:40]]
     # weighted hybrids (the vector given, the text for BM25): fused on the shards, over either transport
     hybrids = [{"vector": v, "text": msmarco.dataset.queries[q], "k": 10, "mode": "hybrid"}
                for v, q in zip(vectors[:10], msmarco.query_ids, strict=False)]
-    with LocalCluster(root, "rayc", replicas=2, gateway=CONFIG) as http_cluster:
+    with LocalCluster(root, "rayc", replicas=2, gateway=CONFIG, workdir=tmp_path / "work") as http_cluster:
         with httpx.Client(base_url=http_cluster.gateway_url, timeout=30) as client:
             over_http = [client.post("/v1/query", json={"vector": v, "k": 10}).json() for v in vectors]
             hybrid_http = [client.post("/v1/query", json=body).json() for body in hybrids]
