@@ -234,7 +234,8 @@ def test_shardrag_ask_streams_the_answer_then_its_passages(cluster):
     from pathlib import Path
 
     shardrag = str(Path(sys.executable).with_name("shardrag"))
-    base = [shardrag, "ask", "how do plants make food", "--url", cluster.gateway_url, "--api-key", ADMIN,
+    # --api-key=KEY: a random key may start with "-", which argparse takes for a flag after a space
+    base = [shardrag, "ask", "how do plants make food", "--url", cluster.gateway_url, f"--api-key={ADMIN}",
             "--max-new-tokens", "6", "-k", "2"]
     streamed = subprocess.run([*base, "--mode", "lexical"], capture_output=True, text=True, timeout=300)
     assert streamed.returncode == 0, streamed.stderr
