@@ -81,12 +81,26 @@ class Child:
             return "(no log)"
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        stop_all([self], timeout_s)
+
+    def _terminate(self) -> subprocess.Popen[str] | None:
+        """SIGTERM once (a second one makes uvicorn skip its graceful shutdown): the running process."""
         process = self.process
         if process is None or process.poll() is not None:
-            return
+            return None
         process.terminate()
+        return process
+
+
+def stop_all(children: list[Child], timeout_s: float = 10.0) -> None:
+    """Stop ``children`` together: each is sent SIGTERM, then each is waited for (killed when it has
+    not exited within ``timeout_s``). A graceful stop takes a server ~0.2 s; one after another, a
+    cluster of a gateway and 2 × 3 replicas took over a second to stop."""
+    running = [(child, process) for child in children if (process := child._terminate()) is not None]
+    deadline = time.monotonic() + timeout_s
+    for _child, process in running:
         try:
-            process.wait(timeout_s)
+            process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(5)

@@ -26,7 +26,7 @@ import httpx
 
 from retrieval.errors import ConfigError
 from serving.gateway.config import GatewayConfig
-from serving.local.child import Child
+from serving.local.child import Child, stop_all
 from serving.local.etcd import EtcdCluster
 from serving.local.launcher import LocalCluster
 from serving.local.netns import Host, Network
@@ -196,8 +196,7 @@ class Lab:
                 os.kill(process, signal.SIGCONT)  # a paused process cannot take its SIGTERM
             except ProcessLookupError:
                 pass
-        for child in self.extra_gateways:
-            child.stop()
+        stop_all(self.extra_gateways)
         if self.cluster is not None:
             self.cluster.stop()
         if self.etcd is not None:

@@ -29,7 +29,7 @@ from retrieval.dirlock import DirLock
 from retrieval.errors import ConfigError
 from serving.gateway.config import ClusterSpec, GatewayConfig
 from serving.local.answer_path import start_answer_path
-from serving.local.child import Child, LaunchError
+from serving.local.child import Child, LaunchError, stop_all
 from serving.local.nodes import start_nodes
 from serving.local.state import (
     active_version,
@@ -317,8 +317,8 @@ class LocalCluster:
         self._stopping.set()
         if self.gateway is not None:
             self.gateway.stop()
-        for child in [*self.generators, *self.kv_nodes, *self.nodes, *(c for group in self.shards for c in group)]:
-            child.stop()
+        # the gateway first (no query reaches a stopping shard), then everything else at once
+        stop_all([*self.generators, *self.kv_nodes, *self.nodes, *(c for group in self.shards for c in group)])
         if self._collection_lock is not None:
             self._collection_lock.release()
             self._collection_lock = None
