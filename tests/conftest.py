@@ -32,7 +32,8 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
 REPO = Path(__file__).resolve().parents[1]
-REPORT: list[str] = []
+REPORT: list[str] = []  # filled in the xdist workers, printed by the controller
+pytest_plugins = ["tests.sharing", "pytester"]
 
 
 def data_dir() -> Path:
@@ -50,6 +51,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"]
     for package in [*packages, "tests"]:
         compileall.compile_dir(REPO / package, quiet=1)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # xdist: a worker ended, with what its tests measured
+    REPORT.extend(node.workeroutput.get("shardrag_report", []))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -124,6 +130,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its measurements go to the controller
+        workeroutput["shardrag_report"] = list(REPORT)
+        return
     # "Green" must mean tests ran: a run where everything was skipped or deselected fails too.
     if exitstatus == 0 and _PASSED["count"] == 0:
         session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED

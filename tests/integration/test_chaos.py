@@ -15,7 +15,8 @@ from serving.local.chaos import ChaosMonkey, QueryLoad
 from serving.local.launcher import LocalCluster
 from tests.conftest import REPORT
 
-pytestmark = pytest.mark.slow
+# alone (tests/sharing.py): a kill schedule in real time, full answers asserted between kills
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 @pytest.fixture(scope="module")

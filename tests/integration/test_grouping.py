@@ -139,6 +139,7 @@ def test_shardrag_query_prints_the_groups_group_by_group(cluster):
     assert headers == [f'tags = "{h["group"]}"' for h in answer["hits"][::2]]
 
 
+@pytest.mark.alone  # tests/sharing.py: a 300 ms shard under a 500 ms deadline
 def test_a_deeper_round_that_misses_its_deadline_leaves_the_whole_round_before(cluster):
     """Shard 0 slowed to 300 ms (the shard server's fault injection) under a 500 ms deadline: the
     first round (80 deep) is whole, the second loses shard 0 to the deadline — the answer is the

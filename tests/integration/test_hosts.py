@@ -35,7 +35,9 @@ from tests.helpers.checkpoints import perturbed_checkpoint
 from tests.helpers.etcd import require_etcd
 
 REASON = unavailable_reason()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")]
+# alone (tests/sharing.py): leases of 2 s and a fault schedule in real time
+pytestmark = [pytest.mark.alone, pytest.mark.slow,
+              pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")]
 # CI's short version; the long run is benchmarks/nemesis.py. Faults 0.5-1 s apart, each held
 # 2-3.5 s (leases are 2 s), so that every kind in KINDS strikes once in the 32 s they have, whatever
 # the seed (checked for seeds 0-999).

@@ -27,7 +27,8 @@ from tests.helpers.gateway_process import Gateway
 from tests.helpers.roles import primary_index
 from tests.integration.test_primaries import assert_converged
 
-pytestmark = pytest.mark.slow
+# alone (tests/sharing.py): leases and a kill schedule in real time
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 RUN_S = float(env.read("SHARDRAG_CHAOS_S", "25") or 25)  # a longer run: SHARDRAG_CHAOS_S=600
 SEED = int(env.read("SHARDRAG_CHAOS_SEED", "33") or 33)
 CLIENTS = 3

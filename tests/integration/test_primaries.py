@@ -26,7 +26,8 @@ from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
 from tests.helpers.roles import primary_index, role_of, wait_all_in_sync
 
-pytestmark = pytest.mark.slow
+# alone (tests/sharing.py): leases; a failover's term and time asserted
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 DIM = 384
 LEASE = ("--lease-s", "2")
 

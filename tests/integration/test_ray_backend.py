@@ -22,7 +22,8 @@ from serving.local.launcher import LocalCluster
 from serving.transport.ray import RayShardCluster
 from tests.conftest import random_corpus
 
-pytestmark = pytest.mark.slow
+# alone (tests/sharing.py): a Ray cluster (one per machine)
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 CONFIG = GatewayConfig.from_dict({"encoder": {"load": False}, "ejection": {"base_s": 0.5, "probe_interval_s": 0.2}})
 

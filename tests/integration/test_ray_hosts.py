@@ -30,7 +30,9 @@ from serving.local.netns import Host, Network, unavailable_reason
 from tests.helpers.etcd import require_etcd
 
 REASON = unavailable_reason()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")]
+# alone (tests/sharing.py): a Ray cluster (one per machine)
+pytestmark = [pytest.mark.alone, pytest.mark.slow,
+              pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")]
 RAY = str(Path(sys.executable).with_name("ray"))
 TIMEOUT_MS = 2000
 

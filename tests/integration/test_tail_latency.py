@@ -17,7 +17,8 @@ from serving.gateway.config import GatewayConfig
 from serving.gateway.factory import GatewaySetup
 from serving.local.launcher import LocalCluster
 
-pytestmark = pytest.mark.slow
+# alone (tests/sharing.py): its assertions are latencies
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 @pytest.fixture(scope="module")

@@ -123,6 +123,7 @@ def test_hard_negatives_mined_through_the_gateway(setup, tmp_path, dbpedia):
     assert (tmp_path / "out" / "metrics.prom").read_text().count("shardrag_train_loss") >= 1
 
 
+@pytest.mark.alone  # tests/sharing.py: a Ray cluster (one per machine)
 def test_ray_train_backend_runs_the_same_loop(setup, tmp_path):
     import ray
 

@@ -159,6 +159,7 @@ def test_query_knob_never_leaks_into_the_next_query_and_info_shows_defaults(tmp_
         Shard.load(shard_dir(directory, 0), device="cpu")
 
 
+@pytest.mark.alone  # tests/sharing.py: a Ray cluster (one per machine)
 def test_ray_backend_chooses_what_local_workers_choose(tmp_path):
     pytest.importorskip("ray")
     documents, vectors, version = random_corpus(n=3000, dim=32)
@@ -181,6 +182,7 @@ def test_ray_backend_chooses_what_local_workers_choose(tmp_path):
     assert read_search_defaults(directory).params == {"nprobe": local["chosen"]["value"]}
 
 
+@pytest.mark.alone  # tests/sharing.py: it compares measured QPS
 def test_rebuild_finds_a_cheaper_structure_for_flat_that_holds_on_held_out_queries(tmp_path, msmarco, dbpedia,
                                                                                   capsys, single_threaded_faiss):
     documents, vectors, query_vectors, held_out = _real_corpus(tmp_path, msmarco, dbpedia, seed=11)

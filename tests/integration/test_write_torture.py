@@ -25,7 +25,8 @@ from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
 from tests.conftest import REPORT
 
-pytestmark = pytest.mark.slow
+# alone (tests/sharing.py): a kill -9 every 2 s in real time
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 BASE_DOCS = 400
 UPSERTS, DELETES, BATCH = 5000, 1000, 20
 

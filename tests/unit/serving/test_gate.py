@@ -9,6 +9,8 @@ import pytest
 
 from serving.versions.gate import GateSettings, quality_gate
 
+# alone (tests/sharing.py): the pacing is measured in real time
+pytestmark = pytest.mark.alone
 QUERIES = [f"question {i}" for i in range(6)]
 
 
