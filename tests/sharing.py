@@ -55,31 +55,39 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         lock_dir.rmdir()
 
 
+def _alone(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("alone") is not None
+
+
+_held: list[int] = []  # this worker's exclusive lock, kept from one alone test to the next
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     lock_dir = getattr(item.config, "workerinput", {}).get(_LOCK_DIR_KEY)
     if lock_dir is None:
         yield
         return
-    with _machine(Path(lock_dir), alone=item.get_closest_marker("alone") is not None):
+    alone = _alone(item)
+    fd = _held.pop() if _held else _take(Path(lock_dir), alone)
+    try:
         yield
+    finally:
+        # An alone test followed by another on this worker keeps the machine: released in between,
+        # the other worker would slip a shared test in each time while this one waits.
+        if alone and _alone(nextitem):
+            _held.append(fd)
+        else:
+            os.close(fd)  # closing releases the lock
 
 
-class _machine:
-    """The readers-writer lock: shared for most tests, exclusive for ``alone`` ones."""
-
-    def __init__(self, lock_dir: Path, alone: bool) -> None:
-        self.lock_dir, self.alone = lock_dir, alone
-        self.fd = -1
-
-    def __enter__(self) -> None:
-        turnstile = os.open(self.lock_dir / "turnstile", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(turnstile, fcntl.LOCK_EX)
-            self.fd = os.open(self.lock_dir / "machine", os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(self.fd, fcntl.LOCK_EX if self.alone else fcntl.LOCK_SH)
-        finally:
-            os.close(turnstile)  # closing releases the turnstile
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)  # and the machine lock
+def _take(lock_dir: Path, alone: bool) -> int:
+    """The machine lock: exclusive for an ``alone`` test, shared for the others."""
+    turnstile = os.open(lock_dir / "turnstile", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fd = os.open(lock_dir / "machine", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        return fd
+    finally:
+        os.close(turnstile)  # closing releases the turnstile

@@ -34,14 +34,21 @@ import json, os, time
 from pathlib import Path
 import pytest
 
-@pytest.mark.alone
-def test_alone():
+pytestmark = pytest.mark.alone
+
+def _run(name):
     log = Path(os.environ["SHARING_LOG"])
     with log.open("a") as out:
-        out.write(json.dumps({"name": "alone", "at": time.monotonic(), "event": "start"}) + "\\n")
+        out.write(json.dumps({"name": name, "at": time.monotonic(), "event": "start"}) + "\\n")
     time.sleep(0.5)
     with log.open("a") as out:
-        out.write(json.dumps({"name": "alone", "at": time.monotonic(), "event": "end"}) + "\\n")
+        out.write(json.dumps({"name": name, "at": time.monotonic(), "event": "end"}) + "\\n")
+
+def test_alone():
+    _run("alone")
+
+def test_alone_too():  # the worker keeps the machine from one alone test to the next
+    _run("alone too")
 """
 
 
@@ -57,12 +64,13 @@ def test_shared_tests_overlap_and_an_alone_test_overlaps_none(pytester: pytest.P
     pytester.makeini("[pytest]\nmarkers =\n    alone: no other test beside it\n")
     result = pytester.runpytest_subprocess("-p", "tests.sharing", "-p", "no:randomly", "-p", "no:cacheprovider",
                                            "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
     events = [json.loads(line) for line in log.read_text().splitlines()]
     spans = {name: (next(e["at"] for e in events if e["name"] == name and e["event"] == "start"),
                     next(e["at"] for e in events if e["name"] == name and e["event"] == "end"))
-             for name in ("a", "b", "alone")}
-    alone_start, alone_end = spans["alone"]
-    for name in ("a", "b"):
-        start, end = spans[name]
-        assert end <= alone_start or alone_end <= start, (name, spans)
+             for name in ("a", "b", "alone", "alone too")}
+    for alone in ("alone", "alone too"):
+        alone_start, alone_end = spans[alone]
+        for name in ("a", "b"):
+            start, end = spans[name]
+            assert end <= alone_start or alone_end <= start, (alone, name, spans)
