@@ -26,7 +26,9 @@ from serving.gateway.config import GatewayConfig
 from serving.local.launcher import LocalCluster
 from tests.helpers.checkpoints import perturbed_checkpoint
 
-pytestmark = pytest.mark.slow
+# alone (tests/sharing.py): no query under its load may miss the default 5 s deadline while the
+# collection is re-encoded (one did, beside another test)
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 CONFIG = GatewayConfig.from_dict({"gate": {"busy_share": 1.0, "sample": 10}, "rollout": {"drain_s": 0.5},
                                   "encoder": {"workers": 1}})

@@ -136,6 +136,7 @@ def run_load(cluster, queries, stop, results):
             i += 1
 
 
+@pytest.mark.alone  # tests/sharing.py: no query under its load may miss the default 5 s deadline
 def test_full_rollout_under_load_never_mixes_versions(cluster, versions, queries):
     v1, v2 = versions["v1"], versions["v2"]
     results: list = []
@@ -258,6 +259,7 @@ def write_until_stopped(cluster, stop, acknowledged, refused):
                 raise AssertionError(response.text)
 
 
+@pytest.mark.alone  # tests/sharing.py: no query under its load may miss the default 5 s deadline
 def test_writes_during_a_rollout_are_all_in_the_new_version(cluster, versions, queries):
     v1, v2 = versions["v1"], versions["v2"]
     results: list = []

@@ -90,6 +90,7 @@ def warm_up(cluster: LocalCluster, queries: list[str]) -> None:
         assert httpx.post(f"{cluster.gateway_url}/v1/query", json={"text": text, "k": 10}, timeout=30).is_success
 
 
+@pytest.mark.alone  # tests/sharing.py: no query under its load may miss the default 5 s deadline
 def test_flow_under_load_activates_and_a_wrecking_recipe_is_refused(template, dbpedia, tmp_path):
     queries = list(dbpedia.dataset.queries.values())
     with cluster_on(template, tmp_path) as cluster:

@@ -221,6 +221,7 @@ def test_a_replica_that_crashes_between_wal_append_and_ack_keeps_the_write(clust
     wait_all_in_sync(cluster.shard_urls[0])  # and it is brought back into the in-sync set
 
 
+@pytest.mark.alone  # tests/sharing.py: no query under its load may miss the default 5 s deadline
 def test_compaction_under_query_load_changes_no_answer(cluster, http, msmarco):
     ids = [unique(f"compact-{i}") for i in range(40)]
     written = http.post("/v1/documents", json={"write_ack": "all", "documents": [
